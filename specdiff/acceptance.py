@@ -1,0 +1,71 @@
+"""Acceptance rules: given a draft, the distribution q each draft token was drawn from, and the
+target's p at every draft position plus one, decide how many draft tokens to keep and which token
+to emit next. All rules are batched over rows and exact under the conditions of
+shared/reference/lossless.md:
+
+    greedy    accept while x_j == argmax p_j; emit argmax p at the first mismatch / bonus slot.
+    standard  accept x_j with prob. min(1, p_j(x_j) / q_j(x_j)); at the first rejection emit a
+              draw from norm(max(0, p_j - q_j)); after gamma acceptances a bonus draw from p.
+              Exact only if x_j ~ q_j given x_<j (AR drafters, oneshot and l2r schedules).
+    match     draw y_j ~ p_j; accept while y_j == x_j; emit y_j at the first mismatch. Exact for
+              any drafter.
+
+Every rule: (draft (B, g) int64, q (B, g, V), p (B, g+1, V), generator) -> (n (B,), nxt (B,)):
+n accepted draft tokens, then the token nxt.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .errors import UsageError
+from .warping import sample
+
+Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def leading_true(ok: torch.Tensor) -> torch.Tensor:
+    """ok (B, g) bool -> length of the all-True prefix of each row (B,)."""
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def _at(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """x (B, g, ...) indexed at position n (B,) of each row -> (B, ...)."""
+    return x[torch.arange(x.shape[0], device=x.device), n]
+
+
+def greedy(draft, q, p, generator=None):
+    target = p.argmax(-1)  # (B, g+1)
+    n = leading_true(draft == target[:, :-1])
+    return n, _at(target, n)
+
+
+def standard(draft, q, p, generator=None):
+    B, g = draft.shape
+    p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]  # (B, g)
+    q_x = q.gather(-1, draft[..., None])[..., 0]
+    u = torch.rand(B, g, generator=generator, device=p.device)
+    n = leading_true(u * q_x < p_x)  # P(accept) = min(1, p_x / q_x)
+    q_pad = torch.cat([q, q.new_zeros(B, 1, q.shape[-1])], dim=1)  # bonus slot: residual = p
+    residual = (_at(p, n) - _at(q_pad, n)).clamp_min(0)  # (B, V)
+    empty = residual.sum(-1, keepdim=True) <= 0  # only reachable through rounding
+    residual = torch.where(empty, _at(p, n), residual)
+    return n, sample(residual, generator)
+
+
+def match(draft, q, p, generator=None):
+    y = sample(p, generator)  # (B, g+1)
+    n = leading_true(draft == y[:, :-1])
+    return n, _at(y, n)
+
+
+RULES: dict[str, Rule] = {"greedy": greedy, "standard": standard, "match": match}
+
+
+def get_rule(name: str) -> Rule:
+    try:
+        return RULES[name]
+    except KeyError:
+        raise UsageError(f"unknown acceptance rule '{name}' (choose from {', '.join(RULES)})") from None

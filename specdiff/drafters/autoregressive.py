@@ -1,0 +1,68 @@
+"""An autoregressive drafter (Leviathan et al. 2023): a small causal LM that samples gamma tokens
+one by one from its warped distribution q. x_j ~ q_j given x_<j by construction, so the standard
+rule is exact. For a single row the drafter keeps its KV cache between calls and re-feeds only
+the tokens that changed since the last call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..target import real_vocab_size
+from ..warping import Sampling
+from . import Draft
+
+
+class ARDrafter(nn.Module):
+    """A causal LM used as a drafter. forward(input_ids (B, L)) -> logits (B, L, V_head)."""
+
+    def __init__(self, model, tokenizer, name: str = ""):
+        super().__init__()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.source = name
+        self.vocab_size = real_vocab_size(tokenizer, model, name or "drafter")
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids).logits
+
+
+class ARProposer:
+    exact_for_standard = True
+
+    def __init__(self, drafter: ARDrafter):
+        self.drafter = drafter
+        self._cache: DynamicCache | None = None
+        self._cached = torch.empty(0, dtype=torch.long)  # ids held by the cache (one row)
+
+    def _reuse(self, context: torch.Tensor) -> int:
+        """Crop the cache to the longest prefix it shares with context (1, L); -> its length."""
+        if context.shape[0] != 1 or self._cache is None:
+            self._cache = DynamicCache(config=self.drafter.model.config)
+            return 0
+        row, cached = context[0], self._cached.to(context.device)
+        n = min(len(cached), len(row) - 1)
+        same = (cached[:n] == row[:n]).long().cumprod(0).sum().item()
+        if self._cache.get_seq_length() > same:
+            self._cache.crop(same - self._cache.get_seq_length())
+        return same
+
+    @torch.no_grad()
+    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft:
+        keep = self._reuse(context)
+        model, V = self.drafter.model, self.drafter.vocab_size
+        feed = context[:, keep:]
+        tokens, qs = [], []
+        for _ in range(gamma):
+            logits = model(input_ids=feed, past_key_values=self._cache, use_cache=True).logits
+            q = sampling.probs(logits[:, -1, :V])  # (B, V)
+            feed = sampling.sample(q, generator)[:, None]  # (B, 1)
+            tokens.append(feed)
+            qs.append(q)
+        self._cached = torch.cat([context, *tokens[:-1]], dim=1)[0].cpu()
+        if context.shape[0] != 1:  # only a single row's cache is worth keeping
+            self._cache = None
+        return Draft(tokens=torch.cat(tokens, dim=1), q=torch.stack(qs, dim=1), calls=gamma)

@@ -1,0 +1,139 @@
+"""The masked-diffusion drafter: gamma mask slots after the last N context tokens, filled in T
+denoising steps. A schedule decides which slots a step commits:
+
+    l2r         step s commits the s-th contiguous block of slots (blocks as even as possible);
+                each slot drawn from the x0 distribution computed at that step. Exact under the
+                standard rule: given x_<j, x_j was drawn from the q_j recorded for it.
+    oneshot     l2r with T = 1: every slot from its marginal in one forward pass. Exact.
+    confidence  step s commits the still-masked slots whose distribution is most peaked, as the
+                MDLM/SEDD samplers do. q_j is then not the conditional of x_j given x_<j, so only
+                greedy or match acceptance is exact with it.
+
+The x0 distribution at a masked slot is a softmax of the raw logits over the target's real
+vocabulary (the mask id and any padding rows are never proposed): both the MDLM (SUBS) and SEDD
+(log-score) parameterisations reduce to that at masked positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from ..nets.dit import DDiT
+from ..warping import Sampling
+from . import Draft
+
+NOISE_EPS = 1e-3  # log-linear schedule of SEDD and MDLM
+
+
+def loglinear_sigma(t: torch.Tensor, eps: float = NOISE_EPS) -> torch.Tensor:
+    """Total noise sigma(t) = -log(1 - (1 - eps) t); the mask probability is (1 - eps) t."""
+    return -torch.log1p(-(1 - eps) * t)
+
+
+class DiffusionDrafter(nn.Module):
+    """A DDiT denoiser plus what drafting needs to know about its vocabulary.
+
+    forward(input_ids (B, L), sigma (B,)) -> raw backbone logits (B, L, V_drafter).
+    """
+
+    def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
+                 parameterization: str = "subs", tokenizer: Any = None, source: str = ""):
+        super().__init__()
+        self.backbone = backbone
+        self.vocab_size = vocab_size  # real vocabulary shared with the target (no mask id)
+        self.mask_id = mask_id
+        self.context_length = context_length
+        self.parameterization = parameterization
+        self.tokenizer = tokenizer
+        self.source = source
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        return self.backbone(input_ids, sigma)
+
+    def x0_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary (B, L, V)."""
+        t = (input_ids == self.mask_id).float().mean(dim=1)  # fraction masked, (B,)
+        raw = self(input_ids, loglinear_sigma(t))
+        return raw[..., : self.vocab_size]
+
+
+def block_sizes(gamma: int, steps: int) -> list[int]:
+    """Split gamma slots into `steps` contiguous blocks, sizes differing by at most one."""
+    steps = min(steps, gamma)
+    return [gamma // steps + (i < gamma % steps) for i in range(steps)]
+
+
+def _pick_l2r(probs: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
+    """The first k still-masked slots of each row -> (B, k) slot indices."""
+    first = (~masked).sum(dim=1, keepdim=True)  # committed slots form a prefix
+    return first + torch.arange(k, device=masked.device)
+
+
+def _pick_confidence(probs: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
+    """The k still-masked slots with the highest max-probability -> (B, k)."""
+    score = probs.max(dim=-1).values.masked_fill(~masked, -math.inf)  # (B, gamma)
+    return score.topk(k, dim=1).indices
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    pick: Any
+    exact_for_standard: bool
+    fixed_steps: int | None = None
+
+
+SCHEDULES = {
+    "l2r": Schedule("l2r", _pick_l2r, exact_for_standard=True),
+    "oneshot": Schedule("oneshot", _pick_l2r, exact_for_standard=True, fixed_steps=1),
+    "confidence": Schedule("confidence", _pick_confidence, exact_for_standard=False),
+}
+
+
+def get_schedule(name: str) -> Schedule:
+    try:
+        return SCHEDULES[name]
+    except KeyError:
+        raise UsageError(f"unknown schedule '{name}' (choose from {', '.join(SCHEDULES)})") from None
+
+
+class DiffusionProposer:
+    """Drafts with a DiffusionDrafter in T denoising steps under a schedule."""
+
+    def __init__(self, drafter: DiffusionDrafter, schedule: str = "l2r", steps: int = 1):
+        self.drafter = drafter
+        self.schedule = get_schedule(schedule)
+        if steps < 1:
+            raise UsageError(f"steps must be >= 1, got {steps}")
+        if self.schedule.fixed_steps and steps != self.schedule.fixed_steps:
+            raise UsageError(f"the {schedule} schedule uses exactly {self.schedule.fixed_steps} step; got steps={steps}")
+        self.steps = steps
+        self.exact_for_standard = self.schedule.exact_for_standard
+
+    @torch.no_grad()
+    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft:
+        d = self.drafter
+        ctx = context[:, -d.context_length:]  # (B, n)
+        B, n = ctx.shape
+        x = torch.cat([ctx, ctx.new_full((B, gamma), d.mask_id)], dim=1)  # (B, n + gamma)
+        q = torch.zeros(B, gamma, d.vocab_size, device=ctx.device)
+        rows = torch.arange(B, device=ctx.device)[:, None]
+        sizes = block_sizes(gamma, self.steps)
+        for k in sizes:
+            probs = sampling.probs(d.x0_logits(x)[:, n:])  # (B, gamma, V)
+            slots = self.schedule.pick(probs, x[:, n:] == d.mask_id, k)  # (B, k)
+            chosen = probs[rows, slots]  # (B, k, V)
+            x[rows, n + slots] = sampling.sample(chosen, generator)
+            q[rows, slots] = chosen
+        return Draft(tokens=x[:, n:], q=q, calls=len(sizes))

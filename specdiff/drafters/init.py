@@ -1,0 +1,53 @@
+"""A randomly initialised diffusion drafter for a target: its vocabulary is the target
+tokenizer's plus one mask id. Training comes from `specdiff distill`; tests and users need
+drafters before that.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+from ..loading import load_tokenizer, resolve
+from ..nets.checkpoint import save_own
+from ..nets.dit import DDiT, DiTConfig
+from ..registry import Registry, load_registry
+
+
+def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 128, heads: int = 4,
+                 context: int = 32, cond_dim: int = 64, seed: int = 0,
+                 registry: Registry | None = None) -> Path:
+    """Write a random DDiT drafter for `target` (name, directory or hub id) to `out`.
+
+    Only the target's tokenizer is read. The directory appears complete or not at all.
+    """
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not empty")
+    for name, value in (("layers", layers), ("dim", dim), ("heads", heads), ("context", context)):
+        if value < 1:
+            raise UsageError(f"--{name} must be >= 1, got {value}")
+    source, _ = resolve(target, ("target",), registry or load_registry())
+    tokenizer = load_tokenizer(source)
+    vocab = len(tokenizer)
+    try:
+        cfg = DiTConfig(vocab_size=vocab + 1, hidden_size=dim, n_heads=heads, n_blocks=layers,
+                        cond_dim=cond_dim, time_conditioning=False)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    backbone = DDiT(cfg).init_random(torch.Generator().manual_seed(seed))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=out.parent))
+    try:
+        save_own(tmp, backbone, vocab_size=vocab, mask_id=vocab, context_length=context,
+                 parameterization="subs", tokenizer=tokenizer)
+        if out.exists():
+            out.rmdir()
+        shutil.move(str(tmp), str(out))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

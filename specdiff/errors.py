@@ -1,0 +1,34 @@
+"""User-facing errors. Every message here is meant to be read by a person as one line.
+
+`SpecdiffError.exit_code` is what the CLI exits with: 2 for a usage error (the request itself is
+wrong: bad option values, unknown names, malformed input), 1 for a runtime error (the request is
+fine but something it needs is missing, corrupt or incompatible).
+"""
+
+
+class SpecdiffError(Exception):
+    """Base class: a problem the user can fix, described in one line."""
+
+    exit_code = 1
+
+
+class UsageError(SpecdiffError):
+    """The request is malformed: bad parameters, unknown names, bad prompts."""
+
+    exit_code = 2
+
+
+class RegistryError(UsageError):
+    """models.yaml is malformed or does not name the model asked for."""
+
+
+class InputError(UsageError):
+    """Prompts that cannot be used: empty, too long, not UTF-8, malformed JSONL."""
+
+
+class LoadError(SpecdiffError):
+    """A model or artefact could not be loaded: missing, corrupt or incompatible files."""
+
+
+class IncompatibleModelsError(LoadError):
+    """Drafter and target cannot be paired (different tokenizers, vocabularies)."""

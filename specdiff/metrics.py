@@ -1,0 +1,101 @@
+"""Per-prompt and total decoding metrics, named as in the literature (shared/reference/lossless.md):
+
+    tau    mean tokens emitted per verification call, bonus token included (plain decoding: 1)
+    alpha  accepted draft tokens / drafted tokens
+    per-position acceptance[j]  fraction of iterations whose draft was accepted up to slot j+1
+    histogram[k]  iterations that accepted exactly k draft tokens
+The prefill call counts as a target call but not as an iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+def _grow(xs: list[int], n: int) -> None:
+    xs.extend([0] * (n - len(xs)))
+
+
+@dataclass
+class Metrics:
+    new_tokens: int = 0
+    wall_s: float = 0.0
+    target_calls: int = 0
+    drafter_calls: int = 0
+    iterations: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # iterations accepting >= j+1 tokens
+    histogram: list[int] = field(default_factory=list)  # iterations accepting exactly k tokens
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prompts: int = 0
+    stop_reason: str = ""
+
+    def record(self, accepted: int, drafted: int) -> None:
+        """One verification iteration that accepted `accepted` of `drafted` draft tokens."""
+        self.iterations += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        _grow(self.accepted_at, drafted)
+        _grow(self.histogram, accepted + 1)
+        for j in range(accepted):
+            self.accepted_at[j] += 1
+        self.histogram[accepted] += 1
+
+    @contextmanager
+    def timed(self, part: str, sync=None):
+        """Add the time spent in the block to `draft_s` or `verify_s`."""
+        start = time.perf_counter()
+        yield
+        if sync:
+            sync()
+        setattr(self, f"{part}_s", getattr(self, f"{part}_s") + time.perf_counter() - start)
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.iterations) / self.iterations if self.iterations else 1.0
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def merge(self, other: "Metrics") -> "Metrics":
+        """Sum of two runs (counts, times and histograms add)."""
+        out = Metrics(prompts=self.prompts + other.prompts)
+        for name in ("new_tokens", "wall_s", "target_calls", "drafter_calls", "iterations",
+                     "drafted", "accepted", "draft_s", "verify_s"):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        for name in ("accepted_at", "histogram"):
+            a, b = list(getattr(self, name)), list(getattr(other, name))
+            _grow(a, len(b)), _grow(b, len(a))
+            setattr(out, name, [x + y for x, y in zip(a, b)])
+        return out
+
+    def to_dict(self) -> dict:
+        it = max(self.iterations, 1)
+        d = {
+            "new_tokens": self.new_tokens,
+            "wall_s": round(self.wall_s, 6),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "target_calls": self.target_calls,
+            "drafter_calls": self.drafter_calls,
+            "iterations": self.iterations,
+            "tau": round(self.tau, 4),
+            "alpha": None if self.alpha is None else round(self.alpha, 4),
+            "per_position_acceptance": [round(a / it, 4) for a in self.accepted_at],
+            "accepted_length_histogram": list(self.histogram),
+            "time_s": {"draft": round(self.draft_s, 6), "verify": round(self.verify_s, 6),
+                       "other": round(max(self.wall_s - self.draft_s - self.verify_s, 0.0), 6)},
+        }
+        if self.stop_reason:
+            d["stop_reason"] = self.stop_reason
+        if self.prompts:
+            d["prompts"] = self.prompts
+        return d

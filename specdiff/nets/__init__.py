@@ -1,0 +1,1 @@
+"""Networks and their checkpoint formats."""

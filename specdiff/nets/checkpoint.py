@@ -1,0 +1,83 @@
+"""The project's own drafter format, and strict state-dict loading shared by every format.
+
+A drafter directory holds:
+    config.json        {"specdiff_format": "ddit-drafter", "format_version": 1,
+                        "backbone": DiTConfig fields, "vocab_size": V (real, shared with the target),
+                        "mask_id": id, "context_length": N, "parameterization": "subs" | "sedd"}
+    model.safetensors  the DDiT state dict under the SEDD parameter names
+    tokenizer files    the tokenizer shared with the target (tokenizer.json, ...)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..errors import LoadError
+from .dit import DDiT, DiTConfig
+
+FORMAT = "ddit-drafter"
+FORMAT_VERSION = 1
+OPTIONAL_KEYS = ("rotary_emb.inv_freq",)  # a buffer the module rebuilds identically
+
+
+def load_state_strict(module: torch.nn.Module, state: dict, source: str, optional=OPTIONAL_KEYS) -> None:
+    """Load `state` into `module`, or raise one LoadError listing every missing, unexpected or
+    mis-shaped tensor."""
+    expected = module.state_dict()
+    problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items()
+                if k not in state and k not in optional]
+    problems += [f"unexpected {k}" for k in state if k not in expected]
+    problems += [f"shape of {k}: expected {tuple(expected[k].shape)}, found {tuple(v.shape)}"
+                 for k, v in state.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
+    if problems:
+        raise LoadError(f"{source}: checkpoint does not match the model: {'; '.join(problems)}")
+    module.load_state_dict(state, strict=False)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LoadError(f"{path}: unreadable config: {e}") from None
+    if not isinstance(data, dict):
+        raise LoadError(f"{path}: config is not a JSON object")
+    return data
+
+
+def is_own_format(config: dict) -> bool:
+    return config.get("specdiff_format") == FORMAT
+
+
+def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
+             parameterization: str, tokenizer=None, dtype: torch.dtype | None = None) -> None:
+    """Write a drafter in the project's format (tokenizer files too, when given)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"specdiff_format": FORMAT, "format_version": FORMAT_VERSION,
+              "backbone": backbone.config.to_dict(), "vocab_size": vocab_size, "mask_id": mask_id,
+              "context_length": context_length, "parameterization": parameterization}
+    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in backbone.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+
+
+def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
+    """-> (backbone with weights, drafting fields of the config)."""
+    try:
+        dit = DiTConfig(**config["backbone"])
+        fields = {k: config[k] for k in ("vocab_size", "mask_id", "context_length", "parameterization")}
+    except (KeyError, TypeError, ValueError) as e:
+        raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from None
+    weights = directory / "model.safetensors"
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise LoadError(f"{weights}: cannot read weights ({str(e).splitlines()[0]})") from None
+    backbone = DDiT(dit)
+    load_state_strict(backbone, state, str(weights))
+    return backbone, fields

@@ -1,0 +1,167 @@
+"""models.yaml: the models and pairs specdiff knows by name.
+
+    models:
+      - name: gpt2                  # unique
+        kind: target                # target | drafter | pair
+        hub: openai-community/gpt2  # a hub id, or
+        path: models/demo/target    # a local directory, relative to models.yaml
+        tokenizer: gpt2             # optional: where the tokenizer comes from when not beside it
+        description: ...
+      - name: gpt2-xl+gpt2
+        kind: pair
+        target: gpt2-xl             # names of entries above
+        drafter: gpt2
+        defaults: {method: spec-ar, gamma: 5}
+
+Validation is strict: unknown keys, missing or mistyped fields and dangling names are errors that
+name the file, line and entry. The file is read from $SPECDIFF_MODELS if set, else the one beside
+the package.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import RegistryError
+
+DEFAULT_FILE = Path(__file__).resolve().parent.parent / "models.yaml"
+KINDS = ("target", "drafter", "pair")
+MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description"}
+PAIR_KEYS = {"name", "kind", "target", "drafter", "defaults", "description"}
+DEFAULT_TYPES = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
+                 "temperature": (int, float), "top_k": int, "top_p": (int, float),
+                 "max_new_tokens": int}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    kind: str
+    hub: str | None = None
+    path: Path | None = None
+    tokenizer: str | None = None
+    format: str | None = None
+    description: str = ""
+
+    @property
+    def source(self) -> str:
+        return str(self.path) if self.path else self.hub
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    name: str
+    target: str
+    drafter: str
+    defaults: dict = field(default_factory=dict)
+    description: str = ""
+    kind: str = "pair"
+
+
+@dataclass(frozen=True)
+class Registry:
+    entries: dict
+    file: Path
+
+    def get(self, name: str, kind: str | None = None):
+        entry = self.entries.get(name)
+        if entry is None:
+            return None
+        if kind and entry.kind != kind:
+            raise RegistryError(f"'{name}' is a {entry.kind} in {self.file.name}, not a {kind}")
+        return entry
+
+    def names(self, kind: str) -> list[str]:
+        return [e.name for e in self.entries.values() if e.kind == kind]
+
+
+class _LineLoader(yaml.SafeLoader):
+    """Safe loader that records each mapping's line number under the key '__line__'."""
+
+    def construct_mapping(self, node, deep=False):
+        mapping = super().construct_mapping(node, deep=deep)
+        mapping["__line__"] = node.start_mark.line + 1
+        return mapping
+
+
+def load_registry(file: str | os.PathLike | None = None) -> Registry:
+    path = Path(file or os.environ.get("SPECDIFF_MODELS") or DEFAULT_FILE)
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
+    except OSError as e:
+        raise RegistryError(f"cannot read model registry {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise RegistryError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
+        raise RegistryError(f"{path}: expected a top-level 'models:' list")
+    entries: dict = {}
+    for raw in doc["models"]:
+        entry = _entry(raw, path)
+        if entry.name in entries:
+            raise RegistryError(f"{path}:{raw['__line__']}: duplicate model name '{entry.name}'")
+        entries[entry.name] = entry
+    registry = Registry(entries, path)
+    for raw in doc["models"]:
+        if raw.get("kind") == "pair":
+            _check_pair(registry.entries[raw["name"]], registry, f"{path}:{raw['__line__']}")
+    return registry
+
+
+def _entry(raw, path: Path):
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{path}: every item of 'models' must be a mapping, got {raw!r}")
+    raw = dict(raw)
+    where = f"{path}:{raw.pop('__line__')}"
+    name, kind = raw.get("name"), raw.get("kind")
+    if not isinstance(name, str) or not name:
+        raise RegistryError(f"{where}: entry without a 'name'")
+    where = f"{where}: entry '{name}'"
+    if kind not in KINDS:
+        raise RegistryError(f"{where}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    allowed = PAIR_KEYS if kind == "pair" else MODEL_KEYS
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+    bad = [k for k, v in raw.items() if k != "defaults" and not isinstance(v, str)]
+    if bad:
+        raise RegistryError(f"{where}: {', '.join(bad)} must be text")
+    if kind == "pair":
+        return _pair(raw, where)
+    if ("hub" in raw) == ("path" in raw):
+        raise RegistryError(f"{where}: give exactly one of 'hub' or 'path'")
+    if "path" in raw:
+        raw["path"] = (path.parent / raw["path"]).resolve()
+    return ModelEntry(**raw)
+
+
+def _pair(raw: dict, where: str) -> PairEntry:
+    for key in ("target", "drafter"):
+        if key not in raw:
+            raise RegistryError(f"{where}: a pair needs '{key}'")
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise RegistryError(f"{where}: 'defaults' must be a mapping")
+    defaults = {k: v for k, v in defaults.items() if k != "__line__"}
+    for key, value in defaults.items():
+        expected = DEFAULT_TYPES.get(key)
+        if expected is None:
+            raise RegistryError(f"{where}: unknown default '{key}' (allowed: {', '.join(DEFAULT_TYPES)})")
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise RegistryError(f"{where}: default '{key}' has the wrong type: {value!r}")
+    return PairEntry(name=raw["name"], target=raw["target"], drafter=raw["drafter"],
+                     defaults=defaults, description=raw.get("description", ""))
+
+
+def _check_pair(pair: PairEntry, registry: Registry, where: str) -> None:
+    for key in ("target", "drafter"):
+        ref = getattr(pair, key)
+        entry = registry.entries.get(ref)
+        if entry is None:
+            raise RegistryError(f"{where}: pair '{pair.name}' names unknown {key} '{ref}'")
+        allowed = ("target",) if key == "target" else ("target", "drafter")  # AR drafters are LMs
+        if entry.kind not in allowed:
+            raise RegistryError(f"{where}: pair '{pair.name}': '{ref}' is a {entry.kind}, not a {key}")

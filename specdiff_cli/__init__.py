@@ -1,0 +1,1 @@
+"""The `specdiff` command line: a thin Click layer over the library."""

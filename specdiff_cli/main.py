@@ -1,0 +1,68 @@
+"""Entry point. Errors become one line on stderr: exit 2 for usage errors, 1 for runtime errors,
+never a traceback. A closed stdout (`specdiff generate ... | head -1`) ends the command quietly
+with exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .drafter import drafter
+from .generate import generate
+from .models import models
+
+
+def _fail(message: str, code: int):
+    click.echo(f"specdiff: error: {message}", err=True)
+    sys.exit(code)
+
+
+class SpecdiffGroup(click.Group):
+    """A group whose main() turns every user-facing error into one stderr line; CliRunner calls
+    this same main(), so tests see exactly what a shell user sees."""
+
+    def main(self, args=None, prog_name=None, standalone_mode=True, **extra):
+        from specdiff.errors import SpecdiffError
+
+        try:
+            rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            _fail(e.format_message().replace("\n", " "), e.exit_code)
+        except click.Abort:
+            _fail("aborted", 130)
+        except SpecdiffError as e:
+            _fail(str(e).replace("\n", " "), e.exit_code)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail
+            sys.exit(0)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=SpecdiffGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specdiff")
+def cli():
+    """specdiff: faster LLM generation, token for token the target's own, by speculative
+    decoding with discrete-diffusion drafters.
+
+    \b
+    Examples:
+      specdiff models
+      specdiff drafter init --target gpt2 --out my-drafter
+      specdiff generate --target gpt2-xl --drafter mdlm-owt --prompt "The meaning of life"
+      cat prompts.txt | specdiff generate --pair gpt2-xl+gpt2 --jsonl | jq .text
+    """
+
+
+cli.add_command(generate)
+cli.add_command(models)
+cli.add_command(drafter)
+
+
+def main() -> None:
+    cli.main(prog_name="specdiff")

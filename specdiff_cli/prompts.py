@@ -1,0 +1,120 @@
+"""Prompt input and result output for `specdiff generate`.
+
+Input: plain text, one prompt per line; or JSONL, one {"prompt": ..., other fields} object per
+line, the other fields passed through to the output. `auto` picks JSONL when the first non-blank
+line starts with "{". Everything is read and checked before any generation starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdiff.errors import InputError, UsageError
+
+
+@dataclass
+class PromptRecord:
+    prompt: str
+    fields: dict = field(default_factory=dict)  # JSONL pass-through fields
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where} is not valid UTF-8 (byte {e.start})") from None
+
+
+def parse_prompts(text: str, fmt: str, where: str) -> list[PromptRecord]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line, it starts no new one
+    lines = [line.removesuffix("\r") for line in lines]
+    if fmt == "auto":
+        first = next((line for line in lines if line.strip()), "")
+        fmt = "jsonl" if first.lstrip().startswith("{") else "text"
+    records = _parse_jsonl(lines, where) if fmt == "jsonl" else _parse_text(lines, where)
+    if not records:
+        raise InputError(f"{where} holds no prompts")
+    return records
+
+
+def _parse_text(lines: list[str], where: str) -> list[PromptRecord]:
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            raise InputError(f"{where} line {n}: empty prompt")
+    return [PromptRecord(line) for line in lines]
+
+
+def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{where} line {n}: malformed JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise InputError(f"{where} line {n}: expected an object with a string \"prompt\"")
+        prompt = obj.pop("prompt")
+        if not prompt.strip():
+            raise InputError(f"{where} line {n}: empty prompt")
+        records.append(PromptRecord(prompt, obj))
+    return records
+
+
+def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: str) -> list[PromptRecord]:
+    """From --prompt (repeatable), --prompt-file PATH, or stdin, a binary stream (also
+    --prompt-file -)."""
+    if prompts and prompt_file:
+        raise UsageError("give prompts with --prompt or --prompt-file, not both")
+    if prompts:
+        for i, p in enumerate(prompts, 1):
+            if not p.strip():
+                raise InputError(f"--prompt {i} is empty")
+        return [PromptRecord(p) for p in prompts]
+    if prompt_file and prompt_file != "-":
+        try:
+            data = Path(prompt_file).read_bytes()
+        except OSError as e:
+            raise InputError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
+        return parse_prompts(decode_utf8(data, prompt_file), fmt, prompt_file)
+    if stdin.isatty() and not prompt_file:
+        raise UsageError("no prompts: use --prompt TEXT, --prompt-file PATH, or pipe them on stdin")
+    return parse_prompts(decode_utf8(stdin.read(), "stdin"), fmt, "stdin")
+
+
+def escape_line(text: str) -> str:
+    """One output line per prompt: backslash, newline and carriage return escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def format_record(record: PromptRecord, text: str, metrics: dict, jsonl: bool) -> str:
+    if not jsonl:
+        return escape_line(text)
+    return json.dumps({**record.fields, "text": text, "metrics": metrics}, ensure_ascii=False)
+
+
+class AtomicWriter:
+    """Lines go to a temporary file beside `path`, renamed over it only on success."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent or ".")
+        self.file = os.fdopen(fd, "w", encoding="utf-8")
+
+    def write(self, line: str) -> None:
+        self.file.write(line + "\n")
+
+    def commit(self) -> None:
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.file.close()
+        Path(self.tmp).unlink(missing_ok=True)

@@ -1,0 +1,63 @@
+"""Tiny models built in code and saved exactly as hub models are (save_pretrained), so tests load
+them through the same code path as real checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoConfig, GPTNeoForCausalLM, PreTrainedTokenizerFast
+
+EOS = "<|endoftext|>"
+TEXT = """\
+The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with one step.
+To be, or not to be, that is the question: whether it is nobler in the mind to suffer the slings
+and arrows of outrageous fortune, or to take arms against a sea of troubles. All the world is a
+stage, and all the men and women merely players. In the beginning was the word. It was the best of
+times, it was the worst of times. Call me Ishmael. The sea was calm and the sky was grey and blue.
+def main():\n    print("hello world")\n    return 0\nfor i in range(10): total += i * 2
+"""
+
+
+def make_tokenizer(directory: Path, vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on TEXT, with <|endoftext|> as its last id."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([TEXT] * 4, trainer)
+    tok.add_special_tokens([EOS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
+    fast.save_pretrained(str(directory))
+    return fast
+
+
+def _save(model, tokenizer, directory: Path) -> Path:
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def make_gpt2(directory: Path, tokenizer, *, seed: int = 0, layers: int = 2, dim: int = 32,
+              heads: int = 2, n_positions: int = 128, pad_to: int = 64, scale: float = 1.0) -> Path:
+    """A random GPT-2 whose head is padded to a multiple of `pad_to` rows (like 50257 -> 50304)."""
+    torch.manual_seed(seed)
+    vocab = -(-len(tokenizer) // pad_to) * pad_to
+    eos = tokenizer.eos_token_id
+    cfg = GPT2Config(vocab_size=vocab, n_positions=n_positions, n_embd=dim, n_layer=layers, n_head=heads,
+                     bos_token_id=eos, eos_token_id=eos, initializer_range=0.02 * scale)
+    return _save(GPT2LMHeadModel(cfg), tokenizer, directory)
+
+
+def make_gpt_neo(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, heads: int = 2,
+                 window: int = 8, n_positions: int = 128, scale: float = 1.0) -> Path:
+    """A random GPT-Neo alternating global and local (windowed) attention."""
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    cfg = GPTNeoConfig(vocab_size=len(tokenizer), hidden_size=dim, num_layers=2, num_heads=heads,
+                       attention_types=[[["global", "local"], 1]], window_size=window,
+                       max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos,
+                       initializer_range=0.02 * scale)
+    return _save(GPTNeoForCausalLM(cfg), tokenizer, directory)
