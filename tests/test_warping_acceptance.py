@@ -1,0 +1,78 @@
+"""Unit properties of warping and the acceptance rules (exactness itself: test_sampling_exact)."""
+
+import pytest
+import torch
+
+from specdiff.acceptance import greedy, leading_true, match, standard
+from specdiff.errors import UsageError
+from specdiff.warping import Sampling
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+
+
+def test_greedy_probs_are_one_hot_on_the_argmax():
+    assert Sampling().probs(LOGITS).tolist() == [1, 0, 0, 0, 0]
+
+
+def test_top_k_keeps_k_tokens():
+    p = Sampling(1.0, top_k=2).probs(LOGITS)
+    assert (p > 0).tolist() == [True, True, False, False, False]
+    torch.testing.assert_close(p[:2], LOGITS[:2].softmax(0))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    full = LOGITS.softmax(0)  # [0.53, 0.20, 0.12, 0.07, 0.03]
+    p = Sampling(1.0, top_p=0.6).probs(LOGITS)
+    assert (p > 0).tolist() == [True, True, False, False, False]
+    assert Sampling(1.0, top_p=full[0].item() * 0.5).probs(LOGITS).tolist() == [1, 0, 0, 0, 0]
+
+
+def test_temperature_scales_logits():
+    torch.testing.assert_close(Sampling(0.5).probs(LOGITS), (LOGITS / 0.5).softmax(0))
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"temperature": float("nan")}, {"top_p": 0.0},
+                                    {"top_p": 1.5}, {"top_k": -1}])
+def test_bad_sampling_parameters_are_refused(kwargs):
+    with pytest.raises(UsageError):
+        Sampling(**kwargs)
+
+
+def test_leading_true():
+    ok = torch.tensor([[True, True, False, True], [False, True, True, True], [True] * 4])
+    assert leading_true(ok).tolist() == [2, 0, 4]
+
+
+def _one_hot(ids, V=5):
+    return torch.nn.functional.one_hot(torch.tensor(ids), V).float()
+
+
+def test_greedy_rule_accepts_the_matching_prefix_then_corrects():
+    p = _one_hot([[1, 2, 3, 4]])  # target argmax at each of gamma + 1 positions
+    n, y = greedy(torch.tensor([[1, 2, 0]]), None, p)
+    assert (n.item(), y.item()) == (2, 3)
+    n, y = greedy(torch.tensor([[1, 2, 3]]), None, p)
+    assert (n.item(), y.item()) == (3, 4)  # all accepted: the bonus token
+
+
+def test_standard_rule_with_p_equal_q_accepts_everything():
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(64, 3, 5, generator=g).softmax(-1)
+    p = torch.cat([q, q[:, :1]], dim=1)
+    draft = torch.multinomial(q.reshape(-1, 5), 1, generator=g).reshape(64, 3)
+    n, _ = standard(draft, q, p, g)
+    assert (n == 3).all()
+
+
+def test_standard_rule_never_accepts_a_token_the_target_rules_out():
+    q = torch.full((100, 2, 5), 0.2)
+    p = _one_hot([[0, 0, 0]]).repeat(100, 1, 1)
+    draft = torch.ones(100, 2, dtype=torch.long)  # p(1) = 0
+    n, y = standard(draft, q, p, torch.Generator().manual_seed(0))
+    assert (n == 0).all() and (y == 0).all()  # residual max(0, p - q) is all on token 0
+
+
+def test_match_rule_with_a_deterministic_target_is_greedy():
+    p = _one_hot([[1, 2, 3]])
+    n, y = match(torch.tensor([[1, 4]]), None, p, torch.Generator().manual_seed(0))
+    assert (n.item(), y.item()) == (1, 2)
