@@ -2,8 +2,10 @@
 
 A model is named by a models.yaml entry, a local directory, or a hub id ("owner/name"); only the
 last touches the network, and only because the user named it. Drafter formats are detected from
-the files: the project's own DDiT format, or any Hugging Face causal LM (an AR drafter for
-`spec-ar`).
+the files (a models.yaml `format:` names one instead): a diffusion checkpoint in the project's own,
+the SEDD hub or the MDLM HF format (nets/formats.py), else any Hugging Face causal LM (an AR
+drafter for `spec-ar`). Of a hub drafter only config.json, the weights file of its format and any
+tokenizer files are downloaded.
 """
 
 from __future__ import annotations
@@ -12,18 +14,33 @@ import re
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .drafters.autoregressive import ARDrafter
 from .drafters.diffusion import DiffusionDrafter
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
-from .nets.checkpoint import is_own_format, load_own, read_json
+from .nets.checkpoint import read_json
+from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
 from .registry import ModelEntry, Registry, load_registry
 from .target import Target
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+
+
+def check_device(device: str) -> None:
+    """Refuse, before anything is loaded, a device torch cannot parse or this machine lacks."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"unknown device '{device}' (e.g. cpu, cuda, cuda:1)") from None
+    try:
+        torch.empty(0, device=parsed)
+    except (RuntimeError, AssertionError, NotImplementedError) as e:  # torch's "not compiled with" is an assert
+        raise LoadError(f"device '{device}' is not usable: {str(e).splitlines()[0].split('. ')[0]}") from None
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
@@ -64,48 +81,92 @@ def _hub_call(what: str, source: str, fn, *args, **kwargs):
 
 
 def load_tokenizer(source: str):
-    return _hub_call("tokenizer", source, AutoTokenizer.from_pretrained)
+    return _hub_call("tokenizer", source, AutoTokenizer.from_pretrained, trust_remote_code=False)
 
 
 def _load_causal_lm(name: str, kinds, device: str, dtype: str, registry: Registry | None):
     registry = registry or load_registry()
     source, entry = resolve(name, kinds, registry)
-    tok_name = entry.tokenizer if entry and entry.tokenizer else None
-    tok_source = resolve(tok_name, ("target", "drafter"), registry)[0] if tok_name else source
-    tokenizer = load_tokenizer(tok_source)
+    tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
     model = _hub_call("model", source, AutoModelForCausalLM.from_pretrained,
-                      dtype=resolve_dtype(dtype, device))
+                      dtype=resolve_dtype(dtype, device), trust_remote_code=False)
     return model.to(device), tokenizer, (entry.name if entry else source)
 
 
 def load_target(name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
                 registry: Registry | None = None) -> Target:
     """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target."""
+    check_device(device)
     model, tokenizer, name = _load_causal_lm(name_or_path, ("target",), device, dtype, registry)
     return Target(model, tokenizer, name)
+
+
+def _tokenizer_source(entry: ModelEntry | None, registry: Registry) -> str | None:
+    """Where a models.yaml entry's `tokenizer:` points, if it has one."""
+    return resolve(entry.tokenizer, ("target", "drafter"), registry)[0] if entry and entry.tokenizer else None
+
+
+def _fetch(source: str, files: tuple[str, ...]) -> Path:
+    """A local directory as is; a hub id -> a local snapshot holding those of `files` it has."""
+    if Path(source).is_dir():
+        return Path(source)
+    return Path(_hub_call("drafter files", source, snapshot_download, allow_patterns=list(files)))
 
 
 def load_drafter(name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
                  registry: Registry | None = None) -> nn.Module:
     """A drafter: a DiffusionDrafter (forward(input_ids (B, L), sigma (B,)) -> raw logits
     (B, L, V_drafter)) for diffusion checkpoints, or an ARDrafter for a causal LM."""
+    check_device(device)
     registry = registry or load_registry()
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
-    config_file = Path(source) / "config.json"
-    if not config_file.is_file() or not is_own_format(read_json(config_file)):
-        if config_file.is_file():
+    fmt = _drafter_format(source, entry)
+    if fmt is None:
+        if Path(source).is_dir():
             _check_causal_lm(source)
         model, tokenizer, name = _load_causal_lm(name_or_path, ("drafter", "target"), device, dtype, registry)
         return ARDrafter(model, tokenizer, name)
-    backbone, fields = load_own(Path(source), read_json(config_file))
-    tokenizer = load_tokenizer(source)
-    drafter = DiffusionDrafter(backbone, tokenizer=tokenizer, source=entry.name if entry else source, **fields)
+    drafter = _load_diffusion(source, entry, fmt, registry)
     return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
+
+
+def load_diffusion_drafter(name_or_path: str, *, registry: Registry | None = None) -> DiffusionDrafter:
+    """A diffusion drafter in any format, on the CPU in fp32, exactly as stored (for conversion);
+    a UsageError for anything else, before any weights are read."""
+    registry = registry or load_registry()
+    source, entry = resolve(name_or_path, ("drafter", "target"), registry)
+    fmt = _drafter_format(source, entry)
+    if fmt is None:
+        raise UsageError(f"'{name_or_path}' is not a diffusion drafter (formats: {', '.join(FORMATS)})")
+    return _load_diffusion(source, entry, fmt, registry).eval()
+
+
+def _drafter_format(source: str, entry: ModelEntry | None) -> Format | None:
+    """The models.yaml `format:`, else the one detected from config.json (None: not diffusion)."""
+    if entry and entry.format:
+        return get_format(entry.format)
+    return detect(read_json(_fetch(source, ("config.json",)) / "config.json"))
+
+
+def _load_diffusion(source: str, entry: ModelEntry | None, fmt: Format, registry: Registry) -> DiffusionDrafter:
+    directory = _fetch(source, ("config.json", fmt.weights, *TOKENIZER_FILES))
+    backbone, fields = load_checkpoint(directory, fmt)
+    tokenizer = _drafter_tokenizer(directory, entry, registry)
+    return DiffusionDrafter(backbone, tokenizer=tokenizer, source=entry.name if entry else source, **fields)
+
+
+def _drafter_tokenizer(directory: Path, entry: ModelEntry | None, registry: Registry):
+    """The tokenizer beside the weights, else the entry's `tokenizer:`, else None (the SEDD and
+    MDLM repositories carry none; check_pair then compares vocabulary sizes only)."""
+    if any((directory / name).is_file() for name in TOKENIZER_FILES):
+        return load_tokenizer(str(directory))
+    source = _tokenizer_source(entry, registry)
+    return load_tokenizer(source) if source else None
 
 
 def _check_causal_lm(source: str) -> None:
     try:
-        AutoConfig.from_pretrained(source)
+        AutoConfig.from_pretrained(source, trust_remote_code=False)
     except Exception as e:
         raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from None
 
@@ -119,8 +180,8 @@ def check_pair(target: Target, drafter: nn.Module) -> None:
         return
     ours, theirs = target.tokenizer.get_vocab(), drafter.tokenizer.get_vocab()
     if ours != theirs:
-        diff = sorted(set(ours.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
-        shown = ", ".join(f"{tok!r}->{i}" for tok, i in diff)
+        differ = sorted((t for t in ours.keys() | theirs.keys() if ours.get(t) != theirs.get(t)),
+                        key=lambda t: ours.get(t, len(ours)))
+        shown = ", ".join(f"{t!r} {ours.get(t, '-')}/{theirs.get(t, '-')}" for t in differ[:3])
         raise IncompatibleModelsError(
-            f"drafter and target tokenizers disagree ({len(set(ours.items()) ^ set(theirs.items()))} "
-            f"token-to-id differences, e.g. {shown})")
+            f"drafter and target tokenizers disagree on {len(differ)} token(s) (id in target/drafter: {shown})")

@@ -24,3 +24,23 @@ def init(target, out, layers, dim, heads, context, seed):
 
     path = init_drafter(target, out, layers=layers, dim=dim, heads=heads, context=context, seed=seed)
     click.echo(str(path))
+
+
+@drafter.command("convert")
+@click.argument("src")
+@click.option("--out", required=True, metavar="DIR", help="New drafter directory (project format).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="fp32 is lossless; fp16 halves the size.")
+@click.option("--context", type=int, default=None, metavar="N",
+              help="Context tokens the drafter sees (default: the source's; 960 for SEDD/MDLM hub models).")
+def convert(src, out, dtype, context):
+    """Convert a diffusion drafter (SEDD hub, MDLM HF or project format) to the project's format.
+
+    \b
+    SRC is a models.yaml name, a directory or a hub id, e.g.
+      specdiff drafter convert mdlm-owt --out drafters/mdlm-owt
+      specdiff drafter convert ./sedd-small-download --out drafters/sedd-small --dtype fp16
+    """
+    from specdiff.drafters.convert import convert_drafter
+
+    click.echo(str(convert_drafter(src, out, dtype=dtype, context=context)))

@@ -1,7 +1,8 @@
 """An autoregressive drafter (Leviathan et al. 2023): a small causal LM that samples gamma tokens
 one by one from its warped distribution q. x_j ~ q_j given x_<j by construction, so the standard
 rule is exact. For a single row the drafter keeps its KV cache between calls and re-feeds only
-the tokens that changed since the last call.
+the tokens that changed since the last call. A drafter whose context window is shorter than the
+target's sees only the last (window - gamma) tokens.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..target import real_vocab_size
+from ..target import context_window, real_vocab_size
 from ..warping import Sampling
 from . import Draft
 
@@ -24,6 +25,7 @@ class ARDrafter(nn.Module):
         self.tokenizer = tokenizer
         self.source = name
         self.vocab_size = real_vocab_size(tokenizer, model, name or "drafter")
+        self.max_length = context_window(model.config)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids).logits
@@ -52,6 +54,7 @@ class ARProposer:
     @torch.no_grad()
     def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
                 generator: torch.Generator | None) -> Draft:
+        context = context[:, -(self.drafter.max_length - gamma):]  # a drafter with a shorter window
         keep = self._reuse(context)
         model, V = self.drafter.model, self.drafter.vocab_size
         feed = context[:, keep:]

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..nets.dit import DDiT
+from ..nets.parameterization import x0_logits
 from ..warping import Sampling
 from . import Draft
 
@@ -61,10 +62,13 @@ class DiffusionDrafter(nn.Module):
         return self.backbone(input_ids, sigma)
 
     def x0_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary (B, L, V)."""
+        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary (B, L, V), fp32,
+        through the drafter's parameterisation ("subs" | "sedd"). At masked slots their softmax
+        is exactly softmax(raw[..., :V])."""
         t = (input_ids == self.mask_id).float().mean(dim=1)  # fraction masked, (B,)
-        raw = self(input_ids, loglinear_sigma(t))
-        return raw[..., : self.vocab_size]
+        sigma = loglinear_sigma(t)
+        raw = self(input_ids, sigma)
+        return x0_logits(self.parameterization, raw, input_ids, sigma, self.mask_id, self.vocab_size)
 
 
 def block_sizes(gamma: int, steps: int) -> list[int]:

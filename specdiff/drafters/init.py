@@ -5,12 +5,11 @@ drafters before that.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..atomic import check_new_directory, new_directory
 from ..errors import UsageError
 from ..loading import load_tokenizer, resolve
 from ..nets.checkpoint import save_own
@@ -26,8 +25,7 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
     Only the target's tokenizer is read. The directory appears complete or not at all.
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"{out} exists and is not empty")
+    check_new_directory(out)
     for name, value in (("layers", layers), ("dim", dim), ("heads", heads), ("context", context)):
         if value < 1:
             raise UsageError(f"--{name} must be >= 1, got {value}")
@@ -40,14 +38,7 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
     except ValueError as e:
         raise UsageError(str(e)) from None
     backbone = DDiT(cfg).init_random(torch.Generator().manual_seed(seed))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=out.parent))
-    try:
+    with new_directory(out) as tmp:
         save_own(tmp, backbone, vocab_size=vocab, mask_id=vocab, context_length=context,
                  parameterization="subs", tokenizer=tokenizer)
-        if out.exists():
-            out.rmdir()
-        shutil.move(str(tmp), str(out))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

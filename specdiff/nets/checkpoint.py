@@ -48,6 +48,13 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def read_safetensors(path: Path) -> dict:
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from None
+
+
 def is_own_format(config: dict) -> bool:
     return config.get("specdiff_format") == FORMAT
 
@@ -74,10 +81,6 @@ def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
     except (KeyError, TypeError, ValueError) as e:
         raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from None
     weights = directory / "model.safetensors"
-    try:
-        state = load_file(str(weights))
-    except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise LoadError(f"{weights}: cannot read weights ({str(e).splitlines()[0]})") from None
     backbone = DDiT(dit)
-    load_state_strict(backbone, state, str(weights))
+    load_state_strict(backbone, read_safetensors(weights), str(weights))
     return backbone, fields
