@@ -7,10 +7,19 @@
     print(result.texts[0], result.metrics.tau)
 """
 
+from importlib import import_module
+
 from .errors import SpecdiffError
-from .generation import GenerationResult, generate
-from .loading import load_drafter, load_target
-from .warping import Sampling
 
 __all__ = ["GenerationResult", "Sampling", "SpecdiffError", "generate", "load_drafter", "load_target"]
 __version__ = "0.1.0"
+_LAZY = {"GenerationResult": ".generation", "generate": ".generation", "load_drafter": ".loading",
+         "load_target": ".loading", "Sampling": ".warping"}
+
+
+def __getattr__(name: str):
+    """Import torch-backed names on first use, so that `import specdiff.errors` (and with it
+    `specdiff --help`) stays free of torch and transformers."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'specdiff' has no attribute '{name}'")
+    return getattr(import_module(_LAZY[name], __name__), name)

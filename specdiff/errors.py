@@ -32,3 +32,13 @@ class LoadError(SpecdiffError):
 
 class IncompatibleModelsError(LoadError):
     """Drafter and target cannot be paired (different tokenizers, vocabularies)."""
+
+
+class ExportValidationError(SpecdiffError):
+    """An exported graph disagrees with PyTorch beyond its dtype's tolerance; `mismatches` lists
+    every disagreement found on the validation sweep."""
+
+    def __init__(self, graph: str, mismatches: list[str], checks: int):
+        self.mismatches = list(mismatches)
+        shown = "; ".join(self.mismatches[:3]) + ("; ..." if len(self.mismatches) > 3 else "")
+        super().__init__(f"{graph} disagrees with PyTorch in {len(self.mismatches)} of {checks} checks: {shown}")

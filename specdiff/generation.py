@@ -123,8 +123,14 @@ def _check_counts(opts: dict) -> None:
     get_schedule(opts["schedule"])
 
 
+def _is_diffusion(drafter) -> bool:
+    """A DiffusionDrafter, or any object with its drafting interface (x0_logits, mask_id,
+    vocab_size, context_length), such as an exported graph (runtimes.models.GraphDrafter)."""
+    return isinstance(drafter, DiffusionDrafter) or hasattr(drafter, "x0_logits")
+
+
 def _default_method(drafter) -> str:
-    if isinstance(drafter, DiffusionDrafter):
+    if _is_diffusion(drafter):
         return "specdiff"
     return "spec-ar" if isinstance(drafter, ARDrafter) else "ar"
 
@@ -132,9 +138,9 @@ def _default_method(drafter) -> str:
 def _check_method(method: str, drafter) -> None:
     if method not in METHODS:
         raise UsageError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
-    needs = {"specdiff": DiffusionDrafter, "spec-ar": ARDrafter}.get(method)
-    if needs and not isinstance(drafter, needs):
-        kind = "a diffusion drafter" if needs is DiffusionDrafter else "an autoregressive (causal LM) drafter"
+    needs = {"specdiff": _is_diffusion, "spec-ar": lambda d: isinstance(d, ARDrafter)}.get(method)
+    if needs and not needs(drafter):
+        kind = "a diffusion drafter" if method == "specdiff" else "an autoregressive (causal LM) drafter"
         raise UsageError(f"method '{method}' needs {kind} (--drafter)")
 
 

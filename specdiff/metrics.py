@@ -2,7 +2,8 @@
 
     tau    mean tokens emitted per verification call, bonus token included (plain decoding: 1)
     alpha  accepted draft tokens / drafted tokens
-    per-position acceptance[j]  fraction of iterations whose draft was accepted up to slot j+1
+    per-position acceptance[j]  of the iterations that drafted slot j+1, the fraction whose draft
+                                was accepted up to it
     histogram[k]  iterations that accepted exactly k draft tokens
 The prefill call counts as a target call but not as an iteration.
 """
@@ -28,6 +29,7 @@ class Metrics:
     drafted: int = 0
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)  # iterations accepting >= j+1 tokens
+    drafted_at: list[int] = field(default_factory=list)  # iterations drafting >= j+1 tokens
     histogram: list[int] = field(default_factory=list)  # iterations accepting exactly k tokens
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -40,9 +42,11 @@ class Metrics:
         self.drafted += drafted
         self.accepted += accepted
         _grow(self.accepted_at, drafted)
+        _grow(self.drafted_at, drafted)
         _grow(self.histogram, accepted + 1)
-        for j in range(accepted):
-            self.accepted_at[j] += 1
+        for j in range(drafted):
+            self.drafted_at[j] += 1
+            self.accepted_at[j] += j < accepted
         self.histogram[accepted] += 1
 
     @contextmanager
@@ -72,14 +76,13 @@ class Metrics:
         for name in ("new_tokens", "wall_s", "target_calls", "drafter_calls", "iterations",
                      "drafted", "accepted", "draft_s", "verify_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
-        for name in ("accepted_at", "histogram"):
+        for name in ("accepted_at", "drafted_at", "histogram"):
             a, b = list(getattr(self, name)), list(getattr(other, name))
             _grow(a, len(b)), _grow(b, len(a))
             setattr(out, name, [x + y for x, y in zip(a, b)])
         return out
 
     def to_dict(self) -> dict:
-        it = max(self.iterations, 1)
         d = {
             "new_tokens": self.new_tokens,
             "wall_s": round(self.wall_s, 6),
@@ -89,7 +92,7 @@ class Metrics:
             "iterations": self.iterations,
             "tau": round(self.tau, 4),
             "alpha": None if self.alpha is None else round(self.alpha, 4),
-            "per_position_acceptance": [round(a / it, 4) for a in self.accepted_at],
+            "per_position_acceptance": [round(a / n, 4) for a, n in zip(self.accepted_at, self.drafted_at)],
             "accepted_length_histogram": list(self.histogram),
             "time_s": {"draft": round(self.draft_s, 6), "verify": round(self.verify_s, 6),
                        "other": round(max(self.wall_s - self.draft_s - self.verify_s, 0.0), 6)},

@@ -98,6 +98,9 @@ def load_registry(file: str | os.PathLike | None = None) -> Registry:
         raise RegistryError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise RegistryError(f"{path}: expected a top-level 'models:' list")
+    unknown = sorted(set(doc) - {"models", "__line__"})
+    if unknown:
+        raise RegistryError(f"{path}: unknown top-level key(s) {', '.join(map(str, unknown))} (allowed: models)")
     entries: dict = {}
     for raw in doc["models"]:
         entry = _entry(raw, path)

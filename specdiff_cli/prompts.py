@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,10 +30,9 @@ def decode_utf8(data: bytes, where: str) -> str:
 
 
 def parse_prompts(text: str, fmt: str, where: str) -> list[PromptRecord]:
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline ends the last line, it starts no new one
-    lines = [line.removesuffix("\r") for line in lines]
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()  # the final newline, and blank lines after the last prompt, start no prompt
     if fmt == "auto":
         first = next((line for line in lines if line.strip()), "")
         fmt = "jsonl" if first.lstrip().startswith("{") else "text"
@@ -70,7 +69,7 @@ def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
 
 def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: str) -> list[PromptRecord]:
     """From --prompt (repeatable), --prompt-file PATH, or stdin, a binary stream (also
-    --prompt-file -)."""
+    --prompt-file -; None when the process has no stdin)."""
     if prompts and prompt_file:
         raise UsageError("give prompts with --prompt or --prompt-file, not both")
     if prompts:
@@ -84,7 +83,7 @@ def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: 
         except OSError as e:
             raise InputError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
         return parse_prompts(decode_utf8(data, prompt_file), fmt, prompt_file)
-    if stdin.isatty() and not prompt_file:
+    if stdin is None or (stdin.isatty() and not prompt_file):
         raise UsageError("no prompts: use --prompt TEXT, --prompt-file PATH, or pipe them on stdin")
     return parse_prompts(decode_utf8(stdin.read(), "stdin"), fmt, "stdin")
 
@@ -105,7 +104,13 @@ class AtomicWriter:
 
     def __init__(self, path: str):
         self.path = Path(path)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent or ".")
+        if self.path.is_dir():
+            raise UsageError(f"cannot write {path}: it is a directory")
+        self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
+        try:  # created as open() would create the file itself: mode 0o666 less the umask
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e.strerror}") from None
         self.file = os.fdopen(fd, "w", encoding="utf-8")
 
     def write(self, line: str) -> None:
@@ -116,5 +121,6 @@ class AtomicWriter:
         os.replace(self.tmp, self.path)
 
     def discard(self) -> None:
+        """Drop the temporary file (a no-op once committed)."""
         self.file.close()
         Path(self.tmp).unlink(missing_ok=True)

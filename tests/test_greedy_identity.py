@@ -118,3 +118,15 @@ def test_stops_at_eos_and_context_window(models):
     decode_speculative(target, NoisyOracle(target, 2), seq2, Sampling(), greedy, gamma=4)
     assert seq2.stop_reason == "eos" and seq2.new_tokens[-1] == eos
     assert seq2.new_tokens == seq.new_tokens[: len(seq2.new_tokens)]
+
+
+def test_ar_drafter_with_a_shorter_window_than_the_target(tiny, models, reference):
+    """A drafter with a 16-token window drafting for a 128-token target sees only the context's end."""
+    from tiny import make_gpt2
+
+    short = load_drafter(str(make_gpt2(tiny.root / "ar-short", tiny.tokenizer, seed=2, layers=1,
+                                       n_positions=16, scale=10)))
+    result = generate(PROMPTS[:10], target=models["gpt2"], drafter=short, method="spec-ar",
+                      gamma=4, max_new_tokens=MAX_NEW)
+    for got, want in zip(result.outputs, reference["gpt2"].outputs):
+        assert got.tokens == want.tokens

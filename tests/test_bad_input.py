@@ -1,0 +1,245 @@
+"""Every bad input of `specdiff generate`: one line on stderr starting "specdiff: error:", exit 2 for
+a usage error and 1 for a runtime error, no traceback, nothing on stdout and no file from -o."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from transformers import AutoTokenizer
+
+from specdiff.drafters.init import init_drafter
+from specdiff_cli.main import cli
+
+
+def permuted_copy(src: Path, dst: Path) -> Path:
+    """A copy of the model at src whose tokenizer swaps the ids of two ordinary tokens: the same
+    size and the same tokens, a different token-to-id map."""
+    shutil.copytree(src, dst)
+    spec = json.loads((dst / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (dst / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    return dst
+
+
+def bigger_vocab_copy(src: Path, dst: Path) -> Path:
+    """A copy of the model at src whose tokenizer has one token more (the padded head still fits)."""
+    shutil.copytree(src, dst)
+    tokenizer = AutoTokenizer.from_pretrained(str(src))
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(str(dst))
+    return dst
+
+
+def truncated_copy(src: Path, dst: Path) -> Path:
+    """A copy of the model at src with only the first half of its weights file."""
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return dst
+
+
+@pytest.fixture(scope="module")
+def models(tiny, tmp_path_factory) -> dict[str, str]:
+    """Placeholders of the cases below -> paths: the tiny models and broken variants of them."""
+    root = tmp_path_factory.mktemp("bad")
+    permuted = permuted_copy(tiny.gpt2, root / "permuted")
+    bigger = bigger_vocab_copy(tiny.gpt2, root / "bigger")
+    small = dict(layers=1, dim=32, heads=2, context=16)
+    (root / "empty").mkdir()
+    broken_config = shutil.copytree(tiny.drafter, root / "broken-config")
+    (broken_config / "config.json").write_text("{not json", encoding="utf-8")
+    paths = {
+        "gpt2": tiny.gpt2, "ar": tiny.ar, "drafter": tiny.drafter, "empty": root / "empty",
+        "nothing": root / "nothing", "permuted_ar": permuted,
+        "permuted_drafter": init_drafter(str(permuted), root / "permuted-drafter", **small),
+        "bigger_drafter": init_drafter(str(bigger), root / "bigger-drafter", **small),
+        "truncated_drafter": truncated_copy(tiny.drafter, root / "truncated-drafter"),
+        "truncated_target": truncated_copy(tiny.gpt2, root / "truncated-target"),
+        "broken_config": broken_config,
+    }
+    return {k: str(v) for k, v in paths.items()}
+
+
+def long_prompt(tokenizer, n_tokens: int) -> str:
+    text = "The sea was calm and the sky was grey and blue. " * n_tokens
+    assert len(tokenizer.encode(text)) > n_tokens
+    return text
+
+
+def invoke(args: list[str], input=None):
+    return CliRunner().invoke(cli, args, input=input)
+
+
+def assert_one_line_error(result, code: int, *fragments: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception  # not an uncaught error
+    assert result.stdout == ""
+    assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("specdiff: error: ") and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+def fail(tmp_path: Path, args: list[str], code: int, *fragments: str, input=None) -> None:
+    """Run `specdiff generate ARGS -o FILE` and check the error; -o must leave nothing behind."""
+    out = tmp_path / "out"
+    out.mkdir()
+    assert_one_line_error(invoke(["generate", *args, "-o", str(out / "result.txt")], input), code, *fragments)
+    assert list(out.iterdir()) == []
+
+
+def expand(args: str, models: dict[str, str]) -> list[str]:
+    return [word.format(**models) for word in args.split()]
+
+
+USAGE = {  # the request itself is wrong: options, names, combinations
+    "gamma < 1": ("--drafter {drafter} --gamma 0", "gamma must be an integer >= 1, got 0"),
+    "steps < 1": ("--drafter {drafter} --steps 0", "steps must be an integer >= 1, got 0"),
+    "max-new-tokens < 1": ("--max-new-tokens 0", "max-new-tokens must be an integer >= 1, got 0"),
+    "temperature < 0": ("--temperature -0.5", "temperature must be >= 0, got -0.5"),
+    "temperature nan": ("--temperature nan", "temperature must be >= 0"),
+    "top-p 0": ("--top-p 0", "top-p must be in (0, 1], got 0.0"),
+    "top-p > 1": ("--top-p 1.5", "top-p must be in (0, 1], got 1.5"),
+    "top-k < 0": ("--top-k -1", "top-k must be >= 0"),
+    "gamma not a number": ("--gamma x", "Invalid value for '--gamma'"),
+    "unknown option": ("--gama 3", "No such option '--gama'", "Did you mean '--gamma'"),
+    "unknown schedule": ("--schedule sideways", "Invalid value for '--schedule'"),
+    "unknown model name": ("--target no-such-model", "unknown model 'no-such-model'", "gpt2-xl"),
+    "missing path": ("--target {nothing}", "not in models.yaml", "not a directory"),
+    "missing drafter path": ("--drafter {nothing}", "unknown model"),
+    "unknown pair": ("--pair no-such-pair", "unknown pair 'no-such-pair'"),
+    "a target is not a pair": ("--pair gpt2", "'gpt2' is a target in models.yaml, not a pair"),
+    "specdiff without a drafter": ("--method specdiff", "method 'specdiff' needs a diffusion drafter"),
+    "specdiff with an AR drafter": ("--drafter {ar} --method specdiff", "needs a diffusion drafter"),
+    "spec-ar with a diffusion drafter": ("--drafter {drafter} --method spec-ar", "needs an autoregressive"),
+    "greedy acceptance when sampling": ("--drafter {drafter} --acceptance greedy --temperature 1",
+                                        "greedy acceptance needs --temperature 0"),
+    "confidence with standard when sampling": (
+        "--drafter {drafter} --schedule confidence --acceptance standard --temperature 1",
+        "confidence schedule commits draft slots out of left-to-right order", "would not be exact",
+        "--acceptance match"),
+    "oneshot with several steps": ("--drafter {drafter} --schedule oneshot --steps 3", "exactly 1 step"),
+    "unknown device": ("--device nonsense", "unknown device 'nonsense'"),
+}
+
+
+@pytest.mark.parametrize("case", USAGE, ids=list(USAGE))
+def test_usage_errors_exit_2(tmp_path, models, case):
+    args, *fragments = USAGE[case]
+    target = [] if "--target" in args or "--pair" in args else ["--target", models["gpt2"]]
+    fail(tmp_path, [*target, *expand(args, models), "--prompt", "Hello"], 2, *fragments)
+
+
+RUNTIME = {  # the request is fine, the files it names are not
+    "directory without a model": ("--target {empty}", "no model here (config.json not found)"),
+    "drafter directory without a model": ("--drafter {empty}", "no model here"),
+    "tokenizers disagree (diffusion drafter)": (
+        "--drafter {permuted_drafter}",
+        "drafter and target tokenizers disagree on 2 token(s) (id in target/drafter: '§' 100/101, '¨' 101/100)"),
+    "tokenizers disagree (AR drafter)": ("--drafter {permuted_ar}", "tokenizers disagree"),
+    "vocabulary sizes differ": ("--drafter {bigger_drafter}",
+                                "drafter vocabulary has 301 tokens, target's tokenizer 300"),
+    "truncated drafter weights": ("--drafter {truncated_drafter}", "model.safetensors"),
+    "truncated target weights": ("--target {truncated_target}", "cannot load model from"),
+    "drafter config not JSON": ("--drafter {broken_config}", "config.json"),
+}
+
+
+@pytest.mark.parametrize("case", RUNTIME, ids=list(RUNTIME))
+def test_runtime_errors_exit_1(tmp_path, models, case):
+    args, *fragments = RUNTIME[case]
+    target = [] if "--target" in args else ["--target", models["gpt2"]]
+    fail(tmp_path, [*target, *expand(args, models), "--prompt", "Hello"], 1, *fragments)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_missing_cuda_exit_1(tmp_path, models):
+    fail(tmp_path, ["--target", models["gpt2"], "--device", "cuda", "--prompt", "Hello"], 1,
+         "device 'cuda' is not usable")
+
+
+@pytest.mark.parametrize("case", [
+    "--schedule confidence",
+    "--schedule confidence --acceptance greedy",
+    "--schedule confidence --acceptance match --temperature 1",
+    "--schedule confidence --temperature 1",  # match by default
+    "--schedule l2r --acceptance standard --temperature 1",
+])
+def test_exact_schedule_acceptance_combinations_are_allowed(models, case):
+    args = ["generate", "--target", models["gpt2"], "--drafter", models["drafter"], *expand(case, models),
+            "--prompt", "Hello", "--max-new-tokens", "4"]
+    result = invoke(args)
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
+    assert result.stdout.count("\n") == 1
+
+
+PROMPTS = {  # (args, stdin, fragments)
+    "empty --prompt": (["--prompt", ""], None, ["--prompt 1 is empty"]),
+    "blank second --prompt": (["--prompt", "a", "--prompt", "   "], None, ["--prompt 2 is empty"]),
+    "empty line": ([], "a\n\nb\n", ["stdin line 2: empty prompt"]),
+    "no prompts on stdin": ([], "", ["stdin holds no prompts"]),
+    "empty JSONL prompt": ([], '{"prompt": "a"}\n{"prompt": ""}\n', ["stdin line 2: empty prompt"]),
+    "malformed JSONL line": ([], '{"id": 1, "prompt": "a"}\n\n{"id": 2, "prompt": "b"\n{"prompt": "c"}\n',
+                             ["stdin line 3: malformed JSON"]),
+    "JSONL line without prompt": ([], '{"prompt": "a"}\n{"id": 2}\n',
+                                  ['stdin line 2: expected an object with a string "prompt"']),
+    "JSONL prompt not a string": ([], '{"prompt": 5}\n', ['stdin line 1: expected an object']),
+    "text read as JSONL": (["--input-format", "jsonl"], "Hello\n", ["stdin line 1: malformed JSON"]),
+    "invalid UTF-8 on stdin": ([], b"fine\n\xff\xfebad\n", ["stdin is not valid UTF-8 (byte 5)"]),
+    "--prompt and --prompt-file": (["--prompt", "a", "--prompt-file", "-"], "b\n", ["not both"]),
+}
+
+
+@pytest.mark.parametrize("case", PROMPTS, ids=list(PROMPTS))
+def test_bad_prompts_exit_2(tmp_path, models, case):
+    args, stdin, fragments = PROMPTS[case]
+    fail(tmp_path, ["--target", models["gpt2"], *args], 2, *fragments, input=stdin)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\x80abc\n", "{file} is not valid UTF-8 (byte 0)"),
+    (b'{"prompt": "a"}\n{"prompt": "b",}\n', "{file} line 2: malformed JSON"),
+    (None, "cannot read prompt file {file}: No such file or directory"),
+])
+def test_bad_prompt_files_exit_2(tmp_path, models, content, message):
+    file = tmp_path / "prompts.txt"
+    if content is not None:
+        file.write_bytes(content)
+    fail(tmp_path, ["--target", models["gpt2"], "--prompt-file", str(file)], 2, message.format(file=file))
+
+
+def test_prompt_over_the_context_window(tmp_path, tiny, models):
+    prompt = long_prompt(tiny.tokenizer, 128)  # the tiny targets see 128 positions
+    fail(tmp_path, ["--target", models["gpt2"], "--prompt", "Hello", "--prompt", prompt], 2,
+         "prompt 2 is", "the target's context window is 128", "--truncate-prompt")
+    result = invoke(["generate", "--target", models["gpt2"], "--prompt", prompt, "--truncate-prompt",
+                     "--max-new-tokens", "5", "--jsonl"])
+    assert result.exit_code == 0 and result.stderr == ""
+    assert json.loads(result.stdout)["metrics"]["new_tokens"] == 5
+
+
+def test_error_after_the_output_file_opened_keeps_the_old_file(tmp_path, tiny, models):
+    """Prompts are tokenized when generation starts, after -o has its temporary file: an error then
+    must leave the existing file as it was and no temporary file beside it."""
+    out = tmp_path / "result.txt"
+    out.write_text("old results\n", encoding="utf-8")
+    result = invoke(["generate", "--target", models["gpt2"], "--prompt", "Hello",
+                     "--prompt", long_prompt(tiny.tokenizer, 128), "-o", str(out)])
+    assert_one_line_error(result, 2, "context window")
+    assert out.read_text(encoding="utf-8") == "old results\n"
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_unwritable_output(tmp_path, models):
+    args = ["generate", "--target", models["gpt2"], "--prompt", "Hello", "-o"]
+    missing = tmp_path / "no" / "such.txt"
+    assert_one_line_error(invoke([*args, str(missing)]), 2, f"cannot write {missing}: No such file or directory")
+    assert_one_line_error(invoke([*args, str(tmp_path)]), 2, f"cannot write {tmp_path}: it is a directory")
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
