@@ -1,0 +1,165 @@
+"""`specdiff export`: a target and/or a diffusion drafter -> a checked export directory.
+
+    export("out", target="gpt2", drafter="./drafter", fmt="onnx", dtype="fp32")
+
+Everything is written to a temporary directory beside `out` and renamed to it only once every
+graph has been exported, checked against its spec, validated against PyTorch (and built into a
+TensorRT engine for --format tensorrt | all): the directory is complete or absent.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from runtimes import require
+from runtimes.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
+from runtimes.graphs import TOLERANCE, Limits
+from specdiff.drafters.diffusion import DiffusionDrafter
+from specdiff.errors import ExportValidationError, LoadError, UsageError
+from specdiff.loading import check_pair, load_drafter, load_target
+from specdiff.registry import load_registry
+
+from .manifest import source_record, tool_versions
+from .onnx import check_graph, drafter_graph, export_graph, target_graph
+from .tensorrt import MAX_OPSET, build_engines
+from .validate import validate
+
+FORMATS = {"onnx": ("onnx",), "tensorrt": ("tensorrt",), "all": ("onnx", "tensorrt")}
+MIN_OPSET = 18  # the dynamo exporter's own opset
+DRAFTER_ONLY_CONTEXT = 2048  # shape limits of a drafter exported without its target
+
+
+def log(message: str) -> None:
+    print(f"specdiff: {message}", file=sys.stderr)
+
+
+def export(out, *, target: str | None = None, drafter: str | None = None, pair: str | None = None,
+           fmt: str = "onnx", dtype: str = "fp32", opset: int = 18, max_batch: int = 1,
+           max_seq: int | None = None, device: str = "cpu", registry=None) -> Path:
+    """Export the named models (models.yaml names, directories or hub ids) to `out`; -> out."""
+    registry = registry or load_registry()
+    target, drafter = _names(target, drafter, pair, registry)
+    out = Path(out)
+    _check_options(out, fmt, dtype, opset)
+    trt, gpu = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else (None, None)
+    for module in ("onnx", "onnxscript", "onnxruntime"):
+        require(module, "onnx")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        manifest = _export_onnx(tmp, target, drafter, dtype, opset, max_batch, max_seq, device, registry)
+        if trt is not None:
+            build_engines(tmp, manifest, trt, gpu)
+            manifest["tools"]["tensorrt"] = trt.__version__
+        if "onnx" not in FORMATS[fmt]:
+            _drop_graphs(tmp, manifest)
+        write_manifest(tmp, manifest)
+        tmp.chmod(0o755)  # mkdtemp made it private
+        if out.exists():
+            out.rmdir()  # checked empty above
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _names(target, drafter, pair, registry) -> tuple[str | None, str | None]:
+    if pair is not None:
+        if target or drafter:
+            raise UsageError("give --pair, or --target / --drafter, not both")
+        entry = registry.get(pair, "pair")
+        if entry is None:
+            raise UsageError(f"unknown pair '{pair}' (known: {', '.join(registry.names('pair'))})")
+        return entry.target, entry.drafter
+    if not target and not drafter:
+        raise UsageError("nothing to export: name a --target, a --drafter or a --pair")
+    return target, drafter
+
+
+def _check_options(out: Path, fmt: str, dtype: str, opset: int) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out} exists and is not an empty directory")
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format '{fmt}' (choose from {', '.join(FORMATS)})")
+    if dtype not in TOLERANCE:
+        raise UsageError(f"unknown dtype '{dtype}' (choose from {', '.join(TOLERANCE)})")
+    top = MAX_OPSET if "tensorrt" in FORMATS[fmt] else 23
+    if not MIN_OPSET <= opset <= top:
+        why = " (TensorRT imports opsets up to 20)" if top == MAX_OPSET else ""
+        raise UsageError(f"--opset must be in {MIN_OPSET}..{top}{why}, got {opset}")
+
+
+def _tensorrt(device: str):
+    """(tensorrt module, GPU name): engines are built on the GPU they will run on."""
+    import torch
+
+    trt = require("tensorrt", "tensorrt")
+    if not torch.cuda.is_available():
+        raise LoadError("TensorRT engines are built on a CUDA GPU and none is visible here "
+                        "(use --format onnx on this machine)")
+    index = torch.device(device).index if device.startswith("cuda") else None
+    return trt, torch.cuda.get_device_name(index or 0)
+
+
+def _load(target, drafter, device, dtype, registry):
+    t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
+    d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
+    if d is not None and not isinstance(d, DiffusionDrafter):
+        raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with --target")
+    if t is not None and d is not None:
+        check_pair(t, d)
+    tokenizer = t.tokenizer if t is not None else d.tokenizer
+    if tokenizer is None:
+        raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its --target")
+    return t, d, tokenizer
+
+
+def _export_onnx(tmp: Path, target, drafter, dtype, opset, max_batch, max_seq, device, registry) -> dict:
+    t, d, tokenizer = _load(target, drafter, device, dtype, registry)
+    tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
+    context = t.max_length if t is not None else DRAFTER_ONLY_CONTEXT
+    limits = Limits.for_context(context, max_batch, max_seq)
+    components = {}
+    if t is not None:
+        module, spec, record = target_graph(t)
+        components["target"] = _component(tmp, "target", module, spec, record, dtype, opset)
+        components["target"]["source"] = source_record(target, ("target",), registry)
+    if d is not None:
+        module, spec, record = drafter_graph(d)
+        components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset, d.mask_id)
+        components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
+    return {"dtype": dtype, "opset": opset, "limits": limits.to_json(), "tools": tool_versions(),
+            "tokenizer": {"dir": TOKENIZER_DIR, "vocab_size": len(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)},
+            "components": components}
+
+
+def _component(tmp: Path, kind: str, module, spec, record: dict, dtype: str, opset: int,
+               mask_id: int | None = None) -> dict:
+    """Export, check against the spec, validate against PyTorch; -> the manifest record."""
+    path = tmp / f"{kind}.onnx"
+    start = time.perf_counter()
+    export_graph(module, spec, dtype, path, opset)
+    took = time.perf_counter() - start
+    problems = check_graph(path, spec, dtype)
+    if problems:
+        raise ExportValidationError(path.name, problems, len(spec.inputs) + len(spec.outputs))
+    validation = validate(module, spec, path, dtype, mask_id)
+    size = sum(p.stat().st_size for p in tmp.glob(f"{kind}.onnx*"))
+    verdict = "skipped: " + validation["skipped"] if validation["passed"] is None else \
+        f"max |diff| {validation['max_abs_diff']} over {validation['checks']} checks"
+    log(f"{kind} '{record['name']}' -> {path.name} ({size / 2**20:.1f} MiB, {dtype}) in {took:.1f}s; validation {verdict}")
+    return {"graph": path.name, "engine": None, "model": record, "io": spec.to_json(dtype),
+            "export_s": round(took, 2), "bytes": size, "validation": validation}
+
+
+def _drop_graphs(tmp: Path, manifest: dict) -> None:
+    """--format tensorrt keeps the engines only."""
+    for kind, component in manifest["components"].items():
+        for path in tmp.glob(f"{kind}.onnx*"):
+            path.unlink()
+        component["graph"] = None
+

@@ -1,0 +1,48 @@
+"""What a manifest records beyond the graphs: the source models (with the sha256 of each of their
+files) and the versions of the tools that made the export."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+from runtimes.artifacts import file_hashes
+from specdiff.errors import LoadError
+from specdiff.loading import resolve
+
+# tool -> distributions that provide it (the first installed one is recorded)
+TOOLS = {"specdiff": ("specdiff",), "torch": ("torch",), "transformers": ("transformers",),
+         "onnx": ("onnx",), "onnxscript": ("onnxscript",), "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+         "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12")}
+
+
+def _version(distributions: tuple[str, ...]) -> str | None:
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def tool_versions() -> dict[str, str | None]:
+    return {tool: _version(dists) for tool, dists in TOOLS.items()}
+
+
+def _hub_snapshot(hub_id: str) -> Path | None:
+    """The local snapshot a hub model was loaded from (already downloaded: no network)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception:  # huggingface_hub raises several types for "not in the cache"
+        return None
+
+
+def source_record(name: str, kinds: tuple[str, ...], registry) -> dict:
+    """{"name", "source" (directory or hub id), "files": {path: sha256}} of a model as loaded."""
+    source, entry = resolve(name, kinds, registry)
+    directory = Path(source) if Path(source).is_dir() else _hub_snapshot(source)
+    if directory is None:
+        raise LoadError(f"cannot find the local files of '{source}' to record their hashes")
+    return {"name": entry.name if entry else name, "source": source, "files": file_hashes(directory)}

@@ -1,0 +1,155 @@
+"""Graphs to ONNX: a target as a step function with explicit KV state, a diffusion drafter as a
+denoiser (the IO contract is runtimes/graphs.py).
+
+Recipe (shared/reference/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
+inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and
+the presents are read back from it. torch.onnx.export with dynamo=True, traced with every dynamic
+axis >= 2 (a size-1 sample specialises sdpa's causal flag), weights as external data. Prefill uses
+the same graph with past_len = 0, so the graph has no If / Loop nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from runtimes.graphs import GraphSpec, axis_sizes, drafter_spec, target_spec
+
+ONNX_TYPES = {"fp32": 1, "float32": 1, "fp16": 10, "bf16": 16, "int64": 7}  # TensorProto element types
+TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
+
+
+class TargetStep(nn.Module):
+    """forward(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past [2L x (B, H, P, D)])
+    -> (logits (B, S, V_head), present k0, v0, k1, ... each (B, H, P+S, D))."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    @staticmethod
+    def pack(spec: GraphSpec, values: dict) -> tuple:
+        """{input name: value} -> the positional arguments of forward."""
+        names = spec.input_names
+        return (values[names[0]], values[names[1]], values[names[2]], [values[n] for n in names[3:]])
+
+    def forward(self, input_ids, attention_mask, position_ids, past):
+        cache = DynamicCache()  # full layers: the mask, not the cache, enforces any attention window
+        for i in range(0, len(past), 2):
+            cache.update(past[i], past[i + 1], i // 2)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+
+
+class Denoiser(nn.Module):
+    """forward(input_ids (B, L) [, sigma (B,)]) -> (raw logits (B, L, V_drafter),); sigma is an
+    input only for a time-conditioned drafter (the others ignore it)."""
+
+    def __init__(self, drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    @staticmethod
+    def pack(spec: GraphSpec, values: dict) -> tuple:
+        return tuple(values[n] for n in spec.input_names)
+
+    def forward(self, input_ids, sigma=None):
+        if sigma is None:
+            sigma = torch.zeros(input_ids.shape[0], device=input_ids.device)
+        return (self.drafter(input_ids, sigma),)
+
+
+@torch.no_grad()
+def probe_kv(model) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) read from one real forward pass, whatever the architecture."""
+    ids = torch.zeros(1, 2, dtype=torch.long, device=model.device)
+    layers = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True).past_key_values.layers
+    return len(layers), layers[0].keys.shape[1], layers[0].keys.shape[3]
+
+
+def target_graph(target) -> tuple[TargetStep, GraphSpec, dict]:
+    """A specdiff.target.Target -> (module to export, its spec, the manifest `model` record)."""
+    model = target.model.eval()
+    layers, heads, head_dim = probe_kv(model)
+    head_rows = model.get_output_embeddings().weight.shape[0]
+    record = {"name": target.name, "model_type": model.config.model_type,
+              "attn_implementation": model.config._attn_implementation, "vocab_size": target.vocab_size,
+              "head_rows": head_rows, "max_length": target.max_length, "eos_token_id": target.eos_token_id,
+              "layers": layers, "kv_heads": heads, "head_dim": head_dim}
+    return TargetStep(model), target_spec(layers, heads, head_dim, head_rows), record
+
+
+def drafter_graph(drafter) -> tuple[Denoiser, GraphSpec, dict]:
+    """A DiffusionDrafter -> (module to export, its spec, the manifest `model` record)."""
+    cfg = drafter.config
+    record = {"name": drafter.source, "vocab_size": drafter.vocab_size, "mask_id": drafter.mask_id,
+              "context_length": drafter.context_length, "parameterization": drafter.parameterization,
+              "time_conditioning": cfg.time_conditioning, "head_rows": cfg.vocab_size,
+              "backbone": cfg.to_dict()}
+    return Denoiser(drafter.eval()), drafter_spec(cfg.vocab_size, cfg.time_conditioning), record
+
+
+@contextlib.contextmanager
+def quiet_exporter():
+    """The exporter prints progress on stdout and warns about optional packages it does not need:
+    stdout carries results only, so both are dropped (a failure still raises with its detail)."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+@torch.no_grad()
+def export_graph(module: nn.Module, spec: GraphSpec, dtype: str, path: Path, opset: int) -> None:
+    """Trace `module` on sample inputs of TRACE_SIZES and write path (+ path.data)."""
+    device = next(module.parameters()).device
+    sample = spec.dummy_inputs(TRACE_SIZES, dtype, torch.Generator().manual_seed(0), device)
+    axes = spec.dynamic_axes()
+    with quiet_exporter():
+        torch.onnx.export(module, module.pack(spec, sample), str(path), input_names=spec.input_names,
+                          output_names=spec.output_names, dynamic_shapes=module.pack(spec, axes),
+                          dynamo=True, opset_version=opset, external_data=True, verbose=False)
+
+
+def check_graph(path: Path, spec: GraphSpec, dtype: str) -> list[str]:
+    """Every way the written graph's inputs and outputs differ from the spec: names, order,
+    element types, fixed sizes, dynamic axes (input axes by name; output axes symbolic)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    problems = []
+    for where, found, wanted in (("input", graph.input, spec.inputs), ("output", graph.output, spec.outputs)):
+        if [v.name for v in found] != [t.name for t in wanted]:
+            problems.append(f"{where} names {[v.name for v in found]} != {[t.name for t in wanted]}")
+            continue
+        for v, t in zip(found, wanted):
+            problems += _check_value(v, t, dtype, exact_axes=where == "input")
+    return problems
+
+
+def _check_value(v, t, dtype: str, exact_axes: bool) -> list[str]:
+    elem = ONNX_TYPES[dtype if t.dtype == "model" else t.dtype]
+    dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    problems = [] if v.type.tensor_type.elem_type == elem else [f"{t.name}: element type {v.type.tensor_type.elem_type} != {elem}"]
+    if len(dims) != len(t.dims):
+        return problems + [f"{t.name}: rank {len(dims)} != {len(t.dims)}"]
+    for got, want in zip(dims, t.dims):
+        ok = got == want if (exact_axes or isinstance(want, int)) else isinstance(got, str) and got != ""
+        if not ok:
+            problems.append(f"{t.name}: dims {dims} != {list(t.dims)}")
+            break
+    return problems
+

@@ -1,0 +1,141 @@
+"""Validation of an exported graph against the PyTorch module it was traced from, run through
+the same runtime code that generation uses (runtimes.onnxruntime).
+
+The target sweep covers what decoding does to a step graph: prefill (empty past), verify steps of
+5 tokens on a cache, single-token steps, roll-backs, batch 1 and 3, odd lengths (19). Every step
+feeds both sides the same inputs and the PyTorch cache, and compares every output. The drafter
+sweep covers batch 1 and 3, context + draft lengths, partly and fully masked rows. All mismatches
+are collected, then one ExportValidationError lists them; tolerances are runtimes.graphs.TOLERANCE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtimes.graphs import TOLERANCE, GraphSpec, axis_sizes, past_names, present_names
+from runtimes.onnxruntime import OrtRuntime
+from specdiff.errors import ExportValidationError, LoadError
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    steps: tuple[int, ...]  # target: > 0 feeds that many tokens, < 0 rolls back that many;
+    #                         drafter: (length, masked slots)
+
+
+TARGET_SWEEP = (
+    Case("prefill 19", 1, (19,)),
+    Case("prefill 6, verify 5, reject 3, verify 5, step 1", 1, (6, 5, -3, 5, 1)),
+    Case("batch 3: prefill 19, verify 5", 3, (19, 5)),
+    Case("batch 3: prefill 7, steps 1 1 2, verify 5, reject 4, step 1", 3, (7, 1, 1, 2, 5, -4, 1)),
+)
+DRAFTER_SWEEP = (
+    Case("19 tokens, 8 masked", 1, (19, 8)),
+    Case("batch 3: 24 tokens, 8 masked", 3, (24, 8)),
+    Case("batch 3: 5 tokens, all masked", 3, (5, 5)),
+    Case("2 tokens, 1 masked", 1, (2, 1)),
+)
+
+
+class Comparison:
+    """Collects mismatches and the largest |diff| per output family (logits, present)."""
+
+    def __init__(self, dtype: str):
+        self.atol, self.rtol = TOLERANCE[dtype]
+        self.problems: list[str] = []
+        self.checks = 0
+        self.max_diff: dict[str, float] = {}
+
+    def check(self, where: str, name: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+        self.checks += 1
+        got, ref = got.to(ref.device).float(), ref.float()
+        if got.shape != ref.shape:
+            self.problems.append(f"{where}: {name} shape {tuple(got.shape)} != {tuple(ref.shape)}")
+            return
+        diff = (got - ref).abs()
+        family = name.split(".")[0]
+        worst = float(diff.max()) if diff.numel() else 0.0
+        self.max_diff[family] = max(self.max_diff.get(family, 0.0), worst)
+        bad = ~(diff <= self.atol + self.rtol * ref.abs())  # NaN counts as a mismatch
+        if bad.any():
+            self.problems.append(f"{where}: {name} {int(bad.sum())}/{diff.numel()} values off, "
+                                 f"max |diff| {worst:.3g}")
+
+    def summary(self, runtime: str, cases) -> dict:
+        return {"runtime": runtime, "cases": [c.name for c in cases], "checks": self.checks,
+                "tolerance": {"atol": self.atol, "rtol": self.rtol},
+                "max_abs_diff": {k: float(f"{v:.3g}") for k, v in self.max_diff.items()},
+                "passed": not self.problems}
+
+
+def _run_target_case(module, spec: GraphSpec, runtime, case: Case, dtype: str, cmp: Comparison) -> None:
+    layers = (len(spec.inputs) - 3) // 2  # 3 id inputs, then a key and a value per layer
+    device = next(module.parameters()).device
+    generator = torch.Generator().manual_seed(len(case.name))
+    past = None
+    for i, n in enumerate(case.steps):
+        if n < 0:
+            past = [t[:, :, : t.shape[2] + n] for t in past]
+            continue
+        sizes = axis_sizes(case.batch, n, past[0].shape[2] if past else 0)
+        feeds = spec.dummy_inputs(sizes, dtype, generator, device)
+        feeds.update(zip(past_names(layers), past or []))
+        ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
+        got = runtime.run(feeds)
+        for name in spec.output_names:
+            cmp.check(f"{case.name} (step {i + 1})", name, got[name], ref[name])
+        past = [ref[name] for name in present_names(layers)]
+
+
+def _run_drafter_case(module, spec: GraphSpec, runtime, case: Case, dtype: str, cmp: Comparison,
+                      mask_id: int) -> None:
+    length, masked = case.steps
+    device = next(module.parameters()).device
+    feeds = spec.dummy_inputs(axis_sizes(case.batch, length), dtype, torch.Generator().manual_seed(length), device)
+    feeds["input_ids"][:, length - masked:] = mask_id
+    ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
+    got = runtime.run(feeds)
+    for name in spec.output_names:
+        cmp.check(case.name, name, got[name], ref[name])
+
+
+def _open(path: Path, device: torch.device) -> OrtRuntime:
+    """ONNX Runtime on the module's device when it has a provider for it, else on the CPU."""
+    if device.type == "cuda":
+        try:
+            return OrtRuntime(path, device)
+        except LoadError:
+            pass  # CPU build of onnxruntime: validate on the CPU instead
+    return OrtRuntime(path, "cpu")
+
+
+@torch.no_grad()
+def validate(module, spec: GraphSpec, path: Path, dtype: str, mask_id: int | None = None) -> dict:
+    """Run the sweep of spec.kind; -> summary for the manifest. Raises ExportValidationError
+    listing every mismatch. bf16 graphs are skipped (summary says why) where onnxruntime cannot
+    run them (its CPU provider has no bf16 kernels)."""
+    device = next(module.parameters()).device
+    try:
+        runtime = _open(path, device)
+    except LoadError as e:
+        if dtype != "bf16":
+            raise
+        detail = str(e).rsplit(": ", 1)[-1]
+        return {"runtime": None, "passed": None, "skipped": f"onnxruntime cannot run this bf16 graph here ({detail})"}
+    cmp = Comparison(dtype)
+    if spec.kind == "target":
+        cases = TARGET_SWEEP
+        for case in cases:
+            _run_target_case(module, spec, runtime, case, dtype, cmp)
+    else:
+        cases = DRAFTER_SWEEP
+        for case in cases:
+            _run_drafter_case(module, spec, runtime, case, dtype, cmp, mask_id)
+    if cmp.problems:
+        raise ExportValidationError(path.name, cmp.problems, cmp.checks)
+    return cmp.summary(f"onnxruntime-{runtime.device.type}", cases)

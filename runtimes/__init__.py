@@ -1,0 +1,69 @@
+"""Runtimes: execute the graphs `specdiff export` writes, behind one small protocol.
+
+    class Runtime(Protocol):
+        limits: Limits | None                      # shapes it can serve (None: any)
+        def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
+
+`runtimes.models.GraphTarget` turns a target step graph into the specdiff.target.Target contract
+(prefill / extend / rollback over explicit KV tensors) and `GraphDrafter` a denoiser graph into
+what DiffusionProposer uses, so every runtime decodes with the same Python sampling code.
+PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
+missing one is one error line naming the extra that installs it.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Protocol
+
+from specdiff.errors import LoadError, UsageError
+
+RUNTIMES = {"onnxruntime": "runtimes.onnxruntime", "tensorrt": "runtimes.tensorrt"}
+CHOICES = ("torch", *RUNTIMES)
+
+
+class Runtime(Protocol):
+    limits: object
+
+    def run(self, inputs: dict) -> dict: ...
+
+
+def require(module: str, extra: str):
+    """Import an optional backend, or raise one line saying which extra installs it."""
+    try:
+        return import_module(module)
+    except ImportError:
+        raise LoadError(f"{module} is not installed: pip install 'specdiff[{extra}]'") from None
+
+
+def load_models(runtime: str, artifacts, device: str = "cpu") -> dict:
+    """{"target": ..., "drafter": ...} for the components an export directory (a path or an
+    opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`."""
+    from .artifacts import Artifacts, open_artifacts
+    from .models import GraphDrafter, GraphTarget
+
+    if runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime '{runtime}' (choose from {', '.join(CHOICES)})")
+    backend = import_module(RUNTIMES[runtime])
+    art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
+    built = {"target": GraphTarget, "drafter": GraphDrafter}
+    return {kind: built[kind].from_artifacts(art, backend.open_graph(art, kind, device), device)
+            for kind in built if art.component(kind) is not None}
+
+
+def runtime_models(runtime: str, artifacts: str | None, options: dict) -> dict:
+    """The `generate --runtime/--artifacts` options -> loaded target / drafter to pass to plan()
+    in place of names (torch: nothing to load here)."""
+    from .artifacts import open_artifacts
+
+    if runtime == "torch":
+        if artifacts:
+            raise UsageError("--artifacts needs --runtime onnxruntime or tensorrt (torch loads --target/--drafter)")
+        return {}
+    if not artifacts:
+        raise UsageError(f"--runtime {runtime} needs --artifacts DIR (written by `specdiff export`)")
+    art = open_artifacts(artifacts)
+    for kind in ("target", "drafter"):
+        if art.component(kind) is not None and options.get(kind):
+            raise UsageError(f"--{kind} comes from --artifacts with --runtime {runtime}; drop --{kind}")
+    return load_models(runtime, art, options.get("device") or "cpu")

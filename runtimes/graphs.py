@@ -1,0 +1,181 @@
+"""The exported graphs' contract: one declarative spec per graph, used alike by the exporter
+(names, dynamic axes, sample inputs), the validation (dummy inputs, tolerance per dtype) and every
+runtime (names, dtypes, TensorRT profile shapes).
+
+Target step graph (L layers, H key/value heads of size D, V_head rows of the output head):
+    input_ids                      (batch, seq_len)            int64
+    attention_mask                 (batch, total_len)          int64   total_len = past_len + seq_len
+    position_ids                   (batch, seq_len)            int64
+    past_key_values.{i}.key|value  (batch, H, past_len, D)     dtype   i < L; past_len may be 0
+ -> logits                         (batch, seq_len, V_head)    dtype
+    present.{i}.key|value          (batch, H, total_len, D)    dtype
+Drafter denoiser graph (V_drafter rows, mask id included):
+    input_ids (batch, seq_len) int64 [, sigma (batch,) float32] -> logits (batch, seq_len, V_drafter)
+`sigma` exists only for time-conditioned drafters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdiff.errors import UsageError
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                "int64": torch.int64, "float32": torch.float32}
+# |exported - torch| <= atol + rtol * |torch|, elementwise, for graphs exported in each dtype.
+TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (3e-2, 1e-2), "bf16": (2e-1, 5e-2)}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One named graph input or output. dims: axis names (dynamic) or sizes (fixed).
+    dtype: "int64", "float32" or "model" (the dtype the graph was exported in).
+    fill: how a dummy value is made: ids, mask, positions, normal or sigma."""
+
+    name: str
+    dims: tuple
+    dtype: str = "model"
+    fill: str = "normal"
+
+    def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(sizes[d] if isinstance(d, str) else d for d in self.dims)
+
+    def to_json(self, dtype: str) -> dict:
+        return {"name": self.name, "dims": list(self.dims), "dtype": dtype if self.dtype == "model" else self.dtype}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    kind: str  # target | drafter
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    id_range: int  # dummy token ids are drawn below this
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """{input name: {axis index: axis name}} for the dynamic axes of every input."""
+        return {t.name: {i: d for i, d in enumerate(t.dims) if isinstance(d, str)} for t in self.inputs}
+
+    def shapes(self, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        """Input shapes for concrete axis sizes (see `axis_sizes`)."""
+        return {t.name: t.shape(sizes) for t in self.inputs}
+
+    def dummy_inputs(self, sizes: dict[str, int], dtype: str, generator: torch.Generator,
+                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Inputs of the given axis sizes: random ids below id_range, an all-ones attention mask,
+        positions past_len .. past_len + seq_len - 1, normal floats, sigma in [0, 3)."""
+        return {t.name: _dummy(t, sizes, dtype, self.id_range, generator).to(device) for t in self.inputs}
+
+    def to_json(self, dtype: str) -> dict:
+        return {"inputs": [t.to_json(dtype) for t in self.inputs],
+                "outputs": [t.to_json(dtype) for t in self.outputs]}
+
+
+def _dummy(t: TensorSpec, sizes: dict[str, int], dtype: str, id_range: int,
+           generator: torch.Generator) -> torch.Tensor:
+    shape = t.shape(sizes)
+    if t.fill == "ids":
+        return torch.randint(0, id_range, shape, generator=generator)
+    if t.fill == "mask":
+        return torch.ones(shape, dtype=torch.int64)
+    if t.fill == "positions":
+        start = sizes["past_len"]
+        return torch.arange(start, start + shape[1]).expand(shape).contiguous()
+    if t.fill == "sigma":
+        return torch.rand(shape, generator=generator) * 3
+    return torch.randn(shape, generator=generator).to(TORCH_DTYPES[dtype])
+
+
+def axis_sizes(batch: int, seq_len: int, past_len: int = 0) -> dict[str, int]:
+    """Concrete sizes of every named axis; total_len is derived so the mask always fits."""
+    return {"batch": batch, "seq_len": seq_len, "past_len": past_len, "total_len": past_len + seq_len}
+
+
+def check_step_inputs(inputs: dict) -> None:
+    """A target step's attention_mask must span exactly past_len + seq_len positions."""
+    mask, past = inputs.get("attention_mask"), inputs.get("past_key_values.0.key")
+    if mask is not None and past is not None and mask.shape[1] != past.shape[2] + inputs["input_ids"].shape[1]:
+        raise UsageError(f"attention_mask covers {mask.shape[1]} positions; past ({past.shape[2]}) + "
+                         f"new ({inputs['input_ids'].shape[1]}) tokens make {past.shape[2] + inputs['input_ids'].shape[1]}")
+
+
+def past_names(layers: int) -> list[str]:
+    return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def present_names(layers: int) -> list[str]:
+    return [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def target_spec(layers: int, heads: int, head_dim: int, head_rows: int) -> GraphSpec:
+    kv_in = tuple(TensorSpec(n, ("batch", heads, "past_len", head_dim)) for n in past_names(layers))
+    kv_out = tuple(TensorSpec(n, ("batch", heads, "total_len", head_dim)) for n in present_names(layers))
+    inputs = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"),
+              TensorSpec("attention_mask", ("batch", "total_len"), "int64", "mask"),
+              TensorSpec("position_ids", ("batch", "seq_len"), "int64", "positions")) + kv_in
+    outputs = (TensorSpec("logits", ("batch", "seq_len", head_rows)),) + kv_out
+    return GraphSpec("target", inputs, outputs, id_range=head_rows)
+
+
+def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
+    inputs = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"),)
+    if time_conditioning:
+        inputs += (TensorSpec("sigma", ("batch",), "float32", "sigma"),)
+    return GraphSpec("drafter", inputs, (TensorSpec("logits", ("batch", "seq_len", head_rows)),), id_range=head_rows)
+
+
+def spec_from_model(kind: str, model: dict) -> GraphSpec:
+    """The spec of a component from its manifest `model` record (see exporters.onnx)."""
+    if kind == "target":
+        return target_spec(model["layers"], model["kv_heads"], model["head_dim"], model["head_rows"])
+    return drafter_spec(model["head_rows"], model["time_conditioning"])
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Shapes an engine must serve. max_seq: tokens a sequence may reach (past + new);
+    max_step: tokens fed in one call (a prefill chunk; gamma + 1 when verifying)."""
+
+    max_batch: int
+    max_seq: int
+    max_step: int
+
+    @classmethod
+    def for_context(cls, context: int, max_batch: int = 1, max_seq: int | None = None,
+                    max_step: int = 64) -> "Limits":
+        """Limits whose largest profile shape (max_step new tokens on max_seq - 1 cached ones)
+        stays inside the context window; max_seq defaults to the most that allows."""
+        max_step = min(max_step, max(context // 2, 1))
+        max_seq = max_seq if max_seq is not None else context - max_step + 1
+        for name, value in (("max-batch", max_batch), ("max-seq", max_seq)):
+            if value < 1:
+                raise UsageError(f"--{name} must be >= 1, got {value}")
+        max_step = min(max_step, max_seq)
+        if max_seq - 1 + max_step > context:
+            raise UsageError(f"--max-seq {max_seq} leaves no room for a {max_step}-token step in the "
+                             f"{context}-token context window (at most {context - max_step + 1})")
+        return cls(max_batch, max_seq, max_step)
+
+    def target_triples(self) -> dict[str, dict[str, int]]:
+        """min / opt / max axis sizes of the target graph, each from a (batch, seq, past) triple,
+        so attention_mask's total_len is past_len + seq_len in every one of them."""
+        return {"min": axis_sizes(1, 1, 0),
+                "opt": axis_sizes(1, min(9, self.max_step), (self.max_seq - 1) // 2),
+                "max": axis_sizes(self.max_batch, self.max_step, self.max_seq - 1)}
+
+    def drafter_triples(self, context_length: int) -> dict[str, dict[str, int]]:
+        """The drafter sees at most context_length tokens plus a draft of < max_step slots."""
+        return {"min": axis_sizes(1, 1), "opt": axis_sizes(1, context_length + min(8, self.max_step)),
+                "max": axis_sizes(self.max_batch, context_length + self.max_step)}
+
+    def to_json(self) -> dict:
+        return {"max_batch": self.max_batch, "max_seq": self.max_seq, "max_step": self.max_step}

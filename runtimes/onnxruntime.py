@@ -1,0 +1,82 @@
+"""ONNX Runtime: an exported graph run with IO binding. Inputs are torch tensors bound by pointer
+(made contiguous first: a rolled-back cache slice is copied here), outputs are allocated by ONNX
+Runtime on the same device and handed back zero-copy through DLPack. The CPU provider runs with
+explicit intra-op threads, no spinning and every graph optimisation; on CUDA (onnxruntime-gpu) the
+same binding code binds device pointers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdiff.errors import LoadError, UsageError
+
+from . import require
+from .graphs import check_step_inputs
+
+# ONNX TensorProto element types, as IOBinding.bind_input accepts them.
+ELEMENT_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7,
+                 torch.bool: 9, torch.float16: 10, torch.bfloat16: 16}
+
+
+def providers(ort, device: torch.device) -> list:
+    """The provider list for `device`; CUDA needs the onnxruntime-gpu build."""
+    if device.type == "cpu":
+        return ["CPUExecutionProvider"]
+    if device.type != "cuda":
+        raise UsageError(f"onnxruntime runs on cpu or cuda, not {device.type}")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise LoadError("this onnxruntime has no CUDA provider (CPU build): pip install 'specdiff[gpu]'")
+    return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+
+
+def session_options(ort, threads: int):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+class OrtRuntime:
+    """One ONNX graph in an InferenceSession. run({name: tensor}) -> {output name: tensor}."""
+
+    limits = None  # ONNX Runtime serves any shape the graph allows
+
+    def __init__(self, path: Path, device="cpu", threads: int | None = None):
+        ort = require("onnxruntime", "onnx")
+        self.device = torch.device(device)
+        options = session_options(ort, threads or torch.get_num_threads())
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers(ort, self.device))
+        except Exception as e:  # onnxruntime raises its own pybind exception types (Fail, NotImplemented, ...)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise LoadError(f"onnxruntime cannot run {path} on {self.device.type}: {first}") from None
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self._where = (self.device.type, self.device.index or 0)
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        check_step_inputs(inputs)
+        binding = self.session.io_binding()
+        bound = [inputs[name].to(self.device).contiguous() for name in self.input_names]  # alive until run ends
+        for name, t in zip(self.input_names, bound):
+            binding.bind_input(name, *self._where, ELEMENT_TYPES[t.dtype], tuple(t.shape), t.data_ptr())
+        for name in self.output_names:
+            binding.bind_output(name, *self._where)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # inputs written on torch's stream
+        self.session.run_with_iobinding(binding)
+        if self.device.type == "cuda":
+            binding.synchronize_outputs()
+        return {name: torch.from_dlpack(value) for name, value in zip(self.output_names, binding.get_outputs())}
+
+
+def open_graph(art, kind: str, device) -> OrtRuntime:
+    """The ONNX graph of component `kind` ("target" | "drafter") of an opened export."""
+    graph = art.component(kind).get("graph")
+    if graph is None:
+        raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with --format tensorrt)")
+    return OrtRuntime(art.path(graph), device)

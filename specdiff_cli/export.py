@@ -1,0 +1,36 @@
+"""`specdiff export`."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.option("--target", help="Target model: models.yaml name, directory or hub id.")
+@click.option("--drafter", help="Diffusion drafter: models.yaml name, directory or hub id.")
+@click.option("--pair", help="A models.yaml pair: export its target and drafter.")
+@click.option("--format", "fmt", type=click.Choice(["onnx", "tensorrt", "all"]), default="onnx",
+              show_default=True, help="onnx: graphs; tensorrt: engines only (needs a GPU); all: both.")
+@click.option("--out", required=True, metavar="DIR", help="New directory (written complete or not at all).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="Dtype of the graphs; TensorRT 11 engines keep it (strongly typed).")
+@click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset (TensorRT: at most 20).")
+@click.option("--max-batch", type=int, default=1, show_default=True, help="Largest batch (TensorRT profile).")
+@click.option("--max-seq", type=int,
+              help="Longest sequence, prompt + new tokens (TensorRT profile) [default: the context window "
+                   "less one 64-token step].")
+@click.option("--device", default="cpu", show_default=True, help="Where the models run while exporting.")
+def export(target, drafter, pair, fmt, out, dtype, opset, max_batch, max_seq, device):
+    """Export a target and/or a diffusion drafter to ONNX (and TensorRT), validated against PyTorch.
+
+    \b
+    Examples:
+      specdiff export --target gpt2 --drafter ./drafter --out gpt2-onnx
+      specdiff export --target gpt-neo-2.7B --dtype fp16 --format all --out neo-trt
+      specdiff generate --runtime onnxruntime --artifacts gpt2-onnx --prompt "Hello"
+    """
+    from exporters.export import export as run_export
+
+    path = run_export(out, target=target, drafter=drafter, pair=pair, fmt=fmt, dtype=dtype, opset=opset,
+                      max_batch=max_batch, max_seq=max_seq, device=device)
+    click.echo(str(path))

@@ -1,0 +1,34 @@
+"""The tiny models of the `tiny` fixture exported once per session, shared by the export, runtime
+and TensorRT tests. A test module loads these fixtures with
+
+    pytest_plugins = ["exported"]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+
+def _export(out: Path, args: list[str]) -> Path:
+    from specdiff_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["export", *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{out}\n"  # stdout: the result only
+    return out
+
+
+@pytest.fixture(scope="session")
+def onnx_pair(tiny) -> Path:
+    """tiny.gpt2 + tiny.drafter, fp32, batch up to 3, through `specdiff export`."""
+    return _export(tiny.root / "export-pair", ["--target", str(tiny.gpt2), "--drafter", str(tiny.drafter),
+                                               "--max-batch", "3"])
+
+
+@pytest.fixture(scope="session")
+def onnx_neo(tiny) -> Path:
+    """tiny.neo (global + local attention) alone, fp32."""
+    return _export(tiny.root / "export-neo", ["--target", str(tiny.neo)])

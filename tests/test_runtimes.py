@@ -1,0 +1,163 @@
+"""Exported graphs on ONNX Runtime (CPU): the Target contract against PyTorch, drafts identical to
+the PyTorch drafter's, `generate --runtime onnxruntime` token-identical to `--runtime torch`, and
+every bad artefact refused with one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from runtimes import load_models
+from runtimes.graphs import TOLERANCE
+from runtimes.onnxruntime import OrtRuntime
+from specdiff.drafters.diffusion import DiffusionProposer
+from specdiff.errors import LoadError, UsageError
+from specdiff.loading import load_drafter, load_target
+from specdiff.warping import Sampling
+from specdiff_cli.main import cli
+from tiny import make_tokenizer
+
+pytest_plugins = ["exported"]  # fixtures onnx_pair, onnx_neo: each tiny export once per session
+
+ATOL, RTOL = TOLERANCE["fp32"]
+PROMPTS = ["The quick brown fox", "To be, or not to be, that is", "def main():"]
+
+
+def run_cli(args: list[str]):
+    return CliRunner().invoke(cli, args)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
+def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
+    """prefill / extend (verify 5, single steps) / rollback / length, batch 1 and 3, against
+    specdiff.target.Target."""
+    ours = load_models("onnxruntime", request.getfixturevalue(which))["target"]
+    ref = load_target(str(getattr(tiny, model)))
+    assert (ours.vocab_size, ours.max_length, ours.eos_token_id) == (ref.vocab_size, ref.max_length, ref.eos_token_id)
+    ids = torch.randint(0, 300, (3, 40), generator=torch.Generator().manual_seed(0))
+    for batch in (1, 3):
+        x = ids[:batch]
+        assert close(ours.prefill(x[:, :19]), ref.prefill(x[:, :19]))
+        for start, stop, keep in ((19, 24, 21), (21, 22, 22), (22, 27, 23), (23, 24, 24)):
+            got, want = ours.extend(x[:, start:stop]), ref.extend(x[:, start:stop])
+            assert got.dtype == torch.float32 and got.shape == (batch, stop - start, 300) and close(got, want)
+            ours.rollback(keep), ref.rollback(keep)
+            assert ours.length == ref.length == keep
+
+
+def test_chunked_steps_match_one_step(onnx_pair):
+    """A runtime with a step limit (TensorRT profiles) feeds long prompts in chunks."""
+    whole = load_models("onnxruntime", onnx_pair)["target"]
+    chunked = load_models("onnxruntime", onnx_pair)["target"]
+    chunked.max_step = 4
+    ids = torch.randint(0, 300, (1, 19), generator=torch.Generator().manual_seed(1))
+    assert close(chunked.prefill(ids), whole.prefill(ids)) and chunked.length == 19
+
+
+def test_drafts_match_the_pytorch_drafter(tiny, onnx_pair):
+    graph = load_models("onnxruntime", onnx_pair)["drafter"]
+    torch_drafter = load_drafter(str(tiny.drafter))
+    context = torch.randint(0, 300, (3, 21), generator=torch.Generator().manual_seed(2))
+    for schedule, steps in (("l2r", 3), ("confidence", 2)):
+        ours = DiffusionProposer(graph, schedule, steps).propose(context, 7, Sampling(), None)
+        want = DiffusionProposer(torch_drafter, schedule, steps).propose(context, 7, Sampling(), None)
+        assert torch.equal(ours.tokens, want.tokens) and torch.equal(ours.q, want.q)
+    ids = torch.cat([context, torch.full((3, 7), graph.mask_id)], dim=1)[:, -23:]
+    assert close(graph.x0_logits(ids), torch_drafter.x0_logits(ids))
+
+
+@pytest.mark.parametrize("method", ["ar", "specdiff"])
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
+def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, method, which, model):
+    artifacts = request.getfixturevalue(which)
+    common = ["generate", "--method", method, "--max-new-tokens", "24", "--jsonl", "--gamma", "5",
+              *[a for p in PROMPTS for a in ("--prompt", p)]]
+    drafter = [] if which == "onnx_pair" else ["--drafter", str(tiny.drafter)]  # neo: ORT target + torch drafter
+    torch_run = run_cli([*common, "--target", str(getattr(tiny, model)), "--drafter", str(tiny.drafter)])
+    ort_run = run_cli([*common, "--runtime", "onnxruntime", "--artifacts", str(artifacts), *drafter])
+    assert torch_run.exit_code == 0 and ort_run.exit_code == 0, (torch_run.output, ort_run.output)
+    ours, want = ([json.loads(line) for line in r.stdout.splitlines()] for r in (ort_run, torch_run))
+    assert [o["text"] for o in ours] == [w["text"] for w in want] and len(ours) == len(PROMPTS)
+    for o, w in zip(ours, want):
+        assert o["metrics"]["new_tokens"] == w["metrics"]["new_tokens"]
+        assert o["metrics"]["accepted_length_histogram"] == w["metrics"]["accepted_length_histogram"]
+
+
+def test_runtime_refuses_a_mask_that_does_not_span_past_and_new(onnx_pair):
+    target = load_models("onnxruntime", onnx_pair)["target"]
+    target.prefill(torch.tensor([[1, 2, 3]]))
+    feeds = {"input_ids": torch.tensor([[4]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+             "position_ids": torch.tensor([[3]]), **dict(zip(target._past_names, target.past))}
+    with pytest.raises(UsageError, match="covers 3 positions"):
+        target.runtime.run(feeds)
+
+
+def test_missing_backends_name_their_extra(onnx_pair, monkeypatch):
+    with pytest.raises(LoadError, match=r"this onnxruntime has no CUDA provider .*specdiff\[gpu\]"):
+        OrtRuntime(onnx_pair / "target.onnx", "cuda")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now fails
+    result = run_cli(["generate", "--runtime", "onnxruntime", "--artifacts", str(onnx_pair), "--prompt", "x"])
+    assert result.exit_code == 1
+    assert result.stderr == "specdiff: error: onnxruntime is not installed: pip install 'specdiff[onnx]'\n"
+
+
+@pytest.fixture
+def broken(onnx_pair, tmp_path):
+    """A fresh copy of the exported pair to damage."""
+    return shutil.copytree(onnx_pair, tmp_path / "copy")
+
+
+def _foreign(d):
+    (d / "manifest.json").write_text(json.dumps({"format": "optimum", "files": {}}))
+
+
+def _newer(d):
+    m = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**m, "format_version": 99}))
+
+
+def _corrupt(d):
+    data = bytearray((d / "target.onnx.data").read_bytes())
+    data[100] ^= 0xFF
+    (d / "target.onnx.data").write_bytes(bytes(data))
+
+
+def _other_tokenizer(d):
+    shutil.rmtree(d / "tokenizer")
+    make_tokenizer(d / "tokenizer", vocab_size=290)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "manifest.json").unlink(), "has no manifest.json: not a `specdiff export` directory"),
+    (_foreign, 'not a specdiff export manifest (no "format": "specdiff-export")'),
+    (_newer, "export format version 99"),
+    (_corrupt, "sha256 of target.onnx.data does not match manifest.json (corrupt or modified file"),
+    (lambda d: (d / "drafter.onnx").unlink(), "file(s) listed in manifest.json are missing: drafter.onnx"),
+    (_other_tokenizer, "this tokenizer is not the one the models were exported with"),
+])
+def test_bad_artefacts_are_refused_with_one_line(broken, damage, message):
+    damage(broken)
+    result = run_cli(["generate", "--runtime", "onnxruntime", "--artifacts", str(broken), "--prompt", "x"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith("specdiff: error: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runtime", "onnxruntime"], "--runtime onnxruntime needs --artifacts DIR"),
+    (["--artifacts", "{dir}"], "--artifacts needs --runtime onnxruntime or tensorrt"),
+    (["--runtime", "onnxruntime", "--artifacts", "{dir}", "--target", "gpt2"], "drop --target"),
+    (["--runtime", "tensorrt", "--artifacts", "{dir}"], "--runtime tensorrt runs on a CUDA GPU"),
+])
+def test_runtime_options_are_checked(onnx_pair, args, message):
+    result = run_cli(["generate", "--prompt", "x", *[a.format(dir=onnx_pair) for a in args]])
+    assert result.exit_code == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr

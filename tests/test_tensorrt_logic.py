@@ -1,0 +1,325 @@
+"""The TensorRT code paths against a fake `tensorrt` module (TensorRT cannot be installed here).
+
+The fake follows the TensorRT 10/11 Python API the code uses. Its builder records what it is
+asked for; its engines execute the ONNX graph they were "built" from with ONNX Runtime, reading
+inputs from and writing outputs to the addresses bound with set_tensor_address (host memory: the
+tests run on the CPU), and refuse a null address or a shape outside the optimization profile, as
+TensorRT does. So profile derivation, version and dtype handling, name and dtype mapping, binding
+(empty past included) and the whole decode loop over TrtRuntime are exercised for real."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+import shutil
+import sys
+import types
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+
+from exporters.tensorrt import build_engine, build_engines, network_settings, profile_shapes
+from runtimes import tensorrt as rt
+from runtimes.artifacts import open_artifacts, write_manifest
+from runtimes.graphs import TOLERANCE, Limits, drafter_spec, spec_from_model, target_spec
+from runtimes.models import GraphTarget
+from specdiff.errors import LoadError, UsageError
+from specdiff.generation import generate
+from specdiff.loading import load_target
+from specdiff_cli.main import cli
+
+pytest_plugins = ["exported"]  # fixture onnx_pair: the tiny pair exported once per session
+
+GPU = "NVIDIA Fake 80GB"
+NUMPY = {"FLOAT": np.float32, "HALF": np.float16, "INT64": np.int64, "INT32": np.int32, "BOOL": np.bool_}
+ORT_TYPES = {"tensor(float)": "FLOAT", "tensor(float16)": "HALF", "tensor(int64)": "INT64"}
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    atol, rtol = TOLERANCE["fp32"]
+    return torch.allclose(a, b, atol=atol, rtol=rtol)
+
+
+def host_array(address: int, shape, dtype) -> np.ndarray:
+    """A writable numpy view of host memory at `address`."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(address), dtype, count).reshape(shape)
+
+
+class FakeContext:
+    def __init__(self, engine):
+        self.engine, self.shapes, self.addresses, self.results = engine, {}, {}, None
+
+    def set_input_shape(self, name, shape):
+        low, _, high = self.engine.profile[name]
+        self.results = None
+        ok = all(a <= s <= b for a, s, b in zip(low, shape, high))
+        self.shapes[name] = tuple(shape) if ok else None
+        return ok
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = address
+        return address != 0
+
+    def _read(self, name) -> np.ndarray:
+        """An input as the ONNX graph takes it (an INT32 engine input was int64 in the graph)."""
+        value = host_array(self.addresses[name], self.shapes[name], NUMPY[self.engine.dtypes[name].name])
+        return value.astype(np.int64) if value.dtype == np.int32 else value
+
+    def _run(self):
+        if self.results is None:
+            feeds = {name: self._read(name) for name in self.engine.inputs}
+            self.results = dict(zip(self.engine.outputs, self.engine.session.run(self.engine.outputs, feeds)))
+        return self.results
+
+    def get_tensor_shape(self, name):
+        return self._run()[name].shape
+
+    def execute_async_v3(self, stream):
+        for name, value in self._run().items():
+            host_array(self.addresses[name], value.shape, value.dtype)[...] = value
+        return True
+
+
+class FakeEngine:
+    def __init__(self, trt, record: dict):
+        self.trt, self.profile = trt, {k: tuple(map(tuple, v)) for k, v in record["profile"].items()}
+        self.session = ort.InferenceSession(record["onnx"], providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.dtypes = {v.name: trt.DataType[ORT_TYPES[v.type]] for v in self.session.get_inputs() + self.session.get_outputs()}
+        if trt.int32_ids:
+            self.dtypes["input_ids"] = trt.DataType.INT32
+        self.num_io_tensors = len(self.inputs) + len(self.outputs)
+
+    def get_tensor_name(self, i):
+        return (self.inputs + self.outputs)[i]
+
+    def get_tensor_mode(self, name):
+        return self.trt.TensorIOMode.INPUT if name in self.inputs else self.trt.TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name):
+        return self.dtypes[name]
+
+    def create_execution_context(self):
+        return FakeContext(self)
+
+
+def fake_tensorrt(version: str = "10.9.0", parse_errors=(), build_fails=False, int32_ids=False,
+                  network_flags=("STRONGLY_TYPED",)):
+    trt = types.ModuleType("tensorrt")
+    trt.__version__, trt.int32_ids, trt.calls = version, int32_ids, []
+    trt.DataType = enum.Enum("DataType", "FLOAT HALF BF16 INT32 INT64 BOOL")
+    trt.TensorIOMode = enum.Enum("TensorIOMode", "INPUT OUTPUT")
+    trt.NetworkDefinitionCreationFlag = enum.IntEnum("NetworkDefinitionCreationFlag", {"NONE": 0} | {f: 5 for f in network_flags})
+    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 BF16" if int(version.split(".")[0]) < 11 else "REFIT")
+    trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})
+    record = {}
+
+    class Parser:
+        num_errors = len(parse_errors)
+
+        def __init__(self, network, logger):
+            pass
+
+        def parse_from_file(self, path):
+            record["onnx"] = path
+            return not parse_errors
+
+        def get_error(self, i):
+            return parse_errors[i]
+
+    class Config:
+        def set_flag(self, flag):
+            record.setdefault("builder_flags", []).append(flag.name)
+
+        def add_optimization_profile(self, profile):
+            record["profile"] = profile.shapes
+
+    class Profile:
+        def __init__(self):
+            self.shapes = {}
+
+        def set_shape(self, name, low, opt, high):
+            self.shapes[name] = (low, opt, high)
+
+    class Builder:
+        def __init__(self, logger):
+            pass
+
+        def create_network(self, flags):
+            record["network_flags"] = flags
+            return object()
+
+        create_builder_config, create_optimization_profile = Config, Profile
+
+        def build_serialized_network(self, network, config):
+            trt.calls.append(dict(record))
+            return None if build_fails else json.dumps(record).encode()
+
+    class Runtime:
+        def __init__(self, logger):
+            pass
+
+        def deserialize_cuda_engine(self, plan):
+            return FakeEngine(trt, json.loads(plan))
+
+    trt.OnnxParser, trt.Builder, trt.Runtime = Parser, Builder, Runtime
+    return trt
+
+
+@pytest.fixture
+def engines(onnx_pair, tmp_path):
+    """A copy of the exported pair with fake TensorRT 10.9 engines for GPU, and its manifest."""
+    root = shutil.copytree(onnx_pair, tmp_path / "trt")
+    manifest = json.loads((root / "manifest.json").read_text())
+    for key in ("format", "format_version", "files"):
+        manifest.pop(key)
+    trt = fake_tensorrt()
+    build_engines(root, manifest, trt, GPU)
+    write_manifest(root, manifest)
+    return root, manifest, trt
+
+
+def test_profiles_come_from_consistent_triples():
+    limits = Limits.for_context(128, max_batch=3)
+    assert (limits.max_seq, limits.max_step) == (65, 64)
+    spec = target_spec(layers=2, heads=2, head_dim=16, head_rows=320)
+    shapes = profile_shapes(spec, limits.target_triples())
+    for level in range(3):
+        ids, mask, past = (shapes[n][level] for n in ("input_ids", "attention_mask", "past_key_values.1.value"))
+        assert mask == (ids[0], past[2] + ids[1]) and past[:2] == (ids[0], 2) and mask[1] <= 128
+    assert shapes["past_key_values.0.key"][0] == (1, 2, 0, 16)  # prefill: an empty past
+    assert shapes["input_ids"][2] == (3, 64) and shapes["attention_mask"][2] == (3, 128)
+    drafter = profile_shapes(drafter_spec(301, True), limits.drafter_triples(16))
+    assert drafter == {"input_ids": ((1, 1), (1, 24), (3, 80)), "sigma": ((1,), (1,), (3,))}
+    neo = Limits.for_context(2048)  # gpt-neo-2.7B's defaults: 64-token steps up to 1985 tokens
+    assert (neo.max_seq, neo.max_step) == (1985, 64)
+    with pytest.raises(UsageError, match="at most 1985"):
+        Limits.for_context(2048, max_seq=2048)
+
+
+@pytest.mark.parametrize("version, network_flags, onnx_dtype, engine_dtype, flags, builder_flags", [
+    ("10.9.0", ("STRONGLY_TYPED",), "fp16", "fp16", 1 << 5, []),
+    ("10.9.0", ("STRONGLY_TYPED",), "fp32", "fp32", 1 << 5, []),
+    ("10.9.0", ("STRONGLY_TYPED",), "fp32", "fp16", 0, ["FP16"]),
+    ("10.9.0", ("STRONGLY_TYPED",), "fp32", "bf16", 0, ["BF16"]),
+    ("11.0.0", ("STRONGLY_TYPED",), "bf16", "bf16", 1 << 5, []),  # accepted and ignored by 11.x
+    ("12.0.0", (), "fp16", "fp16", 0, []),  # a TensorRT that dropped the flag: strongly typed anyway
+])
+def test_network_settings_by_version(version, network_flags, onnx_dtype, engine_dtype, flags, builder_flags):
+    trt = fake_tensorrt(version, network_flags=network_flags)
+    got_flags, got_builder = network_settings(trt, onnx_dtype, engine_dtype)
+    assert got_flags == flags and [f.name for f in got_builder] == builder_flags
+
+
+@pytest.mark.parametrize("version, onnx_dtype, engine_dtype, error, message", [
+    ("11.1.0", "fp32", "fp16", UsageError, "TensorRT 11 builds strongly typed networks only: export the ONNX graph with --dtype fp16"),
+    ("10.9.0", "fp16", "bf16", UsageError, "cannot build a bf16 engine from a fp16 graph"),
+    ("8.6.1", "fp16", "fp16", LoadError, "TensorRT 8.6.1 is too old"),
+])
+def test_network_settings_refusals(version, onnx_dtype, engine_dtype, error, message):
+    with pytest.raises(error, match=message):
+        network_settings(fake_tensorrt(version), onnx_dtype, engine_dtype)
+
+
+def test_engines_record_version_gpu_and_profile(engines):
+    root, manifest, trt = engines
+    target = manifest["components"]["target"]
+    meta, plan = rt.read_engine(root / "target.engine")
+    assert (meta["tensorrt"], meta["gpu"], meta["dtype"]) == ("10.9.0", GPU, "fp32")
+    assert target["engine"]["file"] == "target.engine" and meta["limits"] == manifest["limits"]
+    call = trt.calls[0]
+    assert call["onnx"] == str(root / "target.onnx") and call["network_flags"] == 1 << 5 and "builder_flags" not in call
+    spec = spec_from_model("target", target["model"])
+    assert call["profile"] == profile_shapes(spec, Limits(**manifest["limits"]).target_triples())
+    assert json.loads(plan)["onnx"] == call["onnx"]
+    assert open_artifacts(root).component("drafter")["engine"]["file"] == "drafter.engine"
+
+
+def test_parse_and_build_failures_are_one_line(onnx_pair):
+    spec, triples = target_spec(2, 2, 16, 320), Limits.for_context(128).target_triples()
+    bad = fake_tensorrt(parse_errors=["In node 3 (importIf): UNSUPPORTED_NODE", "second"])
+    with pytest.raises(LoadError, match=r"cannot parse target.onnx: In node 3 \(importIf\): UNSUPPORTED_NODE$"):
+        build_engine(bad, onnx_pair / "target.onnx", spec, triples, "fp32", "fp32")
+    with pytest.raises(LoadError, match="failed to build an engine from target.onnx"):
+        build_engine(fake_tensorrt(build_fails=True), onnx_pair / "target.onnx", spec, triples, "fp32", "fp32")
+
+
+@pytest.mark.parametrize("version, gpu, message", [
+    ("10.9.0", GPU, None),
+    ("10.10.0", GPU, "engine built with TensorRT 10.9.0 for NVIDIA Fake 80GB; this machine has TensorRT 10.10.0"),
+    ("10.9.0", "NVIDIA H100", "this machine has TensorRT 10.9.0 and NVIDIA H100"),
+])
+def test_engines_for_another_tensorrt_or_gpu_are_refused(engines, monkeypatch, version, gpu, message):
+    root = engines[0]
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(version))
+    monkeypatch.setattr(rt, "gpu_name", lambda device: gpu)
+    monkeypatch.setattr(rt, "TrtRuntime", lambda trt, plan, meta, device, expected: ("runtime", meta["gpu"]))
+    art = open_artifacts(root)
+    if message is None:
+        assert rt.open_graph(art, "target", "cuda") == ("runtime", GPU)
+        return
+    with pytest.raises(LoadError, match=message):
+        rt.open_graph(art, "target", "cuda")
+    result = CliRunner().invoke(cli, ["generate", "--runtime", "tensorrt", "--artifacts", str(root),
+                                      "--device", "cuda", "--prompt", "x"])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def test_engine_without_header_is_refused(tmp_path):
+    (tmp_path / "plain.engine").write_bytes(b"\x00serialized plan")
+    with pytest.raises(LoadError, match="not a specdiff TensorRT engine"):
+        rt.read_engine(tmp_path / "plain.engine")
+
+
+@pytest.mark.parametrize("int32_ids", [False, True])
+def test_decoding_over_the_engine_matches_torch(tiny, engines, int32_ids):
+    """TrtRuntime under GraphTarget: empty past bound to a non-null address, ids cast to the
+    engine's dtype, outputs sized from the context; greedy output token for token torch's."""
+    root, manifest, _ = engines
+    meta, plan = rt.read_engine(root / "target.engine")
+    trt = fake_tensorrt(int32_ids=int32_ids)
+    assert rt.torch_dtypes(trt)[trt.DataType.HALF] is torch.float16 and rt.torch_dtypes(trt)[trt.DataType.INT32] is torch.int32
+    runtime = rt.TrtRuntime(trt, plan, meta, "cpu", expected=["input_ids", "present.1.value"])
+    assert runtime.inputs["input_ids"] is (torch.int32 if int32_ids else torch.int64)
+    art = open_artifacts(root)
+    ours, ref = GraphTarget.from_artifacts(art, runtime, "cpu"), load_target(str(tiny.gpt2))
+    assert (ours.max_length, ours.max_step) == (65, 64)
+    ids = torch.randint(0, 300, (1, 19), generator=torch.Generator().manual_seed(3))
+    assert close(ours.prefill(ids), ref.prefill(ids))
+    assert runtime.context.shapes["past_key_values.0.key"] == (1, 2, 0, 16)  # an empty past ...
+    assert runtime.context.addresses["past_key_values.0.key"] == runtime._scratch.data_ptr() != 0  # ... not at 0
+    ours.rollback(7), ref.rollback(7)
+    assert close(ours.extend(ids[:, 7:12]), ref.extend(ids[:, 7:12])) and ours.length == 12
+    prompts = ["The quick brown fox", "Call me"]
+    assert generate(prompts, target=ours, max_new_tokens=20).texts == \
+        generate(prompts, target=ref, max_new_tokens=20).texts
+
+
+def test_shapes_outside_the_profile_are_refused(engines):
+    root, _, _ = engines
+    meta, plan = rt.read_engine(root / "target.engine")
+    target = GraphTarget.from_artifacts(open_artifacts(root), rt.TrtRuntime(fake_tensorrt(), plan, meta, "cpu"), "cpu")
+    with pytest.raises(UsageError, match=r"input_ids of shape \(4, 3\) is outside the engine's profile"):
+        target.prefill(torch.zeros(4, 3, dtype=torch.long))  # --max-batch 3
+
+
+def test_missing_tensorrt_names_its_extra(tiny, onnx_pair, tmp_path, monkeypatch):
+    runner = CliRunner()
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    line = "specdiff: error: tensorrt is not installed: pip install 'specdiff[tensorrt]'\n"
+    result = runner.invoke(cli, ["export", "--target", str(tiny.gpt2), "--format", "tensorrt", "--out", str(tmp_path / "e")])
+    assert (result.exit_code, result.stderr) == (1, line) and list(tmp_path.iterdir()) == []
+    result = runner.invoke(cli, ["generate", "--runtime", "tensorrt", "--device", "cuda", "--artifacts",
+                                 str(onnx_pair), "--prompt", "x"])
+    assert (result.exit_code, result.stderr) == (1, line)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt())
+    if not torch.cuda.is_available():
+        result = runner.invoke(cli, ["export", "--target", str(tiny.gpt2), "--format", "all", "--out", str(tmp_path / "e")])
+        assert result.exit_code == 1 and "TensorRT engines are built on a CUDA GPU and none is visible" in result.stderr
