@@ -34,6 +34,9 @@ from .prompts import AtomicWriter, format_record, read_prompts
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
               show_default=True, help="auto: fp32 on CPU, fp16 on CUDA.")
+@click.option("--runtime", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch",
+              show_default=True, help="What runs the models; onnxruntime / tensorrt need --artifacts.")
+@click.option("--artifacts", metavar="DIR", help="A `specdiff export` directory: its target / drafter replace --target / --drafter.")
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
 @click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields, text, metrics).")
 @click.option("-o", "--output", metavar="PATH", help="Write results here (complete or not at all).")
@@ -47,9 +50,11 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
       specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt --jsonl
       cat prompts.jsonl | specdiff generate --target gpt2 --jsonl --stats | jq .text
     """
+    from runtimes import runtime_models
     from specdiff.generation import iter_generate, plan
 
-    records = read_prompts(prompts, prompt_file, click.get_binary_stream("stdin"), input_format)
+    records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None), input_format)
+    options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
@@ -63,7 +68,7 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
         if writer:
             writer.commit()
     finally:
-        if writer and not writer.file.closed:
+        if writer:
             writer.discard()
     if stats and total is not None:
         click.echo(json.dumps({"method": p.method, **total.to_dict()}), err=True)

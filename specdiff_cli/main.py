@@ -10,9 +10,25 @@ import sys
 
 import click
 
+from .bench import bench
 from .drafter import drafter
+from .export import export
 from .generate import generate
 from .models import models
+
+
+def _quiet_libraries() -> None:
+    """transformers and huggingface_hub log warnings and draw bars ("Loading weights") on stderr;
+    the CLI speaks only when something is wrong. Set here, not in the library, whose users own
+    their logging. Downloads keep their bars on a terminal: a first run may fetch gigabytes."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    hub_utils.logging.set_verbosity_error()
+    if sys.stderr.isatty():
+        hub_utils.enable_progress_bars()
 
 
 def _fail(message: str, code: int):
@@ -23,6 +39,15 @@ def _fail(message: str, code: int):
 class SpecdiffGroup(click.Group):
     """A group whose main() turns every user-facing error into one stderr line; CliRunner calls
     this same main(), so tests see exactly what a shell user sees."""
+
+    def invoke(self, ctx):
+        _quiet_libraries()
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:  # click's main() would exit 1 on it
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail
+            ctx.exit(0)
 
     def main(self, args=None, prog_name=None, standalone_mode=True, **extra):
         from specdiff.errors import SpecdiffError
@@ -35,10 +60,6 @@ class SpecdiffGroup(click.Group):
             _fail("aborted", 130)
         except SpecdiffError as e:
             _fail(str(e).replace("\n", " "), e.exit_code)
-        except BrokenPipeError:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail
-            sys.exit(0)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -62,6 +83,8 @@ def cli():
 cli.add_command(generate)
 cli.add_command(models)
 cli.add_command(drafter)
+cli.add_command(export)
+cli.add_command(bench)
 
 
 def main() -> None:

@@ -1,0 +1,414 @@
+"""Side-by-side speed of decoding methods on the same target weights and prompts.
+
+    models, defaults = load_models(target="gpt2-xl", drafter="./drafter", ar_drafter="gpt2")
+    report = run(models, prompts, variants(["ar", "specdiff"], gammas=[4, 8]), Settings())
+    write_report(report, "bench-out")
+
+Methods: `ar`, `spec-ar`, `specdiff` run specdiff's own loop (generation.plan / iter_generate);
+`hf-assisted` (transformers assisted generation with the AR drafter, a constant
+num_assistant_tokens = gamma, confidence early exit off) and `hf-prompt-lookup`
+(prompt_lookup_num_tokens = gamma) are the peers a user would pick instead. `ar` always runs first:
+it is the reference for speed-ups, for c_1 and for the greedy token-by-token check.
+
+Each method: `warmup` untimed passes over all prompts, then `repeats` timed passes (tokens/s =
+new tokens / decoding seconds per pass; medians and spread over passes). Every forward call is
+logged by hooks (callstats.py), which gives call counts and costs, the draft/verify/other time
+split, and tau / alpha / accepted lengths for every method, HF peers included. Ideal speed-up:
+S_ideal = tau * c_1 / (c_v + n_d * c_d) (shared/reference/lossless.md), n_d = drafter calls per
+verification (T for specdiff, gamma for an AR drafter).
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import transformers
+from transformers.utils import logging as hf_logging
+
+from .callstats import CallLog, mean_seconds, verifications
+from .drafters.autoregressive import ARDrafter
+from .drafters.diffusion import DiffusionDrafter, get_schedule
+from .errors import UsageError
+from .generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
+from .loading import load_drafter, load_target
+from .metrics import Metrics
+from .registry import Registry, load_registry
+from .target import Target
+
+METHODS = ("ar", "spec-ar", "specdiff", "hf-assisted", "hf-prompt-lookup")
+NEEDS = {"spec-ar": "ar_drafter", "hf-assisted": "ar_drafter", "specdiff": "drafter"}
+DEFAULT_PAIR = "demo"
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts" / "heldout.jsonl"
+
+
+@dataclass
+class Models:
+    target: Target
+    drafter: DiffusionDrafter | None = None
+    ar_drafter: ARDrafter | None = None
+
+    def drafter_module(self, method: str):
+        """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
+        if NEEDS.get(method) == "drafter":
+            return self.drafter
+        return self.ar_drafter.model if NEEDS.get(method) == "ar_drafter" else None
+
+    def names(self) -> dict:
+        return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
+                "ar_drafter": getattr(self.ar_drafter, "source", None)}
+
+
+@dataclass(frozen=True)
+class Variant:
+    method: str
+    gamma: int | None = None
+    steps: int | None = None
+    schedule: str | None = None
+
+    @property
+    def label(self) -> str:
+        parts = [self.method] + ([f"g={self.gamma}"] if self.gamma else [])
+        return " ".join(parts + ([f"T={self.steps}", self.schedule] if self.steps else []))
+
+
+@dataclass
+class Settings:
+    max_new_tokens: int = 64
+    repeats: int = 3
+    warmup: int = 1
+    temperature: float = 0.0
+    acceptance: str | None = None  # rule for spec-ar / specdiff; default from plan()
+    seed: int = 0
+    threads: int | None = None  # torch threads while timing; None: leave as is
+    truncate_prompt: bool = False
+
+
+def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, device="cpu", dtype="auto",
+                registry: Registry | None = None) -> tuple[Models, dict]:
+    """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
+    `demo` pair if models.yaml has one."""
+    registry = registry or load_registry()
+    if pair is None and target is None:
+        if DEFAULT_PAIR not in registry.names("pair"):
+            raise UsageError("no target: name one with --pair or --target")
+        pair = DEFAULT_PAIR
+    defaults = {}
+    if pair is not None:
+        entry = registry.get(pair, "pair")
+        if entry is None:
+            raise UsageError(f"unknown pair '{pair}' (known: {', '.join(registry.names('pair'))})")
+        target, drafter, defaults = target or entry.target, drafter or entry.drafter, dict(entry.defaults)
+    models = Models(load_target(target, device=device, dtype=dtype, registry=registry))
+    for name, must_be_ar in ((drafter, False), (ar_drafter, True)):
+        if name is None:
+            continue
+        loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
+        if must_be_ar and not isinstance(loaded, ARDrafter):
+            raise UsageError(f"--ar-drafter '{name}' is not a causal LM")
+        setattr(models, "drafter" if isinstance(loaded, DiffusionDrafter) else "ar_drafter", loaded)
+    return models, defaults
+
+
+def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],)) -> list[Variant]:
+    """One row per method and setting; `ar` first. specdiff sweeps gamma x schedule x steps (T is
+    at most gamma; a schedule with a fixed step count, e.g. oneshot, gets only that); the other
+    drafting methods sweep gamma."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
+    for name, values in (("gamma", gammas), ("steps", steps)):
+        if any(v is not None and v < 1 for v in values):
+            raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
+    rows = [Variant("ar")]
+    for method in [m for m in METHODS if m in methods and m != "ar"]:
+        for g in gammas:
+            if method != "specdiff":
+                rows.append(Variant(method, g))
+                continue
+            for s in schedules:
+                fixed = get_schedule(s).fixed_steps
+                for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
+                    rows.append(Variant(method, g, t, s))
+    return rows
+
+
+def available_methods(models: Models) -> list[str]:
+    return [m for m in METHODS if NEEDS.get(m) is None or getattr(models, NEEDS[m]) is not None]
+
+
+def _check_models(models: Models, rows: list[Variant]) -> None:
+    what = {"ar_drafter": "an autoregressive drafter (--ar-drafter)", "drafter": "a diffusion drafter (--drafter)"}
+    for v in rows:
+        if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
+            raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
+
+
+# --- one pass over the prompts, per method: yields (new tokens, decoding seconds) per prompt ---
+
+Pass = Callable[[list[str], list[list[int]]], Iterator[tuple[list[int], float]]]
+
+
+def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
+    drafter = getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
+    p = plan(target=models.target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
+             schedule=v.schedule, acceptance=s.acceptance, temperature=s.temperature,
+             max_new_tokens=s.max_new_tokens, seed=s.seed)
+
+    def one_pass(prompts, encoded):
+        for out in iter_generate(prompts, p, s.truncate_prompt):
+            yield out.tokens, out.metrics.wall_s
+    return one_pass
+
+
+def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict:
+    t = models.target
+    kw = {"do_sample": s.temperature > 0, "pad_token_id": t.eos_token_id, "eos_token_id": t.eos_token_id}
+    if s.temperature > 0:
+        kw.update(temperature=s.temperature, top_k=0, top_p=1.0)
+    head_rows = t.model.get_output_embeddings().weight.shape[0]
+    if head_rows > t.vocab_size:  # padded head rows: never emitted, as in Target
+        kw["suppress_tokens"] = list(range(t.vocab_size, head_rows))
+    if v.method == "hf-assisted":
+        kw["assistant_model"] = models.ar_drafter.model
+    else:
+        kw["prompt_lookup_num_tokens"] = v.gamma
+    return kw
+
+
+@contextmanager
+def _hf_settings(models: Models, v: Variant):
+    """Assistant: constant num_assistant_tokens = gamma, no confidence early exit (its generation
+    config is where transformers reads these); transformers' warnings off. Restored afterwards."""
+    config = models.ar_drafter.model.generation_config if v.method == "hf-assisted" else None
+    wanted = {"num_assistant_tokens": v.gamma, "num_assistant_tokens_schedule": "constant",
+              "assistant_confidence_threshold": 0.0} if config is not None else {}
+    saved, verbosity = {k: getattr(config, k, None) for k in wanted}, hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    for k, value in wanted.items():
+        setattr(config, k, value)
+    try:
+        yield
+    finally:
+        for k, value in saved.items():
+            setattr(config, k, value)
+        hf_logging.set_verbosity(verbosity)
+
+
+def _hf_pass(models: Models, v: Variant, s: Settings) -> Pass:
+    t, kwargs = models.target, _hf_kwargs(models, v, s)
+
+    def one_pass(prompts, encoded):
+        with _hf_settings(models, v), torch.no_grad():
+            for ids in encoded:
+                x = torch.tensor([ids], device=t.device)
+                n = min(s.max_new_tokens, t.max_length - len(ids))
+                start = time.perf_counter()
+                out = t.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, **kwargs)
+                t.sync()
+                yield out[0, len(ids):].tolist(), time.perf_counter() - start
+    return one_pass
+
+
+PASSES = {"ar": _loop_pass, "spec-ar": _loop_pass, "specdiff": _loop_pass,
+          "hf-assisted": _hf_pass, "hf-prompt-lookup": _hf_pass}
+
+
+# --- measuring and summarising ---
+
+@dataclass
+class Repeat:
+    """One timed pass over the prompts."""
+
+    tokens: list[list[int]]  # per prompt
+    seconds: list[float]
+    calls: list[dict]  # per prompt: role -> [Call]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(map(len, self.tokens)) / sum(self.seconds)
+
+    def role_calls(self, role: str) -> list:
+        return [c for prompt in self.calls for c in prompt.get(role, [])]
+
+
+def _measure(models: Models, v: Variant, s: Settings, prompts, encoded) -> list[Repeat]:
+    one_pass = PASSES[v.method](models, v, s)
+    for _ in range(s.warmup):
+        for _ in one_pass(prompts, encoded):
+            pass
+    roles = {"target": models.target.model}
+    if models.drafter_module(v.method) is not None:
+        roles["drafter"] = models.drafter_module(v.method)
+    repeats = []
+    with CallLog(roles, models.target.device) as log:
+        for _ in range(s.repeats):
+            r = Repeat([], [], [])
+            for tokens, seconds in one_pass(prompts, encoded):
+                r.tokens.append(tokens)
+                r.seconds.append(seconds)
+                r.calls.append(log.take())  # this prompt's calls
+            repeats.append(r)
+    return repeats
+
+
+def spread(xs: list[float]) -> dict:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "q1": q[0], "q3": q[2],
+            "runs": xs}
+
+
+def _acceptance(r: Repeat, encoded: list[list[int]]) -> Metrics:
+    m = Metrics()
+    for ids, tokens, calls in zip(encoded, r.tokens, r.calls):
+        for drafted, accepted in verifications(calls["target"], len(ids), len(tokens)):
+            m.record(accepted, drafted)
+    return m
+
+
+def _median_of(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _row(v: Variant, repeats: list[Repeat], encoded) -> dict:
+    """Speeds over all passes; acceptance, counts and time split from the median pass; call costs
+    as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
+    mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
+    target, drafter = mid.role_calls("target"), mid.role_calls("drafter")
+    m = _acceptance(mid, encoded).to_dict()
+    histogram = m["accepted_length_histogram"]
+    histogram += [0] * (len(m["per_position_acceptance"]) + 1 - len(histogram))  # k = 0..gamma
+    wall, verify, draft = sum(mid.seconds), sum(c.seconds for c in target), sum(c.seconds for c in drafter)
+    cost = {key: _median_of([mean_seconds(r.role_calls(role), prefill) for r in repeats])
+            for key, role, prefill in (("prefill", "target", True), ("verify", "target", False),
+                                       ("drafter", "drafter", False))}
+    return {
+        "label": v.label, **asdict(v),
+        "tokens_per_s": spread([r.tokens_per_s for r in repeats]), "new_tokens": sum(map(len, mid.tokens)),
+        "wall_s": wall, "iterations": m["iterations"], "tau": m["tau"], "alpha": m["alpha"],
+        "per_position_acceptance": m["per_position_acceptance"],
+        "accepted_length_histogram": histogram,
+        "time_s": {"draft": draft, "verify": verify, "other": max(wall - draft - verify, 0.0)},
+        "calls": {"target": len(target), "target_prefill": sum(c.prefill for c in target), "drafter": len(drafter),
+                  "drafter_per_iteration": len(drafter) / m["iterations"] if m["iterations"] else 0.0},
+        "call_cost_s": cost,
+    }
+
+
+def _ideal(row: dict, c_1: float | None) -> dict:
+    """S_ideal = tau * c_1 / (c_v + n_d * c_d) and measured / ideal."""
+    cost, n_d = row["call_cost_s"], row["calls"]["drafter_per_iteration"]
+    c_v, c_d = cost["verify"], cost["drafter"] or 0.0
+    ideal = row["tau"] * c_1 / (c_v + n_d * c_d) if c_1 and c_v else None
+    return {"speedup": ideal, "c_1": c_1, "c_v": c_v, "c_d": c_d, "n_d": n_d,
+            "measured_over_ideal": row["speedup"] / ideal if ideal else None}
+
+
+def _mismatches(reference: list[list[int]], got: list[list[int]]) -> list[dict]:
+    """Each prompt whose tokens differ: where they first differ and the two tokens there."""
+    out = []
+    for i, (a, b) in enumerate(zip(reference, got)):
+        if a != b:
+            j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            out.append({"prompt": i, "position": j, "ar": a[j] if j < len(a) else None,
+                        "got": b[j] if j < len(b) else None})
+    return out
+
+
+def _first_mismatches(reference: list[list[int]], passes: list[list[list[int]]]) -> list[dict]:
+    """The mismatches of the first pass that differs from the reference (every pass is checked)."""
+    for tokens in passes:
+        found = _mismatches(reference, tokens)
+        if found:
+            return found
+    return []
+
+
+def _memory(device: torch.device) -> dict:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return {"peak_rss_mb": rss, "cuda_peak_mb": cuda}
+
+
+def environment(models: Models) -> dict:
+    device = models.target.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return {"device": str(device), "device_name": name, "dtype": str(models.target.model.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def run(models: Models, prompts: list[str], rows: list[Variant], settings: Settings,
+        log: Callable[[str], None] = lambda msg: None) -> dict:
+    """Time every variant on the prompts; -> the report (what bench.json holds)."""
+    if settings.repeats < 1 or settings.warmup < 0:
+        raise UsageError("repeats must be >= 1 and warmup >= 0")
+    rows = [Variant("ar")] + [v for v in rows if v.method != "ar"]
+    _check_models(models, rows)
+    encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt)
+    _check_room(models.target, rows, encoded, settings.max_new_tokens)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.threads or threads)
+    try:
+        out = [_run_variant(models, v, settings, prompts, encoded, log) for v in rows]
+        env = environment(models)
+    finally:
+        torch.set_num_threads(threads)
+    return _report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
+
+
+def _check_room(target: Target, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
+    """transformers' prompt lookup does not cap its draft at the context window, so near the end a
+    verify call would run past the position embeddings: refuse such settings up front."""
+    gamma = max((v.gamma for v in rows if v.method == "hf-prompt-lookup"), default=0)
+    longest = max(map(len, encoded))
+    if gamma and longest + max_new_tokens + gamma > target.max_length:
+        raise UsageError(
+            f"hf-prompt-lookup g={gamma}: a {longest}-token prompt + {max_new_tokens} new tokens + gamma passes "
+            f"the target's context window of {target.max_length} (transformers does not cap prompt-lookup "
+            "drafts there); use shorter prompts, a lower --max-new-tokens, or leave hf-prompt-lookup out")
+
+
+def _run_variant(models, v, settings, prompts, encoded, log) -> tuple[dict, list[list[list[int]]]]:
+    log(f"bench: {v.label}")
+    if models.target.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(models.target.device)
+    repeats = _measure(models, v, settings, prompts, encoded)
+    row = _row(v, repeats, encoded)
+    row["memory"] = _memory(models.target.device)
+    return row, [r.tokens for r in repeats]
+
+
+def _report(out: list[tuple[dict, list]], s: Settings, env: dict, context: dict) -> dict:
+    (ar, ar_passes), greedy = out[0], s.temperature == 0
+    base, c_1 = ar["tokens_per_s"]["median"], ar["call_cost_s"]["verify"]
+    failed = []
+    for row, passes in out:
+        t = row["tokens_per_s"]
+        row["speedup"] = t["median"] / base
+        row["speedup_range"] = [t["min"] / base, t["max"] / base]
+        row["ideal"] = _ideal(row, c_1)
+        row["mismatches"] = _first_mismatches(ar_passes[0], passes) if greedy else []
+        row["matches_ar"] = not row["mismatches"] if greedy else None
+        if row["mismatches"]:
+            failed.append(row["label"])
+    check = {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed}
+    config = {**asdict(s), **context}
+    return {"config": config, "environment": env, "check": check, "rows": [row for row, _ in out]}

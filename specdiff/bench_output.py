@@ -1,0 +1,158 @@
+"""What `bench` leaves behind: a table for people, bench.json with every figure, PNG plots, and a
+one-line JSON summary. Plots use matplotlib's object API (no pyplot, no global backend switch);
+matplotlib is imported only when plots are asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import LoadError
+
+PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
+         "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png")
+
+
+SHORT = {"gamma": "g={}", "steps": "T={}"}  # how a swept setting reads in a legend
+
+
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def format_table(report: dict) -> str:
+    head = f"{'method':30} {'tok/s':>8} {'[min, max]':>17} {'speed-up':>8} {'tau':>5} {'alpha':>5} " \
+           f"{'ideal':>6} {'meas/ideal':>10} {'match':>5}"
+    lines = [head, "-" * len(head)]
+    for r in report["rows"]:
+        t, match = r["tokens_per_s"], {True: "yes", False: "NO", None: "-"}[r["matches_ar"]]
+        span = f"[{t['min']:.1f}, {t['max']:.1f}]"
+        lines.append(f"{r['label']:30} {t['median']:8.1f} {span:>17} "
+                     f"{r['speedup']:7.2f}x {r['tau']:5.2f} {_f(r['alpha'], '5.2f'):>5} "
+                     f"{_f(r['ideal']['speedup'], '6.2f'):>6} {_f(r['ideal']['measured_over_ideal'], '10.2f'):>10} "
+                     f"{'ref' if r['method'] == 'ar' else match:>5}")
+    return "\n".join(lines)
+
+
+def summary(report: dict, out_dir: Path | None = None) -> dict:
+    rows, env = report["rows"], report["environment"]
+    best = max(rows, key=lambda r: r["speedup"])
+    return {"bench_json": str(out_dir / "bench.json") if out_dir else None, "device": env["device"],
+            "threads": env["threads"], "prompts": report["config"]["prompts"],
+            "max_new_tokens": report["config"]["max_new_tokens"], "check": report["check"]["passed"],
+            "best": best["label"], "speedup": {r["label"]: round(r["speedup"], 3) for r in rows},
+            "tokens_per_s": {r["label"]: round(r["tokens_per_s"]["median"], 2) for r in rows}}
+
+
+def write_report(report: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """bench.json and (plots=True) the PNGs that apply; -> the files written."""
+    out_dir = Path(out_dir)
+    figure = require_matplotlib() if plots else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "bench.json"
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    written = [path]
+    if figure:
+        for name, draw in zip(PLOTS, (_speedup, _lengths, _positions, _vs_gamma, _vs_steps)):
+            tall = name == "speedup.png" and len(report["rows"]) > 10  # one bar per row
+            fig = figure(figsize=(7.5, 1.5 + 0.3 * len(report["rows"]) if tall else 4.5), layout="constrained")
+            if draw(fig.add_subplot(), report["rows"]) is not False:
+                fig.savefig(out_dir / name, dpi=110)
+                written.append(out_dir / name)
+    return written
+
+
+def require_matplotlib():
+    """-> matplotlib's Figure class, or a LoadError that says how to get it."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise LoadError("plots need matplotlib (pip install matplotlib), or pass --no-plots") from None
+    return Figure
+
+
+def _speedup(ax, rows):
+    labels = [r["label"] for r in rows][::-1]
+    rows = rows[::-1]
+    med = [r["speedup"] for r in rows]
+    err = [[m - r["speedup_range"][0] for m, r in zip(med, rows)],
+           [r["speedup_range"][1] - m for m, r in zip(med, rows)]]
+    ax.barh(labels, med, xerr=err, color="tab:blue", alpha=0.8, label="measured (median, min-max)")
+    ideal = [(r["ideal"]["speedup"], label) for r, label in zip(rows, labels) if r["ideal"]["speedup"]]
+    ax.scatter([i for i, _ in ideal], [label for _, label in ideal], marker="x", color="tab:red", zorder=3,
+               label="ideal: tau c_1 / (c_v + n_d c_d)")
+    ax.axvline(1.0, color="gray", lw=1, ls="--")
+    ax.set_xlabel("speed-up over ar (tokens/s ratio)")
+    ax.set_title("Speed-up per method")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
+
+
+def _ticks_integer(ax):
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _drafting(rows):
+    return [r for r in rows if r["per_position_acceptance"]]
+
+
+def _lengths(ax, rows):
+    rows = _drafting(rows)
+    if not rows:
+        return False
+    for r in rows:
+        h = r["accepted_length_histogram"]
+        ax.plot(range(len(h)), [x / max(sum(h), 1) for x in h], marker="o", label=r["label"])
+    _ticks_integer(ax)
+    ax.set_xlabel("draft tokens accepted in one verification")
+    ax.set_ylabel("fraction of verifications")
+    ax.set_title("Accepted-length histogram")
+    ax.legend(fontsize=8)
+
+
+def _positions(ax, rows):
+    rows = _drafting(rows)
+    if not rows:
+        return False
+    for r in rows:
+        a = r["per_position_acceptance"]
+        ax.plot(range(1, len(a) + 1), a, marker="o", label=r["label"])
+    _ticks_integer(ax)
+    ax.set_xlabel("draft slot j")
+    ax.set_ylabel("P(draft accepted up to slot j)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance")
+    ax.legend(fontsize=8)
+
+
+def _series(ax, rows, x_key: str, group_keys: tuple[str, ...], xlabel: str, title: str):
+    """Median tokens/s (min-max bars) against x_key, one line per group; ar as a dashed line."""
+    swept = [r for r in rows if r[x_key] is not None]
+    if len({r[x_key] for r in swept}) < 2:
+        return False
+    groups: dict = {}
+    for r in swept:
+        groups.setdefault(tuple(r[k] for k in group_keys), []).append(r)
+    for key, members in groups.items():
+        members.sort(key=lambda r: r[x_key])
+        t = [r["tokens_per_s"] for r in members]
+        ax.errorbar([r[x_key] for r in members], [x["median"] for x in t], capsize=3, marker="o",
+                    yerr=[[x["median"] - x["min"] for x in t], [x["max"] - x["median"] for x in t]],
+                    label=" ".join(SHORT.get(k, "{}").format(v) for k, v in zip(group_keys, key) if v is not None))
+    ar = next(r for r in rows if r["method"] == "ar")
+    ax.axhline(ar["tokens_per_s"]["median"], color="gray", ls="--", label="ar")
+    ax.set_xticks(sorted({r[x_key] for r in swept}))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("tokens/s (median, min-max)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def _vs_gamma(ax, rows):
+    return _series(ax, rows, "gamma", ("method", "steps", "schedule"), "gamma (draft length)", "Tokens/s against gamma")
+
+
+def _vs_steps(ax, rows):
+    return _series(ax, rows, "steps", ("gamma", "schedule"), "T (denoising steps per draft)", "Tokens/s against T")

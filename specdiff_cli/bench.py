@@ -1,0 +1,111 @@
+"""`specdiff bench`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .prompts import read_prompts
+
+
+def _list(kind):
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            items = tuple(kind(x.strip()) for x in value.split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list of {kind.__name__}s, got {value!r}") from None
+        if not items:
+            raise click.BadParameter("empty list")
+        return items
+    return parse
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@click.command()
+@click.option("--pair", help="A models.yaml pair [default: demo, if models.yaml has it].")
+@click.option("--target", help="Target model: models.yaml name, directory or hub id.")
+@click.option("--drafter", help="Diffusion drafter (or a causal LM, used as the AR drafter).")
+@click.option("--ar-drafter", help="Causal-LM drafter for spec-ar and hf-assisted.")
+@click.option("--methods", callback=_list(str), metavar="LIST",
+              help="Comma-separated, from ar, spec-ar, specdiff, hf-assisted, hf-prompt-lookup "
+                   "[default: every one the models allow]. ar always runs: it is the reference.")
+@click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: prompts/heldout.jsonl].")
+@click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)
+@click.option("--num-prompts", type=click.IntRange(min=1), help="Use only the first N prompts.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed passes per method.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed passes first.")
+@click.option("--gamma", "gammas", callback=_list(int), metavar="LIST", help="Draft lengths to sweep [default: 8].")
+@click.option("--steps", callback=_list(int), metavar="LIST",
+              help="Denoising steps T to sweep (specdiff) [default: 4].")
+@click.option("--schedule", "schedules", callback=_list(str), metavar="LIST",
+              help="Schedules to sweep (specdiff): l2r, oneshot, confidence [default: l2r].")
+@click.option("--acceptance", help="Acceptance rule for spec-ar / specdiff [default: greedy at temperature 0].")
+@click.option("--temperature", type=float, help="0 = greedy [default: 0].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", default="bench-out", show_default=True, metavar="DIR", help="Where bench.json and the plots go.")
+@click.option("--check", is_flag=True, help="Exit 1 if any method's greedy output differs from ar's.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: the usable CPUs].")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto", show_default=True)
+@click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
+          repeats, warmup, gammas, steps, schedules, acceptance, temperature, seed, out, check, threads, device,
+          dtype, truncate_prompt, no_plots):
+    """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
+    assisted generation side by side on the same target; check every greedy output against ar.
+
+    \b
+    Examples:
+      specdiff bench --pair demo --gamma 4,8,12 --steps 1,2,4
+      specdiff bench --target gpt2-xl --drafter ./drafter --ar-drafter gpt2 --check
+      specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
+    The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
+    """
+    from specdiff import bench as lib
+    from specdiff.bench_output import format_table, require_matplotlib, summary, write_report
+    from specdiff.errors import UsageError
+
+    if not no_plots:
+        require_matplotlib()  # fail before the long run, not after it
+    records = read_prompts((), prompt_file or str(lib.DEFAULT_PROMPTS), sys.stdin.buffer, input_format)
+    prompts = [r.prompt for r in records][:num_prompts]
+    models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter,
+                                       device=device, dtype=dtype)
+    pick = {**lib.DEFAULTS, **defaults}  # the pair's defaults, then the global ones
+    settings = lib.Settings(
+        max_new_tokens=max_new_tokens or pick["max_new_tokens"], repeats=repeats, warmup=warmup,
+        temperature=pick["temperature"] if temperature is None else temperature,
+        acceptance=acceptance or pick.get("acceptance"), seed=seed, threads=threads or _usable_cpus(),
+        truncate_prompt=truncate_prompt)
+    if check and settings.temperature > 0:
+        raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
+    rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
+                        steps or (pick["steps"],), schedules or (pick["schedule"],))
+    report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
+    write_report(report, out, plots=not no_plots)
+    click.echo(format_table(report))
+    _warn_mismatches(report)
+    click.echo(json.dumps(summary(report, Path(out))))
+    if check and report["check"]["passed"] is False:
+        raise click.ClickException(f"greedy outputs differ from ar: {', '.join(report['check']['mismatched'])}")
+
+
+def _warn_mismatches(report: dict) -> None:
+    n = report["config"]["prompts"]
+    for row in report["rows"]:
+        if row["mismatches"]:
+            first = row["mismatches"][0]
+            click.echo(f"specdiff: MISMATCH: {row['label']}: greedy output differs from ar in "
+                       f"{len(row['mismatches'])} of {n} prompts (first: prompt {first['prompt']}, token "
+                       f"{first['position']}: ar {first['ar']}, got {first['got']})", err=True)

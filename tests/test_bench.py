@@ -1,0 +1,164 @@
+"""`specdiff bench` on the tiny models: every method runs on the same target, the report holds the
+documented figures, the call-log accounting agrees with the loop's own metrics, the plots are
+PNGs, and a deliberately wrong acceptance rule is caught by the greedy check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specdiff import acceptance, generate
+from specdiff.bench import METHODS, Settings, load_models, run, variants
+from specdiff_cli.main import cli
+
+PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
+ROW_FIELDS = {"label", "method", "gamma", "steps", "schedule", "tokens_per_s", "speedup", "speedup_range",
+              "new_tokens", "wall_s", "iterations", "tau", "alpha", "per_position_acceptance",
+              "accepted_length_histogram", "time_s", "calls", "call_cost_s", "ideal", "memory",
+              "matches_ar", "mismatches"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def accept_all(draft, q, p, generator=None):
+    """A broken rule: keeps every draft token whatever the target says."""
+    return torch.full((draft.shape[0],), draft.shape[1]), p[:, -1].argmax(-1)
+
+
+@pytest.fixture(scope="module")
+def self_drafted(tiny):
+    """Every method, with the target as its own AR drafter (so alpha = 1 for spec-ar and hf-assisted)."""
+    models, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter), ar_drafter=str(tiny.gpt2))
+    rows = variants(METHODS, gammas=(2, 3), steps=(1, 2))
+    settings = Settings(max_new_tokens=10, repeats=2, warmup=1, threads=1)
+    return models, settings, run(models, PROMPTS, rows, settings)
+
+
+def test_every_method_runs_with_every_figure_and_matches_ar(self_drafted):
+    _, _, report = self_drafted
+    rows = report["rows"]
+    assert [r["label"] for r in rows][0] == "ar" and {r["method"] for r in rows} == set(METHODS)
+    assert {r["label"] for r in rows if r["method"] == "specdiff"} == {
+        "specdiff g=2 T=1 l2r", "specdiff g=2 T=2 l2r", "specdiff g=3 T=1 l2r", "specdiff g=3 T=2 l2r"}
+    assert report["check"] == {"greedy": True, "passed": True, "mismatched": []}
+    assert report["environment"]["threads"] == 1 and report["environment"]["torch"] == torch.__version__
+    assert report["config"]["prompts"] == 3 and report["config"]["models"]["drafter"].endswith("drafter")
+    for r in rows:
+        assert ROW_FIELDS <= set(r), r["label"]
+        assert r["matches_ar"] and r["tokens_per_s"]["min"] <= r["tokens_per_s"]["median"] <= r["tokens_per_s"]["max"]
+        assert len(r["tokens_per_s"]["runs"]) == 2 and r["memory"]["peak_rss_mb"] > 0
+        assert r["new_tokens"] == 30 and r["calls"]["target"] >= 1
+    assert torch.get_num_threads() == 1  # restored
+
+
+def test_self_drafting_accepts_every_draft_token(self_drafted):
+    _, _, report = self_drafted
+    for r in report["rows"]:
+        if r["method"] in ("spec-ar", "hf-assisted"):
+            assert r["alpha"] == 1.0 and r["tau"] > 2 and r["calls"]["drafter"] > 0, r["label"]
+    lookup = [r for r in report["rows"] if r["method"] == "hf-prompt-lookup"]
+    assert all(r["calls"]["drafter"] == 0 and r["ideal"]["c_d"] == 0 for r in lookup)
+
+
+@pytest.mark.parametrize("label", ["spec-ar g=3", "specdiff g=3 T=2 l2r"])
+def test_call_log_acceptance_equals_the_loops_own_metrics(self_drafted, label):
+    models, settings, report = self_drafted
+    row = next(r for r in report["rows"] if r["label"] == label)
+    drafter = models.ar_drafter if row["method"] == "spec-ar" else models.drafter
+    m = generate(PROMPTS, target=models.target, drafter=drafter, method=row["method"], gamma=row["gamma"],
+                 steps=row["steps"], schedule=row["schedule"], max_new_tokens=settings.max_new_tokens).metrics
+    d = m.to_dict()
+    assert row["iterations"] == m.iterations and row["tau"] == d["tau"] and row["alpha"] == d["alpha"]
+    assert row["per_position_acceptance"] == d["per_position_acceptance"]
+    assert row["accepted_length_histogram"][: len(d["accepted_length_histogram"])] == d["accepted_length_histogram"]
+    assert row["calls"]["target"] == m.target_calls and row["calls"]["drafter"] == m.drafter_calls
+
+
+def test_ideal_speedup_model(self_drafted):
+    _, _, report = self_drafted
+    ar = report["rows"][0]
+    assert ar["ideal"]["speedup"] == pytest.approx(1.0) and ar["speedup"] == 1.0
+    for r in report["rows"]:
+        i = r["ideal"]
+        assert i["c_1"] == ar["call_cost_s"]["verify"] and i["c_v"] == r["call_cost_s"]["verify"]
+        assert i["speedup"] == pytest.approx(r["tau"] * i["c_1"] / (i["c_v"] + i["n_d"] * i["c_d"]))
+        assert i["measured_over_ideal"] == pytest.approx(r["speedup"] / i["speedup"])
+    t2 = next(r for r in report["rows"] if r["label"] == "specdiff g=3 T=2 l2r")
+    assert 1 < t2["calls"]["drafter_per_iteration"] <= 2  # T drafter calls per draft, fewer at the end
+
+
+def test_check_catches_a_wrong_acceptance_rule(tiny, monkeypatch):
+    monkeypatch.setitem(acceptance.RULES, "accept-all", accept_all)
+    models, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter))
+    report = run(models, PROMPTS, variants(["specdiff"], gammas=(3,)),
+                 Settings(max_new_tokens=8, repeats=1, warmup=0, acceptance="accept-all", threads=1))
+    assert report["check"]["passed"] is False and report["check"]["mismatched"] == ["specdiff g=3 T=3 l2r"]
+    bad = report["rows"][1]["mismatches"][0]
+    assert bad["ar"] != bad["got"] and report["rows"][0]["matches_ar"]
+
+
+def _cli(tiny, tmp_path, *extra, models=None):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    models = models or ("--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--ar-drafter", str(tiny.ar))
+    args = ["bench", *models, "--prompt-file", str(prompts), "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0",
+            "--threads", "1", "--out", str(tmp_path / "out"), *extra]
+    return CliRunner().invoke(cli, args)
+
+
+def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
+    result = _cli(tiny, tmp_path, "--gamma", "2,3", "--steps", "1,2", "--check")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split()[:3] == ["method", "tok/s", "[min,"]
+    summary = json.loads(lines[-1])
+    assert summary["check"] is True and summary["threads"] == 1 and "specdiff g=3 T=2 l2r" in summary["speedup"]
+    out = tmp_path / "out"
+    report = json.loads((out / "bench.json").read_text())
+    assert {r["method"] for r in report["rows"]} == set(METHODS)
+    assert all(ROW_FIELDS <= set(r) for r in report["rows"])
+    for name in ("speedup", "accepted_lengths", "acceptance_by_position", "tokens_per_s_vs_gamma",
+                 "tokens_per_s_vs_steps"):
+        data = (out / f"{name}.png").read_bytes()
+        assert data.startswith(PNG) and len(data) > 1000, name
+
+
+def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(acceptance.RULES, "accept-all", accept_all)
+    result = _cli(tiny, tmp_path, "--methods", "specdiff", "--gamma", "3", "--acceptance", "accept-all",
+                  "--check", "--no-plots")
+    assert result.exit_code == 1
+    assert "MISMATCH: specdiff g=3 T=3 l2r" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("specdiff: error: greedy outputs differ from ar")
+    assert json.loads(result.stdout.strip().splitlines()[-1])["check"] is False
+    assert not (tmp_path / "out" / "speedup.png").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--methods", "ar,spec-ar"), "method 'spec-ar' needs an autoregressive drafter (--ar-drafter)"),
+    (("--methods", "ar,nope"), "unknown method 'nope'"),
+    (("--gamma", "2,x"), "comma-separated list of ints"),
+])
+def test_cli_usage_errors_are_one_line(tiny, tmp_path, extra, message):
+    result = _cli(tiny, tmp_path, *extra, "--no-plots", models=("--target", str(tiny.gpt2)))
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
+    from specdiff.bench import DEFAULT_PROMPTS
+    from specdiff_cli.prompts import parse_prompts
+
+    heldout = parse_prompts(DEFAULT_PROMPTS.read_text(encoding="utf-8"), "auto", "heldout")
+    faq_file = DEFAULT_PROMPTS.parent / "python-faq.txt"
+    faq = parse_prompts(faq_file.read_text(encoding="utf-8"), "auto", "faq")
+    assert len(heldout) == 32 and all(r.fields["source"] for r in heldout)
+    assert {r.fields["source"].split(":")[0] for r in heldout} == {"shakespeare", "web", "python3.11-doc"}
+    assert len(faq) == 176 and all(r.prompt.endswith("?") for r in faq)
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny.gpt2), "--methods", "ar", "--num-prompts", "2",
+                                      "--truncate-prompt", "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0",
+                                      "--threads", "1", "--no-plots", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["prompts"] == 2
