@@ -11,6 +11,7 @@ import sys
 import click
 
 from .bench import bench
+from .distill import distill
 from .drafter import drafter
 from .export import export
 from .generate import generate
@@ -85,6 +86,7 @@ cli.add_command(models)
 cli.add_command(drafter)
 cli.add_command(export)
 cli.add_command(bench)
+cli.add_command(distill)
 
 
 def main() -> None:

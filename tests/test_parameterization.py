@@ -128,3 +128,12 @@ def test_x0_independent_of_sigma_when_adaln_weights_are_zero(name):
         q = [torch.softmax(x0_logits(name, d(ids, s), ids, s, MASK, V_REAL)[0, 7:], -1)
              for s in (torch.tensor([0.05]), torch.tensor([3.0]))]
         assert torch.allclose(q[0], q[1], atol=1e-6) is same
+
+
+def test_subs_is_differentiable():
+    """Training through the public x0 path needs SUBS to be out of place."""
+    raw = torch.randn(2, 5, 7, requires_grad=True)
+    ids = torch.tensor([[6, 1, 6, 2, 6], [0, 6, 6, 6, 3]])
+    logp = subs_log_probs(raw, ids, None, mask_id=6)
+    logp[ids == 6].logsumexp(-1).sum().backward()
+    assert raw.grad is not None and torch.isfinite(raw.grad).all()

@@ -167,11 +167,12 @@ def load_checkpoint(directory: Path, fmt: Format | None = None) -> tuple[DDiT, d
 
 
 def _check_fields(backbone: DDiT, fields: dict, directory: Path) -> None:
-    """The mask and padding rows lie past the real vocabulary; the parameterisation is known."""
+    """The real vocabulary and the mask id (past it, or a tokenizer's own mask token inside it)
+    fit the model's rows; the parameterisation is known."""
     V, mask, n, rows = fields["vocab_size"], fields["mask_id"], fields["context_length"], backbone.config.vocab_size
-    if not all(isinstance(x, int) for x in (V, mask, n)) or not (0 < V <= mask < rows and n >= 1):
-        raise LoadError(f"{directory}: need integers 0 < vocab_size ({V!r}) <= mask_id ({mask!r}) < rows "
-                        f"of the model ({rows}) and context_length ({n!r}) >= 1")
+    if not all(isinstance(x, int) for x in (V, mask, n)) or not (0 < V <= rows and 0 <= mask < rows and n >= 1):
+        raise LoadError(f"{directory}: need integers 0 < vocab_size ({V!r}) <= rows of the model ({rows}), "
+                        f"0 <= mask_id ({mask!r}) < rows and context_length ({n!r}) >= 1")
     try:
         get_parameterization(fields["parameterization"])
     except LoadError as e:

@@ -49,13 +49,11 @@ def subs_log_probs(raw: torch.Tensor, input_ids: torch.Tensor, sigma: torch.Tens
     """raw (B, L, V), input_ids (B, L) -> log p_theta(x0 | x_t) (B, L, V), fp32.
 
     `sigma` is unused: SUBS depends on the noise level only through the backbone."""
-    logits = raw.to(torch.float32, copy=True)
-    logits[..., mask_id] = NEG_INF
-    logp = logits.log_softmax(dim=-1)  # (B, L, V)
-    keep = input_ids != mask_id  # (B, L) unmasked: carried over
-    logp[keep] = NEG_INF
-    logp[keep, input_ids[keep]] = 0.0
-    return logp
+    is_mask_col = torch.arange(raw.shape[-1], device=raw.device) == mask_id  # (V,)
+    logp = raw.float().masked_fill(is_mask_col, NEG_INF).log_softmax(dim=-1)  # (B, L, V)
+    carry = torch.full_like(logp, NEG_INF).scatter(-1, input_ids[..., None], 0.0)  # one-hot of x_t
+    keep = (input_ids != mask_id)[..., None]  # (B, L, 1) unmasked: carried over
+    return torch.where(keep, carry, logp)  # out of place: gradients flow through it
 
 
 PARAMETERIZATIONS: dict[str, Callable[..., torch.Tensor]] = {
@@ -76,5 +74,9 @@ def x0_logits(name: str, raw: torch.Tensor, input_ids: torch.Tensor, sigma: torc
               mask_id: int, vocab_size: int) -> torch.Tensor:
     """raw (B, L, V_drafter) -> logits of x0 over the real vocabulary (B, L, vocab_size), fp32.
 
-    At masked slots their softmax is the model's x0 distribution (see the module docstring)."""
-    return get_parameterization(name)(raw, input_ids, sigma, mask_id)[..., :vocab_size]
+    At masked slots their softmax is the model's x0 distribution (see the module docstring). A
+    mask id inside the real vocabulary (a tokenizer's own `<|mask|>`) gets -inf: never proposed."""
+    logits = get_parameterization(name)(raw, input_ids, sigma, mask_id)[..., :vocab_size]
+    if mask_id < vocab_size:
+        logits = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), NEG_INF)
+    return logits

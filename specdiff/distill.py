@@ -1,0 +1,371 @@
+"""`specdiff distill`: train a diffusion drafter to draft what one given target says.
+
+Data (specdiff.distill_data): the target's own continuations of random windows of a text file,
+optionally mixed with raw text windows; every example is shaped like a drafting call: N clean
+context tokens, then gamma slots masked as the l2r schedule with T steps masks them at one of
+its steps (all gamma masked = oneshot / the first l2r step).
+
+Objective, a loss registered by name in LOSSES ((drafter, Batch) -> scalar), over the masked
+draft slots whose clean token is not the mask id:
+    ce    mean cross-entropy -log p_theta(x0) over those slots (the default)
+    mdlm  the MDLM ELBO: each slot's CE weighted by sigma'(t) / expm1(sigma(t)) (= 1/t for the
+          log-linear schedule), summed per row over its n + gamma positions and divided by them;
+          with t the fraction masked that is the row's mean CE.
+p_theta is the SUBS x0 distribution at a masked slot: softmax of the raw logits over the real
+vocabulary, the mask id excluded (exactly what DiffusionProposer drafts from), with
+sigma = loglinear_sigma(fraction of the row masked), as at inference.
+
+Loop: AdamW, linear warmup then cosine decay to MIN_LR of the peak, gradient norm clipped at 1.
+A checkpoint (weights, optimizer, step, batch RNG state = data position, validation history)
+is written every K steps to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; --resume
+continues from the newest. At the end the drafter is written to DIR in the project's format
+(config.json last: DIR is a drafter once config.json exists), then tau and alpha of greedy
+specdiff against the target are measured on held-out prompts and DIR/report.json is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .atomic import check_new_directory, new_directory
+from .distill_data import Batch, DataSpec, Pattern, build_sequences, make_batch, read_tokens
+from .drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
+from .errors import UsageError
+from .loading import check_pair, load_diffusion_drafter, load_target
+from .nets.checkpoint import load_own, read_json, save_own
+from .nets.dit import DDiT, DiTConfig
+
+MIN_LR = 0.1  # cosine decays to this share of the peak learning rate
+MAX_WARMUP = 200
+KEEP = 2  # checkpoints kept
+VAL_EXAMPLES = 256
+COND_DIM = 64
+DEFAULT_SHAPE = {"layers": 2, "dim": 128, "heads": 4, "context": 32}
+RAW_FRACTION = 0.25  # default share of raw text rows when --raw-text is given
+MAX_GRAD_NORM = 1.0
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    target: str
+    out: str
+    prompts: str
+    drafter: str | None = None  # an existing drafter to start from, else a new one of this shape:
+    layers: int | None = None
+    dim: int | None = None
+    heads: int | None = None
+    context: int | None = None
+    mask_token: str | None = None  # a token of the tokenizer to use as mask id (else an extra row)
+    raw_text: str | None = None
+    raw_fraction: float | None = None
+    gamma: int = 8
+    steps_per_draft: int = 4
+    num_prompts: int = 512
+    continuation_tokens: int = 64
+    temperature: float = 0.0
+    batch_size: int = 32
+    lr: float = 5e-4
+    max_steps: int = 1000
+    time_budget: float | None = None  # seconds of training in this run
+    val_every: int = 100
+    checkpoint_every: int = 200
+    eval_prompts: int = 8
+    loss: str = "ce"
+    resume: bool = False
+    seed: int = 0
+    device: str = "cpu"
+
+
+def draft_logits(drafter: DiffusionDrafter, xt: torch.Tensor, n: int) -> torch.Tensor:
+    """xt (B, n + gamma) -> x0 logits of the draft slots over the real vocabulary (B, gamma, V),
+    fp32, differentiable; at masked slots equal (up to a per-row constant) to drafter.x0_logits."""
+    sigma = loglinear_sigma((xt == drafter.mask_id).float().mean(dim=1))  # (B,)
+    logits = drafter(xt, sigma)[:, n:, :drafter.vocab_size].float()
+    if drafter.mask_id < drafter.vocab_size:
+        logits = logits.index_fill(-1, torch.tensor([drafter.mask_id], device=logits.device), float("-inf"))
+    return logits
+
+
+def _slot_ce(drafter: DiffusionDrafter, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> CE at each draft slot (B, gamma), zero where not scored, and the scored slots (B, gamma)."""
+    x0 = batch.x0[:, batch.n:]
+    scored = (batch.xt[:, batch.n:] == drafter.mask_id) & (x0 != drafter.mask_id)
+    logits = draft_logits(drafter, batch.xt, batch.n)
+    ce = F.cross_entropy(logits.transpose(1, 2), x0.masked_fill(~scored, -100), reduction="none")
+    return ce, scored
+
+
+def masked_ce(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
+    ce, scored = _slot_ce(drafter, batch)
+    return ce.sum() / scored.sum().clamp(min=1)
+
+
+def mdlm_elbo(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
+    ce, _ = _slot_ce(drafter, batch)
+    t = (batch.xt == drafter.mask_id).float().mean(dim=1)  # (B,)
+    weight = (1 - NOISE_EPS) / (1 - (1 - NOISE_EPS) * t) / torch.expm1(loglinear_sigma(t))
+    return (weight[:, None] * ce).sum(dim=1).mean() / batch.xt.shape[1]
+
+
+LOSSES = {"ce": masked_ce, "mdlm": mdlm_elbo}
+
+
+def learning_rate(step: int, peak: float, max_steps: int) -> float:
+    """Linear warmup over min(MAX_WARMUP, max_steps / 10) steps, then cosine down to MIN_LR * peak."""
+    warmup = max(1, min(MAX_WARMUP, max_steps // 10))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return peak * (MIN_LR + (1 - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    tokens: int = 0
+    train_s: float = 0.0
+    history: list = field(default_factory=list)  # [step, val loss]
+    rng: torch.Tensor | None = None  # state of the batch generator: the data position
+
+
+def _check(cfg: DistillConfig) -> None:
+    for name in ("gamma", "steps_per_draft", "num_prompts", "continuation_tokens", "batch_size",
+                 "max_steps", "val_every", "checkpoint_every", "eval_prompts"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.loss not in LOSSES:
+        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+    if cfg.lr <= 0 or cfg.temperature < 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
+        raise UsageError("--lr and --time-budget must be > 0 and --temperature >= 0")
+    if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
+        raise UsageError("--raw-fraction needs --raw-text and must lie in [0, 1]")
+    if cfg.continuation_tokens < cfg.gamma:
+        raise UsageError(f"--continuation-tokens ({cfg.continuation_tokens}) must be >= --gamma ({cfg.gamma})")
+    if cfg.drafter and any(getattr(cfg, k) is not None for k in DEFAULT_SHAPE):
+        raise UsageError("--drafter fixes the architecture: drop --layers / --dim / --heads / --context")
+    out = Path(cfg.out)
+    if not cfg.resume:
+        check_new_directory(out)
+
+
+def _mask_id(tokenizer, mask_token: str | None) -> int:
+    if mask_token is None:
+        return len(tokenizer)
+    vocab = tokenizer.get_vocab()
+    if mask_token not in vocab:
+        raise UsageError(f"--mask-token {mask_token!r} is not a token of the target's tokenizer")
+    return vocab[mask_token]
+
+
+def _new_drafter(cfg: DistillConfig, tokenizer) -> DiffusionDrafter:
+    shape = {k: getattr(cfg, k) or v for k, v in DEFAULT_SHAPE.items()}
+    if min(shape.values()) < 1:
+        raise UsageError(f"--layers, --dim, --heads and --context must be >= 1, got {shape}")
+    vocab, mask_id = len(tokenizer), _mask_id(tokenizer, cfg.mask_token)
+    try:
+        dit = DiTConfig(vocab_size=max(vocab, mask_id + 1), hidden_size=shape["dim"], n_heads=shape["heads"],
+                        n_blocks=shape["layers"], cond_dim=COND_DIM, time_conditioning=False)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    backbone = DDiT(dit).init_random(torch.Generator().manual_seed(cfg.seed))
+    return DiffusionDrafter(backbone, vocab_size=vocab, mask_id=mask_id, context_length=shape["context"],
+                            parameterization="subs", tokenizer=tokenizer, source=cfg.out)
+
+
+def _initial_drafter(cfg: DistillConfig, target) -> DiffusionDrafter:
+    if cfg.drafter is None:
+        return _new_drafter(cfg, target.tokenizer)
+    drafter = load_diffusion_drafter(cfg.drafter)
+    check_pair(target, drafter)
+    if cfg.mask_token is not None and _mask_id(target.tokenizer, cfg.mask_token) != drafter.mask_id:
+        raise UsageError(f"--mask-token {cfg.mask_token!r} is not the mask id of {cfg.drafter} ({drafter.mask_id})")
+    drafter.tokenizer = target.tokenizer
+    return drafter
+
+
+def _latest_checkpoint(root: Path) -> Path | None:
+    done = sorted(p for p in root.glob("step-*") if (p / "state.pt").is_file())
+    return done[-1] if done else None
+
+
+def _save_checkpoint(root: Path, drafter: DiffusionDrafter, opt, state: TrainState) -> None:
+    path = root / f"step-{state.step:07d}"
+    if path.exists():
+        return
+    with new_directory(path) as tmp:
+        _save_drafter(tmp, drafter, tokenizer=None)
+        torch.save({"optimizer": opt.state_dict(), **asdict(state)}, tmp / "state.pt")
+    for old in sorted(root.glob("step-*"))[:-KEEP]:
+        shutil.rmtree(old)
+
+
+def _load_checkpoint(path: Path, target) -> tuple[DiffusionDrafter, dict, TrainState]:
+    backbone, fields = load_own(path, read_json(path / "config.json"))
+    drafter = DiffusionDrafter(backbone, tokenizer=target.tokenizer, source=str(path), **fields)
+    check_pair(target, drafter)
+    saved = torch.load(path / "state.pt", weights_only=True)
+    return drafter, saved.pop("optimizer"), TrainState(**saved)
+
+
+def _save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer) -> None:
+    save_own(directory, drafter.backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
+             context_length=drafter.context_length, parameterization=drafter.parameterization,
+             tokenizer=tokenizer)
+
+
+def _publish(out: Path, drafter: DiffusionDrafter, tokenizer) -> None:
+    """Write the drafter's files into `out`, config.json last (a drafter once it exists)."""
+    (out / "config.json").unlink(missing_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=out))
+    try:
+        _save_drafter(tmp, drafter, tokenizer)
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+            f.replace(out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@torch.no_grad()
+def validation_loss(drafter: DiffusionDrafter, batches: list[Batch], loss: str, device) -> float:
+    drafter.eval()
+    values = [LOSSES[loss](drafter, _to(b, device)).item() for b in batches]
+    drafter.train()
+    return round(sum(values) / len(values), 5)
+
+
+def _to(batch: Batch, device) -> Batch:
+    return Batch(batch.x0.to(device), batch.xt.to(device), batch.n)
+
+
+def _step(drafter: DiffusionDrafter, opt, batch: Batch, lr: float, cfg: DistillConfig) -> float:
+    """One optimizer step -> the batch's loss."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = LOSSES[cfg.loss](drafter, _to(batch, cfg.device))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), MAX_GRAD_NORM)
+    opt.step()
+    return loss.item()
+
+
+def _train(drafter, opt, state: TrainState, cfg: DistillConfig, data: Data, progress: bool) -> None:
+    """Steps until max_steps or the time budget; validation and checkpoints on the way."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    if state.rng is not None:
+        generator.set_state(state.rng)
+    root, last = Path(cfg.out) / "checkpoints", time.perf_counter()
+    deadline = last + (cfg.time_budget if cfg.time_budget is not None else math.inf)
+    bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not progress, unit="step", desc="distill")
+    drafter.train()
+    while state.step < cfg.max_steps and time.perf_counter() < deadline:
+        batch = make_batch(data.train, data.pattern, cfg.batch_size, generator, data.pattern.context,
+                           data.raw, data.raw_fraction)
+        loss = _step(drafter, opt, batch, learning_rate(state.step, cfg.lr, cfg.max_steps), cfg)
+        state.step, state.tokens, state.rng = state.step + 1, state.tokens + batch.x0.numel(), generator.get_state()
+        if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
+            state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+        if state.step % cfg.checkpoint_every == 0:
+            state.train_s, last = state.train_s + time.perf_counter() - last, time.perf_counter()
+            _save_checkpoint(root, drafter, opt, state)
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        bar.update()
+    bar.close()
+    state.train_s += time.perf_counter() - last
+    if state.history[-1][0] != state.step:
+        state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+    _save_checkpoint(root, drafter, opt, state)
+
+
+@dataclass
+class Data:
+    train: torch.Tensor  # (M, P + L) prompts and the target's continuations
+    val: torch.Tensor  # (M_val, P + L) held-out
+    val_batches: list[Batch]  # fixed validation examples
+    pattern: Pattern
+    raw: torch.Tensor | None  # raw text tokens (n,)
+    raw_fraction: float
+    generate_s: float
+    generated_tokens: int
+
+
+def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bool) -> Data:
+    """Sequences, raw text, the drafting pattern and the fixed validation batches."""
+    P, L = drafter.context_length, cfg.continuation_tokens
+    if P + L > target.max_length:
+        raise UsageError(f"prompts of {P} tokens (the drafter's context) plus --continuation-tokens {L} "
+                         f"exceed the target's context window ({target.max_length})")
+    banned = drafter.mask_id if drafter.mask_id < target.vocab_size else None
+    spec = DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, L, cfg.num_prompts,
+                    max(2, min(64, cfg.num_prompts // 8)), cfg.temperature, cfg.seed, banned)
+    raw = read_tokens(cfg.raw_text, target.tokenizer, "raw text") if cfg.raw_text else None
+    if raw is not None and len(raw) < P + cfg.gamma:
+        raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.gamma}")
+    train, val, generate_s = build_sequences(Path(cfg.out) / "data", target, spec, progress)
+    pattern = Pattern(P, cfg.gamma, cfg.steps_per_draft, drafter.mask_id)
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    val_batches = [make_batch(val, pattern, cfg.batch_size, g, P, context=P)
+                   for _ in range(-(-VAL_EXAMPLES // cfg.batch_size))]
+    fraction = 0.0 if raw is None else RAW_FRACTION if cfg.raw_fraction is None else cfg.raw_fraction
+    return Data(train, val, val_batches, pattern, raw, fraction, generate_s, (len(train) + len(val)) * L)
+
+
+def _evaluate(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: torch.Tensor, P: int) -> dict:
+    """tau and alpha of greedy specdiff (l2r, T steps) against the target on held-out prompts."""
+    from .generation import generate
+
+    texts = [t for t in target.tokenizer.batch_decode(val[:, :P]) if t.strip()][:cfg.eval_prompts]
+    drafter.eval()
+    result = generate(texts, target=target, drafter=drafter, method="specdiff", gamma=cfg.gamma,
+                      steps=cfg.steps_per_draft, schedule="l2r", temperature=0.0,
+                      max_new_tokens=cfg.continuation_tokens)
+    m = result.metrics
+    return {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens, "tau": round(m.tau, 4),
+            "alpha": None if m.alpha is None else round(m.alpha, 4),
+            "per_position_acceptance": m.to_dict()["per_position_acceptance"]}
+
+
+def distill(cfg: DistillConfig, progress: bool = False) -> dict:
+    """Train a drafter for cfg.target into cfg.out (see the module docstring) -> the report."""
+    wall = time.perf_counter()
+    _check(cfg)
+    target = load_target(cfg.target, device=cfg.device, dtype="fp32")
+    out = Path(cfg.out)
+    latest = _latest_checkpoint(out / "checkpoints") if cfg.resume else None
+    drafter, opt_state, state = (_load_checkpoint(latest, target) if latest
+                                 else (_initial_drafter(cfg, target), None, TrainState()))
+    drafter.to(cfg.device)
+    data = _prepare(cfg, target, drafter, progress)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+    if not state.history:
+        state.history.append([0, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+    _train(drafter, opt, state, cfg, data, progress)
+    _publish(out, drafter, target.tokenizer)
+    report = {
+        "target": target.name, "drafter": str(out), "loss": cfg.loss, "gamma": cfg.gamma,
+        "steps_per_draft": cfg.steps_per_draft, "context_length": drafter.context_length,
+        "mask_id": drafter.mask_id, "vocab_size": drafter.vocab_size,
+        "parameters": sum(p.numel() for p in drafter.parameters()),
+        "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
+        "eval": _evaluate(cfg, target, drafter, data.val, data.pattern.context),
+        "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
+                    "generated_tokens": data.generated_tokens, "generate_s": round(data.generate_s, 3),
+                    "wall_s": round(time.perf_counter() - wall, 3), "device": cfg.device,
+                    "threads": torch.get_num_threads()},
+    }
+    tmp = out / "report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out / "report.json")
+    return report

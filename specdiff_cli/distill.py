@@ -1,0 +1,62 @@
+"""`specdiff distill`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.option("--target", required=True, help="Target model: models.yaml name, directory or hub id.")
+@click.option("--out", required=True, metavar="DIR", help="Output: the drafter, report.json, data/, checkpoints/.")
+@click.option("--prompts", required=True, metavar="FILE", help="Text file; random windows of it are the prompts.")
+@click.option("--drafter", metavar="DIR", help="Start from this diffusion drafter (else a new one, see --layers).")
+@click.option("--layers", type=int, help="New drafter: DDiT blocks [default: 2].")
+@click.option("--dim", type=int, help="New drafter: hidden size [default: 128].")
+@click.option("--heads", type=int, help="New drafter: attention heads [default: 4].")
+@click.option("--context", type=int, help="New drafter: context tokens N it sees [default: 32].")
+@click.option("--mask-token", metavar="TOKEN", help="Use this token of the tokenizer (e.g. '<|mask|>') as mask id "
+              "[default: one extra id].")
+@click.option("--raw-text", metavar="FILE", help="Mix in raw text windows from this file.")
+@click.option("--raw-fraction", type=float, help="Share of raw text rows [default with --raw-text: 0.25].")
+@click.option("--gamma", type=int, default=8, show_default=True, help="Draft length trained for.")
+@click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
+@click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
+@click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="Target sampling; 0 = greedy.")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--lr", type=float, default=5e-4, show_default=True, help="Peak learning rate.")
+@click.option("--max-steps", type=int, default=1000, show_default=True)
+@click.option("--time-budget", type=float, metavar="SECONDS", help="Stop training after this long.")
+@click.option("--val-every", type=int, default=100, show_default=True, help="Validation loss every K steps.")
+@click.option("--checkpoint-every", type=int, default=200, show_default=True)
+@click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
+@click.option("--loss", default="ce", show_default=True, help="Training loss: ce or mdlm (specdiff.distill.LOSSES).")
+@click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR (and its cached data).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, help="torch CPU threads.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+def distill(threads, **options):
+    """Train a diffusion drafter on a target's own continuations of prompts.
+
+    \b
+    Examples:
+      specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2 --max-steps 2000
+      specdiff distill --target models/demo/target --prompts train.txt --out d \\
+          --mask-token '<|mask|>' --context 64 --time-budget 600
+    """
+    import torch
+
+    from specdiff.distill import DistillConfig, distill as run
+
+    if threads is not None:
+        if threads < 1:
+            raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
+        torch.set_num_threads(threads)
+    report = run(DistillConfig(**options), progress=sys.stderr.isatty())
+    v, e, c = report["val_loss"], report["eval"], report["compute"]
+    click.echo(f"distill: {c['steps']} steps, {c['train_tokens']} tokens, {c['wall_s']:.0f} s; "
+               f"val loss {v['initial']:.3f} -> {v['final']:.3f}; tau {e['tau']:.3f}, alpha {e['alpha']} "
+               f"on {e['prompts']} held-out prompts", err=True)
+    click.echo(report["drafter"])

@@ -1,0 +1,187 @@
+"""`specdiff distill` on the tiny GPT-2 target: it lowers the validation loss, the result loads and
+drafts losslessly, resume continues exactly, a tokenizer's own mask token is never proposed, and
+the data / loss pieces do what drafting asks of them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+import specdiff
+from specdiff.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo
+from specdiff.distill_data import Pattern, make_batch
+from specdiff.drafters.diffusion import DiffusionProposer
+from specdiff.loading import load_drafter, load_target
+from specdiff.nets.parameterization import x0_logits
+from specdiff.warping import Sampling
+from specdiff_cli.main import cli
+from tiny import TEXT, make_gpt2, make_tokenizer
+
+SMALL = ["--layers", "1", "--dim", "32", "--heads", "2", "--context", "16", "--gamma", "4",
+         "--steps-per-draft", "2", "--num-prompts", "64", "--continuation-tokens", "32",
+         "--batch-size", "16", "--lr", "3e-3", "--eval-prompts", "3", "--threads", "1"]
+SMALL_CFG = dict(layers=1, dim=32, heads=2, context=16, gamma=4, steps_per_draft=2, num_prompts=32,
+                 continuation_tokens=24, batch_size=16, lr=3e-3, eval_prompts=2)
+PROMPTS = ["The sea was calm", "To be, or not", "def main():"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "prompts.txt"
+    path.write_text(TEXT * 8, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, prompts, tmp_path_factory):
+    """40 steps through the CLI; -> (output directory, CliRunner result)."""
+    out = tmp_path_factory.mktemp("distill") / "drafter"
+    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(out), *SMALL,
+            "--max-steps", "40", "--val-every", "10", "--checkpoint-every", "20"]
+    return out, CliRunner().invoke(cli, args)
+
+
+def test_cli_run_lowers_validation_loss_and_reports(trained):
+    out, result = trained
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert result.stdout == f"{out}\n"
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("distill: 40 steps")
+    report = json.loads((out / "report.json").read_text())
+    v = report["val_loss"]
+    assert [step for step, _ in v["history"]] == [0, 10, 20, 30, 40]
+    assert v["final"] < v["initial"] - 1.0, v  # measured: 5.69 -> 2.51
+    assert report["compute"]["steps"] == 40 and report["compute"]["train_tokens"] > 0
+    assert report["eval"]["prompts"] == 3 and report["eval"]["tau"] >= 1.0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000020", "step-0000040"]
+
+
+def test_result_loads_and_greedy_specdiff_equals_ar(trained, tiny):
+    out, _ = trained
+    target, drafter = load_target(str(tiny.gpt2)), load_drafter(str(out))
+    assert (drafter.vocab_size, drafter.mask_id, drafter.context_length) == (300, 300, 16)
+    ar = specdiff.generate(PROMPTS, target=target, method="ar", max_new_tokens=24)
+    spec = specdiff.generate(PROMPTS, target=target, drafter=drafter, gamma=4, steps=2, max_new_tokens=24)
+    assert [o.tokens for o in spec.outputs] == [o.tokens for o in ar.outputs]
+    untrained = specdiff.generate(PROMPTS, target=target, drafter=str(tiny.drafter), gamma=4, steps=2,
+                                  max_new_tokens=24)
+    assert spec.metrics.tau > untrained.metrics.tau, (spec.metrics.tau, untrained.metrics.tau)
+
+
+def test_resume_continues_exactly(tiny, prompts, tmp_path):
+    """Steps 5..10 resumed from the step-5 checkpoint give bit for bit the weights of the
+    uninterrupted run, from the cached data (nothing regenerated)."""
+    a = tmp_path / "a"
+    cfg = DistillConfig(target=str(tiny.gpt2), prompts=str(prompts), out=str(a), max_steps=10,
+                        val_every=5, checkpoint_every=5, **SMALL_CFG)
+    report_a = distill(cfg)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    shutil.rmtree(b / "checkpoints" / "step-0000010")
+    (b / "config.json").unlink()
+    report_b = distill(DistillConfig(**{**cfg.__dict__, "out": str(b), "resume": True}))
+    assert report_b["compute"]["steps"] == 10 and report_b["compute"]["generate_s"] == 0
+    assert report_b["val_loss"]["history"] == report_a["val_loss"]["history"]
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    state = torch.load(b / "checkpoints" / "step-0000010" / "state.pt", weights_only=True)
+    assert state["step"] == 10 and max(s["step"] for s in state["optimizer"]["state"].values()) == 10
+
+
+def test_out_directory_in_use_needs_resume(tiny, prompts, trained):
+    out, _ = trained
+    with pytest.raises(specdiff.SpecdiffError, match="not an empty directory"):
+        distill(DistillConfig(target=str(tiny.gpt2), prompts=str(prompts), out=str(out), **SMALL_CFG))
+
+
+@pytest.fixture(scope="module")
+def masked_target(tmp_path_factory):
+    """A tiny GPT-2 whose tokenizer has its own <|mask|> as last id (301 tokens, head 320 rows)."""
+    root = tmp_path_factory.mktemp("masktok")
+    tok = make_tokenizer(root / "tok", vocab_size=300)
+    tok.add_special_tokens({"additional_special_tokens": ["<|mask|>"]})
+    return make_gpt2(root / "target", tok, scale=10), len(tok)
+
+
+def test_mask_token_inside_vocabulary_is_never_proposed(masked_target, prompts, tmp_path):
+    path, n_tok = masked_target
+    out = tmp_path / "d"
+    distill(DistillConfig(target=str(path), prompts=str(prompts), out=str(out), mask_token="<|mask|>",
+                          max_steps=3, **SMALL_CFG))
+    drafter = load_drafter(str(out))
+    assert (drafter.mask_id, drafter.vocab_size, drafter.config.vocab_size) == (n_tok - 1, n_tok, n_tok)
+    data = load_file(str(out / "data" / "train-00000.safetensors"))["ids"]
+    assert not (data[:, 16:] == drafter.mask_id).any()  # the target was not let to say it
+    with torch.no_grad():
+        drafter.backbone.output_layer.linear.bias[drafter.mask_id] = 1e4  # the raw head wants the mask
+    context = torch.tensor([[5, 6, 7, 8, 9]])
+    draft = DiffusionProposer(drafter, "l2r", 2).propose(context, 4, Sampling(1.0), torch.Generator().manual_seed(0))
+    assert not (draft.tokens == drafter.mask_id).any() and torch.all(draft.q[..., drafter.mask_id] == 0)
+    xt = torch.cat([context, torch.full((1, 4), drafter.mask_id)], dim=1)
+    raw = drafter(xt, torch.zeros(1))
+    assert raw[0, 5:].argmax(-1).eq(drafter.mask_id).all()  # not vacuous: the mask would win
+    for name in ("subs", "sedd"):
+        logits = x0_logits(name, raw, xt, torch.ones(1), drafter.mask_id, drafter.vocab_size)
+        assert torch.all(logits[0, 5:, drafter.mask_id] == float("-inf"))
+    target = load_target(str(path))
+    ar = specdiff.generate(PROMPTS[:2], target=target, method="ar", max_new_tokens=12)
+    spec = specdiff.generate(PROMPTS[:2], target=target, drafter=drafter, gamma=4, steps=2, max_new_tokens=12)
+    assert spec.texts == ar.texts  # check_pair accepted the pair
+
+
+def test_batches_have_the_l2r_drafting_pattern():
+    seqs = torch.arange(3 * 40).view(3, 40)  # P = 8 prompt tokens, L = 32
+    pattern = Pattern(context=8, gamma=6, steps=3, mask_id=-1)
+    b = make_batch(seqs, pattern, 64, torch.Generator().manual_seed(0), prompt_tokens=8, context=8)
+    assert b.x0.shape == (64, 14) and torch.equal(b.xt[:, :8], b.x0[:, :8])
+    assert torch.all(b.x0.diff(dim=1) == 1) and torch.all(b.x0[:, 8] % 40 >= 8)  # draft inside the continuation
+    committed = (b.xt[:, 8:] != -1).sum(dim=1)
+    assert set(committed.tolist()) == {0, 2, 4}  # blocks of 2: before step 1, 2, 3
+    assert torch.all((b.xt[:, 8:] != -1) == (torch.arange(6) < committed[:, None]))  # a clean prefix
+    raw = torch.arange(1000, 1100)
+    r = make_batch(seqs, pattern, 16, torch.Generator().manual_seed(0), 8, raw, 1.0, context=8)
+    assert torch.all(r.x0 >= 1000) and torch.all(r.x0.diff(dim=1) == 1)
+
+
+def test_losses_score_exactly_what_drafting_reads(tiny):
+    drafter = load_drafter(str(tiny.drafter))
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(0, 300, (4, 40), generator=g)
+    b = make_batch(seqs, Pattern(16, 6, 3, drafter.mask_id), 8, g, prompt_tokens=16, context=16)
+    logits = draft_logits(drafter, b.xt, 16)
+    masked = b.xt[:, 16:] == drafter.mask_id
+    reference = drafter.x0_logits(b.xt)[:, 16:]
+    assert torch.allclose(logits.softmax(-1)[masked], reference.softmax(-1)[masked], atol=1e-6)
+    ce = -logits.log_softmax(-1).gather(-1, b.x0[:, 16:, None])[..., 0]  # (B, gamma)
+    assert torch.allclose(masked_ce(drafter, b), ce[masked].mean(), atol=1e-5)
+    per_row = (ce * masked).sum(1) / masked.sum(1)  # MDLM with t = fraction masked: the row mean
+    assert torch.allclose(mdlm_elbo(drafter, b), per_row.mean(), rtol=2e-3)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--gamma", "0"], "--gamma must be >= 1"),
+    (["--continuation-tokens", "2"], "must be >= --gamma"),
+    (["--drafter", "x", "--layers", "2"], "--drafter fixes the architecture"),
+    (["--raw-fraction", "0.5"], "--raw-fraction needs --raw-text"),
+    (["--loss", "streak"], "unknown loss 'streak' (choose from ce, mdlm)"),
+    (["--mask-token", "<|nope|>"], "not a token of the target's tokenizer"),
+])
+def test_bad_options_give_one_error_line(tiny, prompts, tmp_path, args, fragment):
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts),
+                                      "--out", str(tmp_path / "d"), *args])
+    assert result.exit_code == 2, (result.exit_code, result.stderr)
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("specdiff: error: "), result.stderr
+    assert fragment in result.stderr and result.stdout == ""
+    assert not (tmp_path / "d").exists()
+
+
+def test_time_budget_stops_early_with_a_complete_drafter(tiny, prompts, tmp_path):
+    out = tmp_path / "d"
+    report = distill(DistillConfig(target=str(tiny.gpt2), prompts=str(prompts), out=str(out), max_steps=10**6,
+                                   time_budget=0.05, **SMALL_CFG))
+    assert 0 <= report["compute"]["steps"] < 10**6 and report["compute"]["train_s"] < 5
+    assert load_drafter(str(out)).context_length == 16
