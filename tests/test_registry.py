@@ -211,8 +211,9 @@ def test_missing_file(tmp_path):
         load_registry(tmp_path / "nowhere.yaml")
 
 
-def test_cli_models_reads_specdiff_models(tmp_path, tiny):
-    path = write(tmp_path, f"""
+def write_tiny_registry(tmp_path, tiny, defaults: str):
+    """models.yaml naming the tiny target, drafter and a pair of them with these defaults."""
+    return write(tmp_path, f"""
         models:
           - name: tiny
             kind: target
@@ -224,8 +225,12 @@ def test_cli_models_reads_specdiff_models(tmp_path, tiny):
             kind: pair
             target: tiny
             drafter: tiny-drafter
-            defaults: {{gamma: 3}}
+            defaults: {{{defaults}}}
     """)
+
+
+def test_cli_models_reads_specdiff_models(tmp_path, tiny):
+    path = write_tiny_registry(tmp_path, tiny, "gamma: 3")
     result = CliRunner().invoke(cli, ["models"], env={"SPECDIFF_MODELS": str(path)})
     assert result.exit_code == 0 and result.stderr == ""
     rows = [line.split() for line in result.stdout.splitlines()]
@@ -245,20 +250,7 @@ def test_cli_models_bad_file_is_one_line(tmp_path):
 
 
 def test_cli_generate_uses_registry_names_and_pair_defaults(tmp_path, tiny):
-    path = write(tmp_path, f"""
-        models:
-          - name: tiny
-            kind: target
-            path: {tiny.gpt2}
-          - name: tiny-drafter
-            kind: drafter
-            path: {tiny.drafter}
-          - name: tiny+drafter
-            kind: pair
-            target: tiny
-            drafter: tiny-drafter
-            defaults: {{gamma: 3, max_new_tokens: 7}}
-    """)
+    path = write_tiny_registry(tmp_path, tiny, "gamma: 3, max_new_tokens: 7")
     env = {"SPECDIFF_MODELS": str(path)}
     by_name = CliRunner().invoke(cli, ["generate", "--target", "tiny", "--prompt", "The sea", "--max-new-tokens", "7"],
                                  env=env)
