@@ -9,15 +9,14 @@ TensorRT engine for --format tensorrt | all): the directory is complete or absen
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from runtimes import require
 from runtimes.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
 from runtimes.graphs import TOLERANCE, Limits
+from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.loading import check_pair, load_drafter, load_target
@@ -48,9 +47,7 @@ def export(out, *, target: str | None = None, drafter: str | None = None, pair: 
     trt, gpu = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else (None, None)
     for module in ("onnx", "onnxscript", "onnxruntime"):
         require(module, "onnx")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with new_directory(out) as tmp:
         manifest = _export_onnx(tmp, target, drafter, dtype, opset, max_batch, max_seq, device, registry)
         if trt is not None:
             build_engines(tmp, manifest, trt, gpu)
@@ -58,12 +55,6 @@ def export(out, *, target: str | None = None, drafter: str | None = None, pair: 
         if "onnx" not in FORMATS[fmt]:
             _drop_graphs(tmp, manifest)
         write_manifest(tmp, manifest)
-        tmp.chmod(0o755)  # mkdtemp made it private
-        if out.exists():
-            out.rmdir()  # checked empty above
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -81,8 +72,7 @@ def _names(target, drafter, pair, registry) -> tuple[str | None, str | None]:
 
 
 def _check_options(out: Path, fmt: str, dtype: str, opset: int) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} exists and is not an empty directory")
+    check_new_directory(out)
     if fmt not in FORMATS:
         raise UsageError(f"unknown format '{fmt}' (choose from {', '.join(FORMATS)})")
     if dtype not in TOLERANCE:

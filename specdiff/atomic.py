@@ -23,6 +23,7 @@ def new_directory(out: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         yield tmp
+        tmp.chmod(0o755)  # mkdtemp made it private; the result is an ordinary directory
         if out.exists():
             out.rmdir()  # empty, checked by check_new_directory
         tmp.rename(out)

@@ -256,3 +256,12 @@ def test_blank_lines_after_the_last_prompt_are_ignored():
 
     records = parse_prompts("a\nb\n\n  \n", "text", "stdin")
     assert [r.prompt for r in records] == ["a", "b"]
+
+
+def test_drafter_init_writes_an_ordinary_directory(tiny, tmp_path):
+    """Written through a private temporary directory, the result must not stay private (0700)."""
+    out = tmp_path / "d"
+    result = CliRunner().invoke(cli, ["drafter", "init", "--target", str(tiny.gpt2), "--out", str(out),
+                                      "--layers", "1", "--dim", "16", "--heads", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert out.stat().st_mode & 0o777 == 0o755
