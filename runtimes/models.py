@@ -103,10 +103,12 @@ class GraphDrafter:
     def from_artifacts(cls, art, runtime, device) -> "GraphDrafter":
         return cls(runtime, art.component("drafter")["model"], art.tokenizer, device)
 
-    def x0_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary (B, L, V), fp32."""
+    def x0_logits(self, input_ids: torch.Tensor, last: int | None = None) -> torch.Tensor:
+        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary at the last `last`
+        positions (B, last, V) (default: all L), fp32 (the graph computes all L)."""
         t = (input_ids == self.mask_id).float().mean(dim=1)  # fraction masked, (B,)
         sigma = loglinear_sigma(t)
         feeds = {"input_ids": input_ids, **({"sigma": sigma} if self.time_conditioning else {})}
-        raw = self.runtime.run(feeds)["logits"]  # (B, L, V_drafter)
-        return x0_logits(self.parameterization, raw, input_ids, sigma, self.mask_id, self.vocab_size)
+        ids = input_ids[:, -(last or 0):]
+        raw = self.runtime.run(feeds)["logits"][:, -(last or 0):]  # (B, last, V_drafter)
+        return x0_logits(self.parameterization, raw, ids, sigma, self.mask_id, self.vocab_size)

@@ -90,7 +90,7 @@ def draft_logits(drafter: DiffusionDrafter, xt: torch.Tensor, n: int) -> torch.T
     """xt (B, n + gamma) -> x0 logits of the draft slots over the real vocabulary (B, gamma, V),
     fp32, differentiable; at masked slots equal (up to a per-row constant) to drafter.x0_logits."""
     sigma = loglinear_sigma((xt == drafter.mask_id).float().mean(dim=1))  # (B,)
-    logits = drafter(xt, sigma)[:, n:, :drafter.vocab_size].float()
+    logits = drafter(xt, sigma, last=xt.shape[1] - n)[..., :drafter.vocab_size].float()
     if drafter.mask_id < drafter.vocab_size:
         logits = logits.index_fill(-1, torch.tensor([drafter.mask_id], device=logits.device), float("-inf"))
     return logits

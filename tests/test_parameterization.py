@@ -120,6 +120,18 @@ def test_drafter_x0_logits_exact_at_masked_slots(name):
 
 
 @pytest.mark.parametrize("name", ["sedd", "subs"])
+def test_x0_logits_of_the_last_slots_only(name):
+    """Projecting only the draft slots gives the same logits there as projecting every position."""
+    d = _drafter(name, zero_adaln_weights=False)
+    ids = torch.randint(0, V_REAL, (2, 10), generator=torch.Generator().manual_seed(7))
+    ids[:, 6:] = MASK
+    ids[0, 7] = 3  # a committed slot among the last four
+    last = d.x0_logits(ids, last=4)
+    assert last.shape == (2, 4, V_REAL)
+    assert torch.allclose(last, d.x0_logits(ids)[:, 6:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["sedd", "subs"])
 def test_x0_independent_of_sigma_when_adaln_weights_are_zero(name):
     ids = torch.randint(0, V_REAL, (1, 10), generator=torch.Generator().manual_seed(6))
     ids[:, 7:] = MASK

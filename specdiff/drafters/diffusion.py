@@ -40,7 +40,8 @@ def loglinear_sigma(t: torch.Tensor, eps: float = NOISE_EPS) -> torch.Tensor:
 class DiffusionDrafter(nn.Module):
     """A DDiT denoiser plus what drafting needs to know about its vocabulary.
 
-    forward(input_ids (B, L), sigma (B,)) -> raw backbone logits (B, L, V_drafter).
+    forward(input_ids (B, L), sigma (B,), last=None) -> raw backbone logits (B, L, V_drafter),
+    or of the last `last` positions (B, last, V_drafter).
     """
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
@@ -58,17 +59,18 @@ class DiffusionDrafter(nn.Module):
     def config(self):
         return self.backbone.config
 
-    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        return self.backbone(input_ids, sigma)
+    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None) -> torch.Tensor:
+        return self.backbone(input_ids, sigma, last)
 
-    def x0_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary (B, L, V), fp32,
-        through the drafter's parameterisation ("subs" | "sedd"). At masked slots their softmax
-        is exactly softmax(raw[..., :V])."""
+    def x0_logits(self, input_ids: torch.Tensor, last: int | None = None) -> torch.Tensor:
+        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary at the last `last`
+        positions (B, last, V) (default: all L), fp32, through the drafter's parameterisation
+        ("subs" | "sedd"). At masked slots their softmax is exactly softmax(raw[..., :V])."""
         t = (input_ids == self.mask_id).float().mean(dim=1)  # fraction masked, (B,)
         sigma = loglinear_sigma(t)
-        raw = self(input_ids, sigma)
-        return x0_logits(self.parameterization, raw, input_ids, sigma, self.mask_id, self.vocab_size)
+        raw = self(input_ids, sigma, last)
+        ids = input_ids[:, -(last or 0):]
+        return x0_logits(self.parameterization, raw, ids, sigma, self.mask_id, self.vocab_size)
 
 
 def block_sizes(gamma: int, steps: int) -> list[int]:
@@ -135,7 +137,7 @@ class DiffusionProposer:
         rows = torch.arange(B, device=ctx.device)[:, None]
         sizes = block_sizes(gamma, self.steps)
         for k in sizes:
-            probs = sampling.probs(d.x0_logits(x)[:, n:])  # (B, gamma, V)
+            probs = sampling.probs(d.x0_logits(x, gamma))  # (B, gamma, V)
             slots = self.schedule.pick(probs, x[:, n:] == d.mask_id, k)  # (B, k)
             chosen = probs[rows, slots]  # (B, k, V)
             x[rows, n + slots] = sampling.sample(chosen, generator)

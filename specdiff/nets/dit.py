@@ -175,7 +175,9 @@ class Embedding(nn.Module):
 
 
 class DDiT(nn.Module):
-    """The denoiser: forward(input_ids (B, L) int64, sigma (B,) float) -> raw logits (B, L, V)."""
+    """The denoiser: forward(input_ids (B, L) int64, sigma (B,) float) -> raw logits (B, L, V);
+    with `last`, logits of the last `last` positions only (B, last, V): drafting reads only the
+    gamma draft slots, and the output projection is the largest matmul of a small drafter."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -186,7 +188,7 @@ class DDiT(nn.Module):
         self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
         self.output_layer = FinalLayer(cfg)
 
-    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None) -> torch.Tensor:
         if not self.config.time_conditioning:
             sigma = torch.zeros_like(sigma)
         x = self.vocab_embed(input_ids)  # (B, L, h)
@@ -194,7 +196,7 @@ class DDiT(nn.Module):
         cos, sin = self.rotary_emb(input_ids.shape[1], input_ids.device)
         for block in self.blocks:
             x = block(x, c, cos, sin)
-        return self.output_layer(x, c)  # (B, L, V)
+        return self.output_layer(x if last is None else x[:, -last:], c)  # (B, L or last, V)
 
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> "DDiT":
         """Random weights everywhere (adaLN and head included, unlike training's zero init), so
