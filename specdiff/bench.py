@@ -45,7 +45,6 @@ from .target import Target
 
 METHODS = ("ar", "spec-ar", "specdiff", "hf-assisted", "hf-prompt-lookup")
 NEEDS = {"spec-ar": "ar_drafter", "hf-assisted": "ar_drafter", "specdiff": "drafter"}
-DEFAULT_PAIR = "demo"
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts" / "heldout.jsonl"
 
 
@@ -97,9 +96,7 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, device
     `demo` pair if models.yaml has one."""
     registry = registry or load_registry()
     if pair is None and target is None:
-        if DEFAULT_PAIR not in registry.names("pair"):
-            raise UsageError("no target: name one with --pair or --target")
-        pair = DEFAULT_PAIR
+        pair = registry.default_pair("no target: name one with --pair or --target")
     defaults = {}
     if pair is not None:
         entry = registry.get(pair, "pair")

@@ -77,10 +77,13 @@ class Plan:
     proposer: object | None = None  # the drafting algorithm around `drafter`
 
 
-def plan(*, target, drafter=None, pair=None, method=None, device="cpu", dtype="auto", seed=0,
+def plan(*, target=None, drafter=None, pair=None, method=None, device="cpu", dtype="auto", seed=0,
          acceptance=None, registry=None, **options) -> Plan:
-    """Load models (names, paths or loaded objects), fill pair and global defaults, validate."""
+    """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
+    With neither pair nor target: the `demo` pair, if models.yaml has one."""
     registry = registry or load_registry()
+    if pair is None and target is None:
+        pair = registry.default_pair("no target: name one with --target or --pair")
     if pair is not None:
         entry = registry.get(pair, "pair")
         if entry is None:
@@ -89,8 +92,6 @@ def plan(*, target, drafter=None, pair=None, method=None, device="cpu", dtype="a
         options = {**entry.defaults, **{k: v for k, v in options.items() if v is not None}}
         method, acceptance = method or entry.defaults.get("method"), acceptance or entry.defaults.get("acceptance")
     opts = {k: options.get(k) if options.get(k) is not None else v for k, v in DEFAULTS.items()}
-    if target is None:
-        raise UsageError("no target: name one with --target or --pair")
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]))
     if opts["steps"] is None:
         opts["steps"] = get_schedule(opts["schedule"]).fixed_steps or DEFAULT_STEPS

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import yaml
 
-from .errors import RegistryError
+from .errors import RegistryError, UsageError
 
 DEFAULT_FILE = Path(__file__).resolve().parent.parent / "models.yaml"
 KINDS = ("target", "drafter", "pair")
+DEFAULT_PAIR = "demo"  # what generate and bench use when given no target
 MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description"}
 PAIR_KEYS = {"name", "kind", "target", "drafter", "defaults", "description"}
 DEFAULT_TYPES = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
@@ -77,6 +78,12 @@ class Registry:
 
     def names(self, kind: str) -> list[str]:
         return [e.name for e in self.entries.values() if e.kind == kind]
+
+    def default_pair(self, message: str) -> str:
+        """The pair to use when none and no target is named: DEFAULT_PAIR, if this file has it."""
+        if DEFAULT_PAIR not in self.names("pair"):
+            raise UsageError(message)
+        return DEFAULT_PAIR
 
 
 class _LineLoader(yaml.SafeLoader):
