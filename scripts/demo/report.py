@@ -1,4 +1,4 @@
-"""Step 6 of the demo build: greedy samples and per-call latencies of the trained demo models.
+"""Step 8 of the demo build: greedy samples and per-call latencies of the trained demo models.
 
     python scripts/demo/report.py --target models/demo/target --drafter models/demo/ar-drafter \
         --out build/demo/report.json

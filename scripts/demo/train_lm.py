@@ -1,4 +1,4 @@
-"""Step 3 of the demo build: train a GPT-2 (GPT2LMHeadModel) from scratch on the encoded corpus.
+"""Steps 4, 5 and 7 of the demo build: train a GPT-2 (GPT2LMHeadModel) on the encoded corpus.
 
     python scripts/demo/train_lm.py --data build/demo/data --tokenizer build/demo/tokenizer \
         --work build/demo/target --out models/demo/target --layers 6 --dim 384 --heads 6 --budget-min 40
@@ -13,6 +13,11 @@ seconds: the loss on a fixed evenly spaced subset of val.bin, a log line and a c
 (--work/ckpt.pt: weights, optimizer, step, time; a rerun resumes from it). At the end: the loss on
 the whole of val.bin, the model saved with save_pretrained (safetensors, --save-dtype) beside the
 tokenizer, and --work/compute.json (wall time, steps, tokens seen, threads, losses).
+
+With --sequences DIR (the data/ directory of a `specdiff distill` run: the target's own greedy
+continuations of P-token prompts) and --init MODEL, it instead fine-tunes MODEL on those sequences,
+scoring only the continuation tokens: sequence-level distillation of an AR drafter, the same
+data the diffusion drafter is distilled on (the spec-ar baseline gets the same advantage).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ SAVE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, required=True, help="directory with train.bin / val.bin (uint16)")
+    ap.add_argument("--data", type=Path, help="directory with train.bin / val.bin (uint16); or --sequences")
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True, help="checkpoint, log and compute.json")
     ap.add_argument("--out", type=Path, required=True, help="final model directory (save_pretrained)")
@@ -55,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-dtype", choices=SAVE_DTYPES, default="fp16")
+    ap.add_argument("--init", type=Path, help="start from this saved GPT-2 instead of random weights")
+    ap.add_argument("--sequences", type=Path, help="train on a `specdiff distill` data/ directory instead")
     return ap.parse_args(argv)
 
 
@@ -66,6 +73,15 @@ def windows(path: Path, context: int) -> torch.Tensor:
     return torch.from_numpy(np.stack([ids[s:s + context + 1] for s in starts]))
 
 
+def sequences(directory: Path) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A `specdiff distill` data/ directory -> (train (M, P + L), val, P): prompts and continuations."""
+    from safetensors.torch import load_file
+
+    train = torch.cat([load_file(str(f))["ids"] for f in sorted(directory.glob("train-*.safetensors"))])
+    meta = json.loads((directory / "meta.json").read_text())
+    return train, load_file(str(directory / "val.safetensors"))["ids"], meta["prompt_tokens"]
+
+
 def batch_at(train: torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
     """The step-th batch of a seeded per-epoch permutation of the windows: (B, context + 1)."""
     per_epoch = len(train) // batch_size
@@ -74,16 +90,17 @@ def batch_at(train: torch.Tensor, step: int, batch_size: int, seed: int) -> torc
     return train[order[k * batch_size:(k + 1) * batch_size]]
 
 
-def lm_loss(model: GPT2LMHeadModel, chunk: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) of chunk (B, L + 1): inputs chunk[:, :-1]."""
-    logits = model(input_ids=chunk[:, :-1]).logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), chunk[:, 1:].reshape(-1))
+def lm_loss(model: GPT2LMHeadModel, chunk: torch.Tensor, skip: int = 0) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of chunk (B, L + 1): inputs chunk[:, :-1]; the first
+    `skip` targets (a prompt's tokens) are not scored."""
+    logits = model(input_ids=chunk[:, :-1]).logits[:, skip:]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), chunk[:, 1 + skip:].reshape(-1))
 
 
 @torch.no_grad()
-def evaluate(model: GPT2LMHeadModel, val: torch.Tensor, batch_size: int) -> float:
+def evaluate(model: GPT2LMHeadModel, val: torch.Tensor, batch_size: int, skip: int = 0) -> float:
     model.eval()
-    total = sum(lm_loss(model, val[i:i + batch_size]).item() * len(val[i:i + batch_size])
+    total = sum(lm_loss(model, val[i:i + batch_size], skip).item() * len(val[i:i + batch_size])
                 for i in range(0, len(val), batch_size))
     model.train()
     return total / len(val)
@@ -98,6 +115,8 @@ def lr_at(args: argparse.Namespace, step: int, progress: float) -> float:
 
 
 def build(args: argparse.Namespace, tokenizer) -> GPT2LMHeadModel:
+    if args.init:
+        return GPT2LMHeadModel.from_pretrained(args.init, dtype=torch.float32)
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=args.context, n_embd=args.dim, n_layer=args.layers,
                         n_head=args.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -125,7 +144,7 @@ def log(args: argparse.Namespace, message: str) -> None:
         f.write(line + "\n")
 
 
-def train(args: argparse.Namespace, model, opt, train_windows, val_subset, state: dict) -> dict:
+def train(args: argparse.Namespace, model, opt, train_windows, val_subset, state: dict, skip: int) -> dict:
     """Train until the budget (or --steps) is spent; state (step, train_s, losses) is updated and returned."""
     budget_s = args.budget_min * 60
     tokens_per_step = args.batch_size * args.context
@@ -134,7 +153,7 @@ def train(args: argparse.Namespace, model, opt, train_windows, val_subset, state
         progress = state["step"] / args.steps if args.steps else state["train_s"] / budget_s
         for group in opt.param_groups:
             group["lr"] = lr_at(args, state["step"], progress)
-        loss = lm_loss(model, batch_at(train_windows, state["step"], args.batch_size, args.seed))
+        loss = lm_loss(model, batch_at(train_windows, state["step"], args.batch_size, args.seed), skip)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -145,7 +164,7 @@ def train(args: argparse.Namespace, model, opt, train_windows, val_subset, state
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         state["train_loss"] = ema
         if state["train_s"] >= next_eval:
-            val = evaluate(model, val_subset, args.batch_size)
+            val = evaluate(model, val_subset, args.batch_size, skip)
             state["val_curve"].append([state["step"], state["step"] * tokens_per_step, round(val, 4)])
             log(args, f"step {state['step']} tokens {state['step'] * tokens_per_step} train {ema:.3f} "
                       f"val {val:.3f} lr {opt.param_groups[0]['lr']:.2e} "
@@ -158,6 +177,8 @@ def train(args: argparse.Namespace, model, opt, train_windows, val_subset, state
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if (args.data is None) == (args.sequences is None):
+        sys.exit("train_lm.py: give one of --data and --sequences")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -173,15 +194,19 @@ def main(argv=None) -> None:
         state = saved["state"]
         log(args, f"resumed from {ckpt} at step {state['step']} ({state['train_s']:.0f} s trained)")
     state["runs"] += 1
-    train_windows = windows(args.data / "train.bin", args.context)
-    val_windows = windows(args.data / "val.bin", args.context)
+    if args.sequences:
+        train_windows, val_windows, prompt_tokens = sequences(args.sequences)
+        skip, args.context = prompt_tokens - 1, train_windows.shape[1] - 1
+    else:
+        train_windows, val_windows = (windows(args.data / f"{s}.bin", args.context) for s in ("train", "val"))
+        skip = 0
     val_subset = val_windows[np.linspace(0, len(val_windows) - 1, args.eval_windows).round().astype(int)]
     log(args, f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(train_windows)} train "
               f"windows, {len(val_windows)} val windows, {args.threads} threads")
     model.train()
-    state = train(args, model, opt, train_windows, val_subset, state)
+    state = train(args, model, opt, train_windows, val_subset, state, skip)
     save_checkpoint(ckpt, model, opt, state)
-    val = evaluate(model, val_windows, args.batch_size)
+    val = evaluate(model, val_windows, args.batch_size, skip)
     log(args, f"done: step {state['step']}, train loss {state['train_loss']:.3f}, val loss (all) {val:.3f}")
     model.to(SAVE_DTYPES[args.save_dtype]).save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

@@ -1,4 +1,4 @@
-"""Step 2 of the demo build: byte-level BPE tokenizer, and the corpus encoded with it.
+"""Step 3 of the demo build: byte-level BPE tokenizer, and the corpus encoded with it.
 
     python scripts/demo/train_tokenizer.py --corpus build/demo/corpus --out build/demo/tokenizer \
         --data build/demo/data
