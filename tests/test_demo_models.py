@@ -1,23 +1,36 @@
-"""The shipped demo models (models/demo, built by scripts/demo/build.sh) load by their models.yaml
-names through the code path of hub models and generate; skipped where they are not shipped."""
+"""The shipped demo pair (models/demo, built by scripts/demo/build.sh): it loads by its models.yaml
+names through the code path of hub models, is the default of `generate`, and greedy `specdiff`
+on it is token-identical to greedy `ar`, on PyTorch and on ONNX Runtime."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import specdiff
+from specdiff.generation import plan
+from specdiff_cli.main import cli
 
-DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "models" / "demo"
 PROMPT = "To be, or not to be, that is the question:"
+HELDOUT = [json.loads(line)["prompt"] for line in (ROOT / "prompts" / "heldout.jsonl").read_text().splitlines()]
 
-pytestmark = pytest.mark.skipif(not (DEMO / "target" / "model.safetensors").is_file(),
-                                reason="models/demo/target is not built (scripts/demo/build.sh)")
+pytestmark = pytest.mark.skipif(not all((DEMO / m / "model.safetensors").is_file()
+                                        for m in ("target", "ar-drafter", "drafter")),
+                                reason="models/demo is not built (scripts/demo/build.sh)")
 
 
-def test_demo_target_loads_by_name_and_generates():
-    target = specdiff.load_target("demo-target")
+@pytest.fixture(scope="module")
+def demo_target():
+    return specdiff.load_target("demo-target")
+
+
+def test_demo_target_loads_by_name_and_generates(demo_target):
+    target = demo_target
     assert (target.vocab_size, target.max_length) == (4096, 256)
     assert target.tokenizer.convert_ids_to_tokens([4094, 4095]) == ["<|endoftext|>", "<|mask|>"]
     assert target.eos_token_id == 4094
@@ -27,11 +40,46 @@ def test_demo_target_loads_by_name_and_generates():
     assert out.text.strip()
 
 
-@pytest.mark.skipif(not (DEMO / "ar-drafter" / "model.safetensors").is_file(), reason="no demo AR drafter")
-def test_demo_ar_drafter_is_lossless_with_the_demo_target():
-    target = specdiff.load_target("demo-target")
-    plain = specdiff.generate(PROMPT, target=target, method="ar", max_new_tokens=16).outputs[0]
-    fast = specdiff.generate(PROMPT, target=target, drafter="demo-ar", method="spec-ar", gamma=4,
-                             max_new_tokens=16).outputs[0]
+def test_the_demo_pair_is_the_default():
+    p = plan()  # no target, no pair
+    assert (p.method, p.gamma, p.steps, p.schedule) == ("specdiff", 8, 1, "l2r")
+    assert p.target.name == "demo-target"
+    assert p.drafter.mask_id == 4095 and p.drafter.vocab_size == 4096
+
+
+def test_greedy_specdiff_equals_ar_on_the_demo_pair(demo_target):
+    """Eight held-out prompts (every fourth of prompts/heldout.jsonl), 48 new tokens each."""
+    prompts = HELDOUT[::4]
+    plain = specdiff.generate(prompts, target=demo_target, method="ar", max_new_tokens=48)
+    fast = specdiff.generate(prompts, target=demo_target, drafter="demo-drafter", method="specdiff",
+                             gamma=8, steps=1, max_new_tokens=48)
+    assert [o.tokens for o in fast.outputs] == [o.tokens for o in plain.outputs]
+    assert fast.metrics.tau > 2  # the drafter drafts what the target says, not noise
+    assert fast.metrics.target_calls < plain.metrics.target_calls
+
+
+def test_demo_ar_drafter_is_lossless_with_the_demo_target(demo_target):
+    plain = specdiff.generate(PROMPT, target=demo_target, method="ar", max_new_tokens=16).outputs[0]
+    fast = specdiff.generate(PROMPT, target=demo_target, pair="demo-target+demo-ar", max_new_tokens=16).outputs[0]
     assert fast.tokens == plain.tokens
     assert fast.metrics.target_calls < plain.metrics.target_calls
+
+
+def _generate(args: list[str]) -> list[str]:
+    result = CliRunner().invoke(cli, ["generate", "--max-new-tokens", "24", "--jsonl", "--prompt", PROMPT,
+                                      "--prompt", HELDOUT[5], *args])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line)["text"] for line in result.stdout.splitlines()]
+
+
+def test_generate_with_no_model_named_runs_the_demo_pair():
+    assert _generate([]) == _generate(["--target", "demo-target", "--method", "ar"])
+
+
+def test_demo_pair_on_onnxruntime_is_token_identical_to_torch(tmp_path):
+    pytest.importorskip("onnxruntime")
+    export = CliRunner().invoke(cli, ["export", "--pair", "demo", "--out", str(tmp_path / "demo-onnx")])
+    assert export.exit_code == 0, export.output
+    ort = _generate(["--runtime", "onnxruntime", "--artifacts", str(tmp_path / "demo-onnx"),
+                     "--method", "specdiff", "--gamma", "8", "--steps", "1"])
+    assert ort == _generate(["--method", "ar"]) == _generate([])
