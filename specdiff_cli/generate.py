@@ -15,13 +15,13 @@ from .prompts import AtomicWriter, format_record, read_prompts
 @click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL; '-' for stdin.")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto",
               show_default=True, help="How to read the prompt file or stdin.")
-@click.option("--target", help="Target model: models.yaml name, directory or hub id.")
+@click.option("--target", help="Target model: models.yaml name, directory or hub id [default: the demo pair].")
 @click.option("--drafter", help="Drafter: models.yaml name, directory or hub id.")
 @click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
 @click.option("--method", type=click.Choice(["ar", "spec-ar", "specdiff"]),
-              help="Decoding method [default: from the drafter, else ar].")
-@click.option("--gamma", type=int, help="Draft length [default: 8].")
-@click.option("--steps", type=int, help="Denoising steps T per draft [default: 4; oneshot: 1].")
+              help="Decoding method [default: the pair's, else from the drafter, else ar].")
+@click.option("--gamma", type=int, help="Draft length [default: the pair's, else 8].")
+@click.option("--steps", type=int, help="Denoising steps T per draft [default: the pair's, else 4; oneshot: 1].")
 @click.option("--schedule", type=click.Choice(["l2r", "oneshot", "confidence"]),
               help="Order in which draft slots are committed [default: l2r].")
 @click.option("--acceptance", type=click.Choice(["greedy", "standard", "match"]),
@@ -46,6 +46,7 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
 
     \b
     Examples:
+      echo "To be, or not to be" | specdiff generate --stats     # the demo pair, offline
       specdiff generate --target gpt2 --drafter ./drafter --prompt "Hello"
       specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt --jsonl
       cat prompts.jsonl | specdiff generate --target gpt2 --jsonl --stats | jq .text
