@@ -227,6 +227,7 @@ class Repeat:
     tokens: list[list[int]]  # per prompt
     seconds: list[float]
     calls: list[dict]  # per prompt: role -> [Call]
+    cuda_peak_mb: float | None = None  # peak CUDA memory allocated during this pass
 
     @property
     def tokens_per_s(self) -> float:
@@ -236,23 +237,38 @@ class Repeat:
         return [c for prompt in self.calls for c in prompt.get(role, [])]
 
 
-def _measure(models: Models, v: Variant, s: Settings, prompts, encoded) -> list[Repeat]:
-    one_pass = PASSES[v.method](models, v, s)
-    for _ in range(s.warmup):
-        for _ in one_pass(prompts, encoded):
-            pass
+def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repeat:
     roles = {"target": models.target.model}
     if models.drafter_module(v.method) is not None:
         roles["drafter"] = models.drafter_module(v.method)
-    repeats = []
-    with CallLog(roles, models.target.device) as log:
-        for _ in range(s.repeats):
-            r = Repeat([], [], [])
-            for tokens, seconds in one_pass(prompts, encoded):
-                r.tokens.append(tokens)
-                r.seconds.append(seconds)
-                r.calls.append(log.take())  # this prompt's calls
-            repeats.append(r)
+    device, r = models.target.device, Repeat([], [], [])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with CallLog(roles, device) as log:
+        for tokens, seconds in one_pass(prompts, encoded):
+            r.tokens.append(tokens)
+            r.seconds.append(seconds)
+            r.calls.append(log.take())  # this prompt's calls
+    if device.type == "cuda":
+        r.cuda_peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    return r
+
+
+def _measure(models: Models, rows: list[Variant], s: Settings, prompts, encoded, log) -> list[list[Repeat]]:
+    """Warm-up passes of every variant, then the timed passes round-robin (pass i of every variant,
+    then pass i + 1), so that a slow spell of a shared machine hits all methods alike instead of
+    all the passes of one. -> per variant, its timed passes."""
+    passes = [PASSES[v.method](models, v, s) for v in rows]
+    for v, one_pass in zip(rows, passes):
+        log(f"bench: warm-up {v.label}")
+        for _ in range(s.warmup):
+            for _ in one_pass(prompts, encoded):
+                pass
+    repeats = [[] for _ in rows]
+    for i in range(s.repeats):
+        log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} variants")
+        for v, one_pass, out in zip(rows, passes, repeats):
+            out.append(_timed_pass(models, v, one_pass, prompts, encoded))
     return repeats
 
 
@@ -329,10 +345,11 @@ def _first_mismatches(reference: list[list[int]], passes: list[list[list[int]]])
     return []
 
 
-def _memory(device: torch.device) -> dict:
+def _memory(repeats: list[Repeat]) -> dict:
+    """The process's RSS high-water mark (all variants so far) and this variant's CUDA peak."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return {"peak_rss_mb": rss, "cuda_peak_mb": cuda}
+    cuda = [r.cuda_peak_mb for r in repeats if r.cuda_peak_mb is not None]
+    return {"peak_rss_mb": rss, "cuda_peak_mb": max(cuda) if cuda else None}
 
 
 def environment(models: Models) -> dict:
@@ -364,7 +381,8 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads or threads)
     try:
-        out = [_run_variant(models, v, settings, prompts, encoded, log) for v in rows]
+        repeats = _measure(models, rows, settings, prompts, encoded, log)
+        out = [({**_row(v, r, encoded), "memory": _memory(r)}, r) for v, r in zip(rows, repeats)]
         env = environment(models)
     finally:
         torch.set_num_threads(threads)
@@ -383,26 +401,18 @@ def _check_room(target: Target, rows: list[Variant], encoded: list[list[int]], m
             "drafts there); use shorter prompts, a lower --max-new-tokens, or leave hf-prompt-lookup out")
 
 
-def _run_variant(models, v, settings, prompts, encoded, log) -> tuple[dict, list[list[list[int]]]]:
-    log(f"bench: {v.label}")
-    if models.target.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(models.target.device)
-    repeats = _measure(models, v, settings, prompts, encoded)
-    row = _row(v, repeats, encoded)
-    row["memory"] = _memory(models.target.device)
-    return row, [r.tokens for r in repeats]
-
-
-def _report(out: list[tuple[dict, list]], s: Settings, env: dict, context: dict) -> dict:
+def _report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, context: dict) -> dict:
+    """Speed-up: per round of passes, a variant's tokens/s over ar's in the same round; the
+    median over rounds, and its range."""
     (ar, ar_passes), greedy = out[0], s.temperature == 0
-    base, c_1 = ar["tokens_per_s"]["median"], ar["call_cost_s"]["verify"]
+    c_1 = ar["call_cost_s"]["verify"]
     failed = []
     for row, passes in out:
-        t = row["tokens_per_s"]
-        row["speedup"] = t["median"] / base
-        row["speedup_range"] = [t["min"] / base, t["max"] / base]
+        ratios = [p.tokens_per_s / a.tokens_per_s for p, a in zip(passes, ar_passes)]
+        row["speedup"] = statistics.median(ratios)
+        row["speedup_range"] = [min(ratios), max(ratios)]
         row["ideal"] = _ideal(row, c_1)
-        row["mismatches"] = _first_mismatches(ar_passes[0], passes) if greedy else []
+        row["mismatches"] = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
         row["matches_ar"] = not row["mismatches"] if greedy else None
         if row["mismatches"]:
             failed.append(row["label"])

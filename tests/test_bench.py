@@ -162,3 +162,26 @@ def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
                                       "--threads", "1", "--no-plots", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["prompts"] == 2
+
+
+def test_timed_passes_are_round_robin_and_speedups_paired(tiny, monkeypatch):
+    """Pass i of every variant runs before pass i + 1 of any (a slow spell hits all methods), and a
+    speed-up is the median over rounds of the variant's tokens/s over ar's in the same round."""
+    from specdiff import bench
+
+    order, seconds = [], {"ar": [1.0, 3.0, 1.5], "spec-ar": [0.5, 3.0, 3.0]}  # per timed pass
+
+    def fake_pass(models, v, s):
+        def one_pass(prompts, encoded):
+            order.append(v.method)
+            timed = len([m for m in order if m == v.method]) - s.warmup
+            yield [1, 2, 3], seconds[v.method][timed - 1] if timed > 0 else 1.0
+        return one_pass
+
+    monkeypatch.setattr(bench, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
+    models, _ = load_models(target=str(tiny.gpt2), ar_drafter=str(tiny.ar))
+    report = run(models, PROMPTS[:1], variants(["spec-ar"], gammas=(2,)), Settings(repeats=3, warmup=1, threads=1))
+    assert order == ["ar", "spec-ar"] * 4
+    row = report["rows"][1]
+    # tokens/s: ar 3, 1, 2; spec-ar 6, 1, 1 -> ratios 2, 1, 0.5 (unpaired medians would give 1 / 2)
+    assert row["speedup"] == pytest.approx(1.0) and row["speedup_range"] == pytest.approx([0.5, 2.0])
