@@ -62,9 +62,7 @@ def _names(target, drafter, pair, registry) -> tuple[str | None, str | None]:
     if pair is not None:
         if target or drafter:
             raise UsageError("give --pair, or --target / --drafter, not both")
-        entry = registry.get(pair, "pair")
-        if entry is None:
-            raise UsageError(f"unknown pair '{pair}' (known: {', '.join(registry.names('pair'))})")
+        entry = registry.pair(pair)
         return entry.target, entry.drafter
     if not target and not drafter:
         raise UsageError("nothing to export: name a --target, a --drafter or a --pair")

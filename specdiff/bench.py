@@ -95,14 +95,7 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, device
     """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
     `demo` pair if models.yaml has one."""
     registry = registry or load_registry()
-    if pair is None and target is None:
-        pair = registry.default_pair("no target: name one with --pair or --target")
-    defaults = {}
-    if pair is not None:
-        entry = registry.get(pair, "pair")
-        if entry is None:
-            raise UsageError(f"unknown pair '{pair}' (known: {', '.join(registry.names('pair'))})")
-        target, drafter, defaults = target or entry.target, drafter or entry.drafter, dict(entry.defaults)
+    target, drafter, defaults = registry.resolve(pair, target, drafter)
     models = Models(load_target(target, device=device, dtype=dtype, registry=registry))
     for name, must_be_ar in ((drafter, False), (ar_drafter, True)):
         if name is None:

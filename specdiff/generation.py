@@ -82,15 +82,9 @@ def plan(*, target=None, drafter=None, pair=None, method=None, device="cpu", dty
     """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
     With neither pair nor target: the `demo` pair, if models.yaml has one."""
     registry = registry or load_registry()
-    if pair is None and target is None:
-        pair = registry.default_pair("no target: name one with --target or --pair")
-    if pair is not None:
-        entry = registry.get(pair, "pair")
-        if entry is None:
-            raise UsageError(f"unknown pair '{pair}' (known: {', '.join(registry.names('pair'))})")
-        target, drafter = target or entry.target, drafter or entry.drafter
-        options = {**entry.defaults, **{k: v for k, v in options.items() if v is not None}}
-        method, acceptance = method or entry.defaults.get("method"), acceptance or entry.defaults.get("acceptance")
+    target, drafter, defaults = registry.resolve(pair, target, drafter)
+    options = {**defaults, **{k: v for k, v in options.items() if v is not None}}
+    method, acceptance = method or defaults.get("method"), acceptance or defaults.get("acceptance")
     opts = {k: options.get(k) if options.get(k) is not None else v for k, v in DEFAULTS.items()}
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]))
     if opts["steps"] is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import yaml
@@ -79,11 +80,24 @@ class Registry:
     def names(self, kind: str) -> list[str]:
         return [e.name for e in self.entries.values() if e.kind == kind]
 
-    def default_pair(self, message: str) -> str:
-        """The pair to use when none and no target is named: DEFAULT_PAIR, if this file has it."""
-        if DEFAULT_PAIR not in self.names("pair"):
-            raise UsageError(message)
-        return DEFAULT_PAIR
+    def pair(self, name: str) -> PairEntry:
+        """The pair called `name`; an unknown name is a usage error listing the known pairs."""
+        entry = self.get(name, "pair")
+        if entry is None:
+            raise UsageError(f"unknown pair '{name}' (known: {', '.join(self.names('pair'))})")
+        return entry
+
+    def resolve(self, pair: str | None, target, drafter) -> tuple[Any, Any, dict]:
+        """-> (target, drafter, the pair's defaults): a target or drafter given wins over the
+        pair's; with neither pair nor target, the pair DEFAULT_PAIR, if this file has it."""
+        if pair is None and target is None:
+            if DEFAULT_PAIR not in self.names("pair"):
+                raise UsageError("no target: name one with --target or --pair")
+            pair = DEFAULT_PAIR
+        if pair is None:
+            return target, drafter, {}
+        entry = self.pair(pair)
+        return target or entry.target, drafter or entry.drafter, dict(entry.defaults)
 
 
 class _LineLoader(yaml.SafeLoader):
