@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from specdiff.distill_data import read_sequences
+
 SAVE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -71,15 +73,6 @@ def windows(path: Path, context: int) -> torch.Tensor:
     n = (len(ids) - 1) // context
     starts = np.arange(n) * context
     return torch.from_numpy(np.stack([ids[s:s + context + 1] for s in starts]))
-
-
-def sequences(directory: Path) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A `specdiff distill` data/ directory -> (train (M, P + L), val, P): prompts and continuations."""
-    from safetensors.torch import load_file
-
-    train = torch.cat([load_file(str(f))["ids"] for f in sorted(directory.glob("train-*.safetensors"))])
-    meta = json.loads((directory / "meta.json").read_text())
-    return train, load_file(str(directory / "val.safetensors"))["ids"], meta["prompt_tokens"]
 
 
 def batch_at(train: torch.Tensor, step: int, batch_size: int, seed: int) -> torch.Tensor:
@@ -195,8 +188,8 @@ def main(argv=None) -> None:
         log(args, f"resumed from {ckpt} at step {state['step']} ({state['train_s']:.0f} s trained)")
     state["runs"] += 1
     if args.sequences:
-        train_windows, val_windows, prompt_tokens = sequences(args.sequences)
-        skip, args.context = prompt_tokens - 1, train_windows.shape[1] - 1
+        train_windows, val_windows, spec = read_sequences(args.sequences)  # (M, P + L) prompts + continuations
+        skip, args.context = spec.prompt_tokens - 1, train_windows.shape[1] - 1
     else:
         train_windows, val_windows = (windows(args.data / f"{s}.bin", args.context) for s in ("train", "val"))
         skip = 0
