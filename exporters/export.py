@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runtimes import require
 from runtimes.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
-from runtimes.graphs import TOLERANCE, Limits
+from specdiff.graphs import TOLERANCE, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError

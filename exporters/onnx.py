@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from runtimes.graphs import GraphSpec, axis_sizes, drafter_spec, target_spec
+from specdiff.graphs import GraphSpec, axis_sizes, drafter_spec, target_spec
 
 ONNX_TYPES = {"fp32": 1, "float32": 1, "fp16": 10, "bf16": 16, "int64": 7}  # TensorProto element types
 TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
@@ -76,7 +76,7 @@ def probe_kv(model) -> tuple[int, int, int]:
 
 
 def target_graph(target) -> tuple[TargetStep, GraphSpec, dict]:
-    """A specdiff.target.Target -> (module to export, its spec, the manifest `model` record)."""
+    """A specdiff.targets.causal.Target -> (module to export, its spec, the manifest `model` record)."""
     model = target.model.eval()
     layers, heads, head_dim = probe_kv(model)
     head_rows = model.get_output_embeddings().weight.shape[0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtimes.graphs import GraphSpec, Limits, spec_from_model
+from specdiff.graphs import GraphSpec, Limits, spec_from_model
 from runtimes.tensorrt import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 

@@ -5,7 +5,7 @@ The target sweep covers what decoding does to a step graph: prefill (empty past)
 5 tokens on a cache, single-token steps, roll-backs, batch 1 and 3, odd lengths (19). Every step
 feeds both sides the same inputs and the PyTorch cache, and compares every output. The drafter
 sweep covers batch 1 and 3, context + draft lengths, partly and fully masked rows. All mismatches
-are collected, then one ExportValidationError lists them; tolerances are runtimes.graphs.TOLERANCE.
+are collected, then one ExportValidationError lists them; tolerances are specdiff.graphs.TOLERANCE.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from runtimes.graphs import TOLERANCE, GraphSpec, axis_sizes, past_names, present_names
+from specdiff.graphs import TOLERANCE, GraphSpec, axis_sizes, past_names, present_names
 from runtimes.onnxruntime import OrtRuntime
 from specdiff.errors import ExportValidationError, LoadError
 

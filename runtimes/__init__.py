@@ -4,7 +4,7 @@
         limits: Limits | None                      # shapes it can serve (None: any)
         def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
-`runtimes.models.GraphTarget` turns a target step graph into the specdiff.target.Target contract
+`runtimes.models.GraphTarget` turns a target step graph into the specdiff.targets.causal.Target contract
 (prefill / extend / rollback over explicit KV tensors) and `GraphDrafter` a denoiser graph into
 what DiffusionProposer uses, so every runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a

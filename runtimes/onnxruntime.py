@@ -14,7 +14,7 @@ import torch
 from specdiff.errors import LoadError, UsageError
 
 from . import require
-from .graphs import check_step_inputs
+from specdiff.graphs import check_step_inputs
 
 # ONNX TensorProto element types, as IOBinding.bind_input accepts them.
 ELEMENT_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7,

@@ -18,7 +18,7 @@ import torch
 from specdiff.errors import LoadError, UsageError
 
 from . import require
-from .graphs import Limits, check_step_inputs
+from specdiff.graphs import Limits, check_step_inputs
 
 MAGIC = b"specdiff-tensorrt-engine\n"
 TRT_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT64": torch.int64,

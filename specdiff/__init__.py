@@ -14,7 +14,7 @@ from .errors import SpecdiffError
 __all__ = ["GenerationResult", "Sampling", "SpecdiffError", "generate", "load_drafter", "load_target"]
 __version__ = "0.1.0"
 _LAZY = {"GenerationResult": ".generation", "generate": ".generation", "load_drafter": ".loading",
-         "load_target": ".loading", "Sampling": ".warping"}
+         "load_target": ".loading", "Sampling": ".sampling"}
 
 
 def __getattr__(name: str):

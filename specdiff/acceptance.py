@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .errors import UsageError
-from .warping import sample
+from .sampling import sample
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 

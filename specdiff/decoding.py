@@ -18,7 +18,7 @@ import torch
 
 from .drafters import Draft, Drafter
 from .metrics import Metrics
-from .warping import Sampling
+from .sampling import Sampling
 
 
 class Sequence:

@@ -27,8 +27,8 @@ from .errors import InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .metrics import Metrics
 from .registry import load_registry
-from .target import Target
-from .warping import Sampling
+from .targets.causal import Target
+from .sampling import Sampling
 
 METHODS = ("ar", "spec-ar", "specdiff")
 DEFAULT_STEPS = 4

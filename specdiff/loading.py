@@ -24,7 +24,7 @@ from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageErro
 from .nets.checkpoint import read_json
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
 from .registry import ModelEntry, Registry, load_registry
-from .target import Target
+from .targets.causal import Target
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

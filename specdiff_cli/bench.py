@@ -72,8 +72,8 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
       specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
     """
-    from specdiff import bench as lib
-    from specdiff.bench_output import format_table, require_matplotlib, summary, write_report
+    from specdiff.tools import bench as lib
+    from specdiff.tools.bench_output import format_table, require_matplotlib, summary, write_report
     from specdiff.errors import UsageError
 
     if not no_plots:

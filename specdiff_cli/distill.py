@@ -32,7 +32,7 @@ import click
 @click.option("--val-every", type=int, default=100, show_default=True, help="Validation loss every K steps.")
 @click.option("--checkpoint-every", type=int, default=200, show_default=True)
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
-@click.option("--loss", default="ce", show_default=True, help="Training loss: ce or mdlm (specdiff.distill.LOSSES).")
+@click.option("--loss", default="ce", show_default=True, help="Training loss: ce or mdlm (specdiff.tools.distill.LOSSES).")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR (and its cached data).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, help="torch CPU threads.")
@@ -48,7 +48,7 @@ def distill(threads, **options):
     """
     import torch
 
-    from specdiff.distill import DistillConfig, distill as run
+    from specdiff.tools.distill import DistillConfig, distill as run
 
     if threads is not None:
         if threads < 1:

@@ -20,7 +20,7 @@ def drafter():
 @click.option("--seed", default=0, show_default=True, type=int)
 def init(target, out, layers, dim, heads, context, seed):
     """A randomly initialised drafter whose vocabulary is the target's plus one mask id."""
-    from specdiff.drafters.init import init_drafter
+    from specdiff.tools.drafter_init import init_drafter
 
     path = init_drafter(target, out, layers=layers, dim=dim, heads=heads, context=context, seed=seed)
     click.echo(str(path))
@@ -41,6 +41,6 @@ def convert(src, out, dtype, context):
       specdiff drafter convert mdlm-owt --out drafters/mdlm-owt
       specdiff drafter convert ./sedd-small-download --out drafters/sedd-small --dtype fp16
     """
-    from specdiff.drafters.convert import convert_drafter
+    from specdiff.tools.convert import convert_drafter
 
     click.echo(str(convert_drafter(src, out, dtype=dtype, context=context)))

@@ -20,7 +20,7 @@ def tiny(tmp_path_factory) -> SimpleNamespace:
     """Paths of tiny models sharing one 320-token byte-level BPE tokenizer:
     gpt2 (head padded to a multiple of 64 rows: 320 for 300 tokens), neo, ar (a smaller GPT-2 drafter),
     drafter (a random diffusion drafter from `drafter init`)."""
-    from specdiff.drafters.init import init_drafter
+    from specdiff.tools.drafter_init import init_drafter
 
     root = tmp_path_factory.mktemp("tiny")
     tok = make_tokenizer(root / "tokenizer", vocab_size=300)

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoTokenizer
 
-from specdiff.drafters.init import init_drafter
+from specdiff.tools.drafter_init import init_drafter
 from specdiff_cli.main import cli
 
 

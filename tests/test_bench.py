@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from specdiff import acceptance, generate
-from specdiff.bench import METHODS, Settings, load_models, run, variants
+from specdiff.tools.bench import METHODS, Settings, load_models, run, variants
 from specdiff_cli.main import cli
 
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
@@ -148,7 +148,7 @@ def test_cli_usage_errors_are_one_line(tiny, tmp_path, extra, message):
 
 
 def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
-    from specdiff.bench import DEFAULT_PROMPTS
+    from specdiff.tools.bench import DEFAULT_PROMPTS
     from specdiff_cli.prompts import parse_prompts
 
     heldout = parse_prompts(DEFAULT_PROMPTS.read_text(encoding="utf-8"), "auto", "heldout")
@@ -167,7 +167,7 @@ def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
 def test_timed_passes_are_round_robin_and_speedups_paired(tiny, monkeypatch):
     """Pass i of every variant runs before pass i + 1 of any (a slow spell hits all methods), and a
     speed-up is the median over rounds of the variant's tokens/s over ar's in the same round."""
-    from specdiff import bench
+    from specdiff.tools import bench
 
     order, seconds = [], {"ar": [1.0, 3.0, 1.5], "spec-ar": [0.5, 3.0, 3.0]}  # per timed pass
 

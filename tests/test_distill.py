@@ -13,12 +13,12 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import specdiff
-from specdiff.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo
-from specdiff.distill_data import Pattern, make_batch
+from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo
+from specdiff.tools.distill_data import Pattern, make_batch
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.loading import load_drafter, load_target
 from specdiff.nets.parameterization import x0_logits
-from specdiff.warping import Sampling
+from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 from tiny import TEXT, make_gpt2, make_tokenizer
 

@@ -5,7 +5,7 @@ import torch
 from specdiff import load_drafter
 from specdiff.drafters.diffusion import DiffusionProposer, block_sizes
 from specdiff.nets.dit import DDiT, DiTConfig, apply_rotary
-from specdiff.warping import Sampling
+from specdiff.sampling import Sampling
 
 
 def _net(**kw):

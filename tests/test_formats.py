@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import specdiff
-from specdiff.drafters.convert import convert_drafter
+from specdiff.tools.convert import convert_drafter
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import IncompatibleModelsError, LoadError, UsageError
 from specdiff.loading import check_pair, load_drafter, load_target

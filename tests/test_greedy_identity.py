@@ -8,7 +8,7 @@ from specdiff import generate, load_drafter, load_target
 from specdiff.decoding import Sequence, decode_ar, decode_speculative
 from specdiff.drafters import Draft
 from specdiff.acceptance import greedy
-from specdiff.warping import Sampling
+from specdiff.sampling import Sampling
 
 from tiny import TEXT
 

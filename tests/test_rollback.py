@@ -5,7 +5,7 @@ import torch
 
 from specdiff import load_drafter, load_target
 from specdiff.drafters.autoregressive import ARProposer
-from specdiff.warping import Sampling
+from specdiff.sampling import Sampling
 
 
 @pytest.mark.parametrize("model", ["gpt2", "neo"])

@@ -13,12 +13,12 @@ import torch
 from click.testing import CliRunner
 
 from runtimes import load_models
-from runtimes.graphs import TOLERANCE
+from specdiff.graphs import TOLERANCE
 from runtimes.onnxruntime import OrtRuntime
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.errors import LoadError, UsageError
 from specdiff.loading import load_drafter, load_target
-from specdiff.warping import Sampling
+from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 from tiny import make_tokenizer
 
@@ -39,7 +39,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
 def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
     """prefill / extend (verify 5, single steps) / rollback / length, batch 1 and 3, against
-    specdiff.target.Target."""
+    specdiff.targets.causal.Target."""
     ours = load_models("onnxruntime", request.getfixturevalue(which))["target"]
     ref = load_target(str(getattr(tiny, model)))
     assert (ours.vocab_size, ours.max_length, ours.eos_token_id) == (ref.vocab_size, ref.max_length, ref.eos_token_id)

@@ -19,7 +19,7 @@ from specdiff.acceptance import leading_true, match, standard
 from specdiff.drafters.autoregressive import ARDrafter, ARProposer
 from specdiff.drafters.diffusion import DiffusionDrafter, DiffusionProposer
 from specdiff.nets.dit import DDiT, DiTConfig
-from specdiff.warping import Sampling, sample
+from specdiff.sampling import Sampling, sample
 
 V, GAMMA, DEPTH, N = 8, 3, 3, 60_000
 CONTEXT = torch.tensor([[1, 5, 2]])

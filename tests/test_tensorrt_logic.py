@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from exporters.tensorrt import build_engine, build_engines, network_settings, profile_shapes
 from runtimes import tensorrt as rt
 from runtimes.artifacts import open_artifacts, write_manifest
-from runtimes.graphs import TOLERANCE, Limits, drafter_spec, spec_from_model, target_spec
+from specdiff.graphs import TOLERANCE, Limits, drafter_spec, spec_from_model, target_spec
 from runtimes.models import GraphTarget
 from specdiff.errors import LoadError, UsageError
 from specdiff.generation import generate

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from ..warping import Sampling
+from ..sampling import Sampling
 
 
 @dataclass

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..target import context_window, real_vocab_size
-from ..warping import Sampling
+from ..targets.causal import context_window, real_vocab_size
+from ..sampling import Sampling
 from . import Draft
 
 

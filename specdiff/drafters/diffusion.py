@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import UsageError
 from ..nets.dit import DDiT
 from ..nets.parameterization import x0_logits
-from ..warping import Sampling
+from ..sampling import Sampling
 from . import Draft
 
 NOISE_EPS = 1e-3  # log-linear schedule of SEDD and MDLM

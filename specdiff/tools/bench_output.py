@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import LoadError
+from ..errors import LoadError
 
 PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
          "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png")

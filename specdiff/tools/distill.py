@@ -1,6 +1,6 @@
 """`specdiff distill`: train a diffusion drafter to draft what one given target says.
 
-Data (specdiff.distill_data): the target's own continuations of random windows of a text file,
+Data (specdiff.tools.distill_data): the target's own continuations of random windows of a text file,
 optionally mixed with raw text windows; every example is shaped like a drafting call: N clean
 context tokens, then gamma slots masked as the l2r schedule with T steps masks them at one of
 its steps (all gamma masked = oneshot / the first l2r step).
@@ -37,13 +37,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .atomic import check_new_directory, new_directory
+from ..atomic import check_new_directory, new_directory
 from .distill_data import Batch, DataSpec, Pattern, build_sequences, make_batch, read_tokens
-from .drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
-from .errors import UsageError
-from .loading import check_pair, load_diffusion_drafter, load_target
-from .nets.checkpoint import load_own, read_json, save_own
-from .nets.dit import DDiT, DiTConfig
+from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
+from ..errors import UsageError
+from ..loading import check_pair, load_diffusion_drafter, load_target
+from ..nets.checkpoint import load_own, read_json, save_own
+from ..nets.dit import DDiT, DiTConfig
 
 MIN_LR = 0.1  # cosine decays to this share of the peak learning rate
 MAX_WARMUP = 200
@@ -322,7 +322,7 @@ def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bo
 
 def _evaluate(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: torch.Tensor, P: int) -> dict:
     """tau and alpha of greedy specdiff (l2r, T steps) against the target on held-out prompts."""
-    from .generation import generate
+    from ..generation import generate
 
     texts = [t for t in target.tokenizer.batch_decode(val[:, :P]) if t.strip()][:cfg.eval_prompts]
     drafter.eval()

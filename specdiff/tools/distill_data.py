@@ -29,8 +29,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .drafters.diffusion import block_sizes
-from .errors import UsageError
+from ..drafters.diffusion import block_sizes
+from ..errors import UsageError
 
 CHUNK = 64  # prompts per generation batch and cache file
 HELD_OUT = 0.1  # share of the prompt file's tokens kept for held-out prompts

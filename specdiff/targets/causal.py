@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .errors import IncompatibleModelsError
+from ..errors import IncompatibleModelsError
 
 
 def context_window(config) -> int:

@@ -34,18 +34,18 @@ import transformers
 from transformers.utils import logging as hf_logging
 
 from .callstats import CallLog, mean_seconds, verifications
-from .drafters.autoregressive import ARDrafter
-from .drafters.diffusion import DiffusionDrafter, get_schedule
-from .errors import UsageError
-from .generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
-from .loading import load_drafter, load_target
-from .metrics import Metrics
-from .registry import Registry, load_registry
-from .target import Target
+from ..drafters.autoregressive import ARDrafter
+from ..drafters.diffusion import DiffusionDrafter, get_schedule
+from ..errors import UsageError
+from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
+from ..loading import load_drafter, load_target
+from ..metrics import Metrics
+from ..registry import Registry, load_registry
+from ..targets.causal import Target
 
 METHODS = ("ar", "spec-ar", "specdiff", "hf-assisted", "hf-prompt-lookup")
 NEEDS = {"spec-ar": "ar_drafter", "hf-assisted": "ar_drafter", "specdiff": "drafter"}
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "prompts" / "heldout.jsonl"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "heldout.jsonl"
 
 
 @dataclass

@@ -5,7 +5,7 @@ import torch
 
 from specdiff.acceptance import greedy, leading_true, match, standard
 from specdiff.errors import UsageError
-from specdiff.warping import Sampling
+from specdiff.sampling import Sampling
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
