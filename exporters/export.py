@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from runtimes import require
-from runtimes.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
+from specdiff.extras import require
+from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
 from specdiff.graphs import TOLERANCE, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter

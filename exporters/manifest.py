@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from runtimes.artifacts import file_hashes
+from specdiff.artifacts import file_hashes
 from specdiff.errors import LoadError
 from specdiff.loading import resolve
 

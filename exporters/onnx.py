@@ -76,7 +76,7 @@ def probe_kv(model) -> tuple[int, int, int]:
 
 
 def target_graph(target) -> tuple[TargetStep, GraphSpec, dict]:
-    """A specdiff.targets.causal.Target -> (module to export, its spec, the manifest `model` record)."""
+    """A specdiff.contracts.Target -> (module to export, its spec, the manifest `model` record)."""
     model = target.model.eval()
     layers, heads, head_dim = probe_kv(model)
     head_rows = model.get_output_embeddings().weight.shape[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdiff.graphs import GraphSpec, Limits, spec_from_model
-from runtimes.tensorrt import write_engine
+from specdiff.artifacts import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 
 MAX_OPSET = 20

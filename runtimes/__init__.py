@@ -1,10 +1,10 @@
 """Runtimes: execute the graphs `specdiff export` writes, behind one small protocol.
 
-    class Runtime(Protocol):
+    specdiff.contracts.Runtime:
         limits: Limits | None                      # shapes it can serve (None: any)
         def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
-`runtimes.models.GraphTarget` turns a target step graph into the specdiff.targets.causal.Target contract
+`runtimes.models.GraphTarget` turns a target step graph into the specdiff.contracts.Target contract
 (prefill / extend / rollback over explicit KV tensors) and `GraphDrafter` a denoiser graph into
 what DiffusionProposer uses, so every runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
@@ -14,32 +14,20 @@ missing one is one error line naming the extra that installs it.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Protocol
 
-from specdiff.errors import LoadError, UsageError
+from specdiff.contracts import Runtime
+from specdiff.errors import UsageError
 
 RUNTIMES = {"onnxruntime": "runtimes.onnxruntime", "tensorrt": "runtimes.tensorrt"}
 CHOICES = ("torch", *RUNTIMES)
-
-
-class Runtime(Protocol):
-    limits: object
-
-    def run(self, inputs: dict) -> dict: ...
-
-
-def require(module: str, extra: str):
-    """Import an optional backend, or raise one line saying which extra installs it."""
-    try:
-        return import_module(module)
-    except ImportError:
-        raise LoadError(f"{module} is not installed: pip install 'specdiff[{extra}]'") from None
+__all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 
 
 def load_models(runtime: str, artifacts, device: str = "cpu") -> dict:
     """{"target": ..., "drafter": ...} for the components an export directory (a path or an
     opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`."""
-    from .artifacts import Artifacts, open_artifacts
+    from specdiff.artifacts import Artifacts, open_artifacts
+
     from .models import GraphDrafter, GraphTarget
 
     if runtime not in RUNTIMES:
@@ -54,7 +42,7 @@ def load_models(runtime: str, artifacts, device: str = "cpu") -> dict:
 def runtime_models(runtime: str, artifacts: str | None, options: dict) -> dict:
     """The `generate --runtime/--artifacts` options -> loaded target / drafter to pass to plan()
     in place of names (torch: nothing to load here)."""
-    from .artifacts import open_artifacts
+    from specdiff.artifacts import open_artifacts
 
     if runtime == "torch":
         if artifacts:

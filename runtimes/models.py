@@ -1,6 +1,6 @@
 """Models over exported graphs, whatever runtime executes them.
 
-GraphTarget implements the specdiff.targets.causal.Target contract over a target step graph; its KV cache
+GraphTarget implements the specdiff.contracts.Target contract over a target step graph; its KV cache
 is 2L explicit tensors (B, H, P, D) fed back as the next call's past. rollback(n) slices them to
 n positions; the slice is not contiguous, so the runtime copies it before binding it by pointer.
 GraphDrafter exposes what DiffusionProposer uses of a DiffusionDrafter (x0_logits, mask_id,

@@ -13,7 +13,7 @@ import torch
 
 from specdiff.errors import LoadError, UsageError
 
-from . import require
+from specdiff.extras import require
 from specdiff.graphs import check_step_inputs
 
 # ONNX TensorProto element types, as IOBinding.bind_input accepts them.

@@ -15,32 +15,13 @@ from pathlib import Path
 
 import torch
 
+from specdiff.artifacts import read_engine
 from specdiff.errors import LoadError, UsageError
-
-from . import require
+from specdiff.extras import require
 from specdiff.graphs import Limits, check_step_inputs
 
-MAGIC = b"specdiff-tensorrt-engine\n"
 TRT_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT64": torch.int64,
               "INT32": torch.int32, "INT8": torch.int8, "UINT8": torch.uint8, "BOOL": torch.bool}
-
-
-def write_engine(path: Path, plan: bytes, meta: dict) -> None:
-    with open(path, "wb") as f:
-        f.write(MAGIC + json.dumps(meta, sort_keys=True).encode("utf-8") + b"\n")
-        f.write(plan)
-
-
-def read_engine(path: Path) -> tuple[dict, bytes]:
-    """-> (header, plan bytes)."""
-    with open(path, "rb") as f:
-        if f.readline() != MAGIC:
-            raise LoadError(f"{path}: not a specdiff TensorRT engine (no specdiff header)")
-        try:
-            meta = json.loads(f.readline())
-        except json.JSONDecodeError:
-            raise LoadError(f"{path}: unreadable engine header") from None
-        return meta, f.read()
 
 
 def check_engine(meta: dict, path: Path, trt_version: str, gpu: str) -> None:

@@ -15,7 +15,7 @@ from exporters import validate as validate_module
 from exporters.onnx import check_graph, target_graph
 from exporters.tensorrt import graph_problems
 from runtimes import load_models
-from runtimes.artifacts import file_hashes, sha256_file, vocab_sha256
+from specdiff.artifacts import file_hashes, sha256_file, vocab_sha256
 from specdiff.graphs import TOLERANCE, spec_from_model
 from specdiff.errors import ExportValidationError
 from specdiff.loading import load_drafter, load_target

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from exporters.tensorrt import build_engine, build_engines, network_settings, profile_shapes
 from runtimes import tensorrt as rt
-from runtimes.artifacts import open_artifacts, write_manifest
+from specdiff.artifacts import open_artifacts, read_engine, write_manifest
 from specdiff.graphs import TOLERANCE, Limits, drafter_spec, spec_from_model, target_spec
 from runtimes.models import GraphTarget
 from specdiff.errors import LoadError, UsageError
@@ -231,7 +231,7 @@ def test_network_settings_refusals(version, onnx_dtype, engine_dtype, error, mes
 def test_engines_record_version_gpu_and_profile(engines):
     root, manifest, trt = engines
     target = manifest["components"]["target"]
-    meta, plan = rt.read_engine(root / "target.engine")
+    meta, plan = read_engine(root / "target.engine")
     assert (meta["tensorrt"], meta["gpu"], meta["dtype"]) == ("10.9.0", GPU, "fp32")
     assert target["engine"]["file"] == "target.engine" and meta["limits"] == manifest["limits"]
     call = trt.calls[0]
@@ -275,7 +275,7 @@ def test_engines_for_another_tensorrt_or_gpu_are_refused(engines, monkeypatch, v
 def test_engine_without_header_is_refused(tmp_path):
     (tmp_path / "plain.engine").write_bytes(b"\x00serialized plan")
     with pytest.raises(LoadError, match="not a specdiff TensorRT engine"):
-        rt.read_engine(tmp_path / "plain.engine")
+        read_engine(tmp_path / "plain.engine")
 
 
 @pytest.mark.parametrize("int32_ids", [False, True])
@@ -283,7 +283,7 @@ def test_decoding_over_the_engine_matches_torch(tiny, engines, int32_ids):
     """TrtRuntime under GraphTarget: empty past bound to a non-null address, ids cast to the
     engine's dtype, outputs sized from the context; greedy output token for token torch's."""
     root, manifest, _ = engines
-    meta, plan = rt.read_engine(root / "target.engine")
+    meta, plan = read_engine(root / "target.engine")
     trt = fake_tensorrt(int32_ids=int32_ids)
     assert rt.torch_dtypes(trt)[trt.DataType.HALF] is torch.float16 and rt.torch_dtypes(trt)[trt.DataType.INT32] is torch.int32
     runtime = rt.TrtRuntime(trt, plan, meta, "cpu", expected=["input_ids", "present.1.value"])
@@ -304,7 +304,7 @@ def test_decoding_over_the_engine_matches_torch(tiny, engines, int32_ids):
 
 def test_shapes_outside_the_profile_are_refused(engines):
     root, _, _ = engines
-    meta, plan = rt.read_engine(root / "target.engine")
+    meta, plan = read_engine(root / "target.engine")
     target = GraphTarget.from_artifacts(open_artifacts(root), rt.TrtRuntime(fake_tensorrt(), plan, meta, "cpu"), "cpu")
     with pytest.raises(UsageError, match=r"input_ids of shape \(4, 3\) is outside the engine's profile"):
         target.prefill(torch.zeros(4, 3, dtype=torch.long))  # --max-batch 3

@@ -6,6 +6,9 @@ before anything in it is loaded.
     DIR/tokenizer/               the tokenizer the exported models share
     DIR/target.onnx (+ .data)    DIR/drafter.onnx (+ .data)    DIR/target.engine ... (TensorRT)
 
+A TensorRT engine file is a specdiff header and the serialized plan:
+    b"specdiff-tensorrt-engine\\n" + one JSON line {tensorrt, gpu, dtype, limits, profile} + plan
+
 Refused, each with one line: a missing or foreign manifest, a listed file that is missing or whose
 sha256 differs (corrupt or modified), a tokenizer whose vocabulary is not the exported one.
 """
@@ -17,13 +20,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdiff.errors import LoadError
+from .errors import LoadError
 
 FORMAT = "specdiff-export"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 CHUNK = 1 << 20
+ENGINE_MAGIC = b"specdiff-tensorrt-engine\n"
 
 
 def sha256_file(path: Path) -> str:
@@ -114,3 +118,21 @@ def _check_files(root: Path, expected: dict[str, str]) -> None:
     if corrupt:
         raise LoadError(f"{root}: sha256 of {', '.join(corrupt[:3])} does not match {MANIFEST} "
                         "(corrupt or modified file; export again)")
+
+
+def write_engine(path: Path, plan: bytes, meta: dict) -> None:
+    with open(path, "wb") as f:
+        f.write(ENGINE_MAGIC + json.dumps(meta, sort_keys=True).encode("utf-8") + b"\n")
+        f.write(plan)
+
+
+def read_engine(path: Path) -> tuple[dict, bytes]:
+    """-> (header, plan bytes)."""
+    with open(path, "rb") as f:
+        if f.readline() != ENGINE_MAGIC:
+            raise LoadError(f"{path}: not a specdiff TensorRT engine (no specdiff header)")
+        try:
+            meta = json.loads(f.readline())
+        except json.JSONDecodeError:
+            raise LoadError(f"{path}: unreadable engine header") from None
+        return meta, f.read()
