@@ -11,9 +11,11 @@ from importlib import import_module
 
 from .errors import SpecdiffError
 
-__all__ = ["GenerationResult", "Sampling", "SpecdiffError", "generate", "load_drafter", "load_target"]
+__all__ = ["GenerationResult", "Sampling", "SpecdiffError", "generate", "load_drafter", "load_target",
+           "stream"]
 __version__ = "0.1.0"
-_LAZY = {"GenerationResult": ".generation", "generate": ".generation", "load_drafter": ".loading",
+_LAZY = {"GenerationResult": ".generation", "generate": ".generation", "stream": ".generation",
+         "load_drafter": ".loading",
          "load_target": ".loading", "Sampling": ".sampling"}
 
 

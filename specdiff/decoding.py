@@ -1,38 +1,43 @@
 """The decoding loops: plain autoregressive decoding (the reference) and one speculative loop that
-serves every drafter. Both work on one prompt over the Target contract (prefill / extend /
-rollback) and know nothing about tokenization or runtimes.
+serves every proposer. Both decode one row over the Target contract (prefill / extend / rollback)
+and know nothing about tokenization or runtimes. They are iterators: each step yields the tokens
+it appended (streaming); the row's metrics are complete once the iterator is exhausted.
 
 Speculative step (cache invariant: the target has cached every token but the last one, x):
-    draft   x_1..x_g ~ q                        drafter.propose(sequence, g)
+    draft   x_1..x_g ~ q                        proposer.propose(row, g)
     verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call
     accept  n, y = rule(draft, q, p)            n draft tokens kept, then y
-    roll back the target to len(sequence) + n, append x_1..x_n, y
+    roll back the target to len(row) + n, append x_1..x_n, y
 g = gamma, clipped so that neither max_new_tokens nor the context window is overshot.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
 import torch
 
-from .drafters import Draft, Drafter
+from .contracts import Draft, Proposer, Rule, Target
 from .metrics import Metrics
 from .sampling import Sampling
 
 
-class Sequence:
-    """The growing token sequence and the stop conditions: EOS, max_new_tokens, context window."""
+class Row:
+    """One sequence being decoded: its tokens, stop conditions (EOS, max_new_tokens, context
+    window), its own generator and its metrics."""
 
     def __init__(self, prompt: list[int], max_new_tokens: int, max_length: int, eos: int | None,
-                 device: torch.device):
+                 device: torch.device, generator: torch.Generator | None = None):
         self.ids = list(prompt)
         self.n_prompt = len(prompt)
         self.limit = min(self.n_prompt + max_new_tokens, max_length)
         self.max_length = max_length
         self.eos = eos
         self.device = device
+        self.generator = generator
         self.stop_reason = ""
+        self.metrics = Metrics(prompts=1)
 
     @property
     def new_tokens(self) -> list[int]:
@@ -43,78 +48,92 @@ class Sequence:
         return self.limit - len(self.ids)
 
     def tensor(self) -> torch.Tensor:
-        return torch.tensor([self.ids], device=self.device)
+        return torch.tensor([self.ids], device=self.device)  # (1, L)
 
-    def push(self, tokens: list[int]) -> bool:
-        """Append tokens until a stop condition; -> whether decoding goes on."""
-        for t in tokens:
+    def push(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to the first stop condition; -> the tokens appended."""
+        for i, t in enumerate(tokens):
             self.ids.append(t)
             if t == self.eos:
                 self.stop_reason = "eos"
             elif len(self.ids) >= self.limit:
                 self.stop_reason = "length" if self.limit < self.max_length else "context"
             if self.stop_reason:
-                return False
-        return True
+                return tokens[:i + 1]
+        return list(tokens)
 
 
-def _start(target, seq: Sequence, sampling: Sampling, generator, m: Metrics) -> int:
-    """Prefill the prompt; -> the first new token (already pushed)."""
-    with m.timed("verify", target.sync):
-        logits = target.prefill(seq.tensor())  # (1, S, V)
-    m.target_calls += 1
-    x = int(sampling.sample(sampling.probs(logits[0, -1]), generator))
-    seq.push([x])
+class _Clock:
+    """Decoding seconds of one row: time spent inside the loop, not in its consumer."""
+
+    def __init__(self, m: Metrics):
+        self.m = m
+        self.resume()
+
+    def resume(self) -> None:
+        self.t = time.perf_counter()
+
+    def pause(self, row: Row) -> None:
+        self.m.wall_s += time.perf_counter() - self.t
+        self.m.new_tokens = len(row.new_tokens)
+        self.m.stop_reason = row.stop_reason
+
+
+def _start(target: Target, row: Row, sampling: Sampling) -> int:
+    """Prefill the prompt; -> the first new token (pushed)."""
+    with row.metrics.timed("verify", target.sync):
+        logits = target.prefill(row.tensor())  # (1, S, V)
+    row.metrics.target_calls += 1
+    x = int(sampling.sample(sampling.probs(logits[0, -1]), row.generator))
+    row.push([x])
     return x
 
 
-def decode_ar(target, seq: Sequence, sampling: Sampling, generator=None) -> Metrics:
+def decode_ar(target: Target, row: Row, sampling: Sampling) -> Iterator[list[int]]:
     """Plain decoding, one target call per token: the reference every method must match."""
-    m = Metrics()
-    start = time.perf_counter()
-    x = _start(target, seq, sampling, generator, m)
-    while not seq.stop_reason:
+    m, clock = row.metrics, _Clock(row.metrics)
+    x = _start(target, row, sampling)
+    clock.pause(row)
+    yield [x]
+    while not row.stop_reason:
+        clock.resume()
         with m.timed("verify", target.sync):
-            logits = target.extend(torch.tensor([[x]], device=seq.device))  # (1, 1, V)
+            logits = target.extend(torch.tensor([[x]], device=row.device))  # (1, 1, V)
         m.target_calls += 1
         m.record(0, 0)
-        x = int(sampling.sample(sampling.probs(logits[0, -1]), generator))
-        seq.push([x])
-    return _finish(m, seq, start)
+        x = int(sampling.sample(sampling.probs(logits[0, -1]), row.generator))
+        pushed = row.push([x])
+        clock.pause(row)
+        yield pushed
 
 
-def decode_speculative(target, drafter: Drafter, seq: Sequence, sampling: Sampling, rule,
-                       gamma: int, generator=None) -> Metrics:
-    """Speculative decoding with any drafter and acceptance rule (see the module docstring)."""
-    m = Metrics()
-    start = time.perf_counter()
-    x = _start(target, seq, sampling, generator, m)
-    while not seq.stop_reason:
-        g = min(gamma, seq.room() - 1)  # a step emits at most g + 1 tokens
-        n_seq = len(seq.ids)
+def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: Sampling, rule: Rule,
+                       gamma: int) -> Iterator[list[int]]:
+    """Speculative decoding with any proposer and acceptance rule (see the module docstring)."""
+    m, clock = row.metrics, _Clock(row.metrics)
+    x = _start(target, row, sampling)
+    clock.pause(row)
+    yield [x]
+    while not row.stop_reason:
+        clock.resume()
+        g = min(gamma, row.room() - 1)  # a step emits at most g + 1 tokens
+        n_row = len(row.ids)
         with m.timed("draft", target.sync):
-            draft = drafter.propose(seq.tensor(), g, sampling, generator) if g else _empty(target, seq)
+            draft = proposer.propose(row.tensor(), g, sampling, row.generator) if g else _empty(target, row)
         with m.timed("verify", target.sync):
-            fed = torch.cat([torch.tensor([[x]], device=seq.device), draft.tokens], dim=1)
+            fed = torch.cat([torch.tensor([[x]], device=row.device), draft.tokens], dim=1)  # (1, g + 1)
             p = sampling.probs(target.extend(fed))  # (1, g + 1, V)
-            n, y = rule(draft.tokens, draft.q, p, generator)
-            n, x = int(n[0]), int(y[0])
-            target.rollback(n_seq + n)
+            n_t, y = rule(draft.tokens, draft.q, p, row.generator)
+            n, x = int(n_t[0]), int(y[0])
+            target.rollback(n_row + n)
         m.target_calls += 1
         m.drafter_calls += draft.calls
         m.record(n, g)
-        seq.push(draft.tokens[0, :n].tolist() + [x])
-    return _finish(m, seq, start)
+        pushed = row.push(draft.tokens[0, :n].tolist() + [x])
+        clock.pause(row)
+        yield pushed
 
 
-def _empty(target, seq: Sequence) -> Draft:
-    return Draft(torch.zeros(1, 0, dtype=torch.long, device=seq.device),
-                 torch.zeros(1, 0, target.vocab_size, device=seq.device), calls=0)
-
-
-def _finish(m: Metrics, seq: Sequence, start: float) -> Metrics:
-    m.wall_s = time.perf_counter() - start
-    m.new_tokens = len(seq.new_tokens)
-    m.stop_reason = seq.stop_reason
-    m.prompts = 1
-    return m
+def _empty(target: Target, row: Row) -> Draft:
+    return Draft(torch.zeros(1, 0, dtype=torch.long, device=row.device),
+                 torch.zeros(1, 0, target.vocab_size, device=row.device), calls=0)

@@ -3,36 +3,36 @@
     result = specdiff.generate(["Once upon a time"], target="gpt2-xl", drafter="mdlm-owt",
                                method="specdiff", gamma=8, steps=4, schedule="l2r")
     result.texts, result.metrics.tau
+    for event in specdiff.stream(["Once upon a time"]):   # tokens as each step accepts them
+        print(event.index, event.tokens)
 
-Methods: `ar` (plain decoding, the reference), `spec-ar` (causal-LM drafter), `specdiff`
-(diffusion drafter). Prompts are decoded one after another (batch 1), each with its own
-generator seeded from `seed` and the prompt's index, so a prompt's output does not depend on the
-prompts around it. Every option is validated, and every prompt tokenized and checked, before the
-first token is generated.
+Methods are declared in `methods.py` (`ar`, the reference; `spec-ar`; `specdiff`). Prompts are
+decoded one after another (batch 1), each with its own generator seeded from `seed` and the
+prompt's index, so a prompt's output does not depend on the prompts around it. Every option is
+validated, and every prompt tokenized and checked, before the first token is generated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from tqdm import tqdm
 
 from .acceptance import get_rule
-from .decoding import Sequence, decode_ar, decode_speculative
-from .drafters.autoregressive import ARDrafter, ARProposer
-from .drafters.diffusion import DiffusionDrafter, DiffusionProposer, get_schedule
+from .contracts import Proposer, Target
+from .decoding import Row
+from .drafters.diffusion import get_schedule
 from .errors import InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
+from .methods import DraftSettings, Method, default_method, get_method
 from .metrics import Metrics
-from .registry import load_registry
-from .targets.causal import Target
+from .registry import Registry, load_registry
 from .sampling import Sampling
 
-METHODS = ("ar", "spec-ar", "specdiff")
 DEFAULT_STEPS = 4
-DEFAULTS = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
+DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
             "temperature": 0.0, "top_k": 0, "top_p": 1.0}
 
 
@@ -42,6 +42,16 @@ class Output:
     text: str  # the continuation only
     tokens: list[int]
     metrics: Metrics
+
+
+@dataclass
+class Event:
+    """One decoding step of prompt `index`: the tokens it appended. The last event of a prompt
+    carries its finished `output` (and no tokens)."""
+
+    index: int
+    tokens: list[int]
+    output: Output | None = None
 
 
 @dataclass
@@ -65,92 +75,79 @@ class Plan:
     """Everything a run needs, validated: models, method, sampling and draft settings."""
 
     target: Target
-    drafter: object | None
-    method: str
+    drafter: Any
+    method: Method
     sampling: Sampling
     rule_name: str | None
-    gamma: int
-    steps: int
-    schedule: str
+    draft: DraftSettings
     max_new_tokens: int
     seed: int
-    proposer: object | None = None  # the drafting algorithm around `drafter`
+    proposer: Proposer | None = None  # the drafting algorithm around `drafter`
 
 
-def plan(*, target=None, drafter=None, pair=None, method=None, device="cpu", dtype="auto", seed=0,
-         acceptance=None, registry=None, **options) -> Plan:
+def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
+         device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
+         registry: Registry | None = None, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
     With neither pair nor target: the `demo` pair, if models.yaml has one."""
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     options = {**defaults, **{k: v for k, v in options.items() if v is not None}}
     method, acceptance = method or defaults.get("method"), acceptance or defaults.get("acceptance")
-    opts = {k: options.get(k) if options.get(k) is not None else v for k, v in DEFAULTS.items()}
+    opts: dict[str, Any] = {k: options.get(k) if options.get(k) is not None else v for k, v in DEFAULTS.items()}
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]))
     if opts["steps"] is None:
         opts["steps"] = get_schedule(opts["schedule"]).fixed_steps or DEFAULT_STEPS
     _check_counts(opts)
+    chosen = get_method(method) if method else None
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype, registry=registry)
-    if isinstance(drafter, str):
+    if isinstance(drafter, str) and not (chosen and chosen.build is None):
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
-    method = method or _default_method(drafter)
-    _check_method(method, drafter)
-    if drafter is not None and method != "ar":
-        check_pair(target, drafter)
-    rule_name = _rule_name(method, acceptance, sampling, opts["schedule"]) if method != "ar" else None
-    return Plan(target, drafter, method, sampling, rule_name, opts["gamma"], opts["steps"],
-                opts["schedule"], opts["max_new_tokens"], seed, _proposer(method, drafter, opts))
+    chosen = chosen or default_method(drafter)
+    settings = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"])
+    proposer = _proposer(chosen, target, drafter, settings)
+    rule_name = _rule_name(acceptance, sampling, chosen, proposer) if proposer else None
+    return Plan(target, drafter if proposer else None, chosen, sampling, rule_name, settings,
+                opts["max_new_tokens"], seed, proposer)
 
 
-def _proposer(method: str, drafter, opts: dict):
-    if method == "spec-ar":
-        return ARProposer(drafter)
-    if method == "specdiff":
-        return DiffusionProposer(drafter, opts["schedule"], opts["steps"])
-    return None
+def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSettings) -> Proposer | None:
+    """The method's proposer around the drafter (None for methods without one)."""
+    if method.build is None:
+        return None
+    method.check_drafter(drafter)
+    check_pair(target, drafter)
+    return method.build(drafter, settings)
 
 
 def _check_counts(opts: dict) -> None:
     for key, low in (("gamma", 1), ("steps", 1), ("max_new_tokens", 1)):
-        if not isinstance(opts[key], int) or opts[key] < low:
-            raise UsageError(f"{key.replace('_', '-')} must be an integer >= {low}, got {opts[key]!r}")
+        if not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < low:
+            raise UsageError(f"`{key}` must be an integer >= {low}, got {opts[key]!r}")
     get_schedule(opts["schedule"])
 
 
-def _is_diffusion(drafter) -> bool:
-    """A DiffusionDrafter, or any object with its drafting interface (x0_logits, mask_id,
-    vocab_size, context_length), such as an exported graph (runtimes.models.GraphDrafter)."""
-    return isinstance(drafter, DiffusionDrafter) or hasattr(drafter, "x0_logits")
-
-
-def _default_method(drafter) -> str:
-    if _is_diffusion(drafter):
-        return "specdiff"
-    return "spec-ar" if isinstance(drafter, ARDrafter) else "ar"
-
-
-def _check_method(method: str, drafter) -> None:
-    if method not in METHODS:
-        raise UsageError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
-    needs = {"specdiff": _is_diffusion, "spec-ar": lambda d: isinstance(d, ARDrafter)}.get(method)
-    if needs and not needs(drafter):
-        kind = "a diffusion drafter" if method == "specdiff" else "an autoregressive (causal LM) drafter"
-        raise UsageError(f"method '{method}' needs {kind} (--drafter)")
-
-
-def _rule_name(method: str, acceptance: str | None, sampling: Sampling, schedule: str) -> str:
-    exact_standard = method == "spec-ar" or get_schedule(schedule).exact_for_standard
+def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, proposer: Proposer) -> str:
+    """The acceptance rule: by default greedy at temperature 0, else the method's first rule that
+    the proposer declares exact (contracts.Proposer.exact_rules); a rule asked for must be one of
+    the method's and, when sampling, one the proposer declares exact."""
+    exact = proposer.exact_rules
     if acceptance is None:
-        return "greedy" if sampling.greedy else ("standard" if exact_standard else "match")
+        return "greedy" if sampling.greedy else next(r for r in method.rules if r in exact and r != "greedy")
     get_rule(acceptance)
-    if acceptance == "greedy" and not sampling.greedy:
-        raise UsageError("greedy acceptance needs --temperature 0; use standard or match when sampling")
-    if acceptance == "standard" and not exact_standard and not sampling.greedy:
+    if acceptance not in method.rules:
+        raise UsageError(f"method '{method.name}' does not use {acceptance} acceptance "
+                         f"(choose from {', '.join(method.rules)})")
+    if sampling.greedy:
+        return acceptance  # with one-hot p and q every rule is the greedy check
+    if acceptance == "greedy":
+        raise UsageError("greedy acceptance needs `temperature` 0; use standard or match when sampling")
+    if acceptance not in exact:
         raise UsageError(
-            f"the {schedule} schedule commits draft slots out of left-to-right order, so q_j is not "
-            "the conditional of x_j given x_<j and min(1, p/q) acceptance would not be exact; use "
-            "--acceptance match, or --temperature 0, or the l2r / oneshot schedule")
+            f"{acceptance} acceptance would not be exact with these drafts: {proposer!r} declares "
+            f"only {', '.join(sorted(exact))} exact "
+            "(docs/lossless.md); use `acceptance` match, or `temperature` 0")
     return acceptance
 
 
@@ -166,34 +163,51 @@ def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
             if not truncate:
                 raise InputError(
                     f"prompt {i} is {len(ids)} tokens; the target's context window is "
-                    f"{target.max_length} (use --truncate-prompt to keep only its end)")
+                    f"{target.max_length} (use `truncate_prompt` to keep only its end)")
             ids = ids[-max(1, target.max_length - max_new_tokens):]
         encoded.append(ids)
     return encoded
 
 
+def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
+           progress: bool = False, **options: Any) -> Iterator[Event]:
+    """Decode the prompts in order, yielding an Event per decoding step (the tokens it appended)
+    and a final Event per prompt holding its Output. `p`: a Plan; else `options` (as for
+    `generate`) make one."""
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    p = p or plan(**options)
+    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt)
+    for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), disable=not progress,
+                                           unit="prompt", leave=False)):
+        row = Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
+                  torch.Generator(p.target.device).manual_seed(p.seed + i))
+        for tokens in _loop(p, row):
+            yield Event(i, tokens)
+        text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)
+        yield Event(i, [], Output(prompt, text, row.new_tokens, row.metrics))
+
+
+def _loop(p: Plan, row: Row) -> Iterator[list[int]]:
+    """The method's decoding loop over one row."""
+    if p.proposer is None or p.rule_name is None:
+        return p.method.loop(p.target, row, p.sampling)
+    return p.method.loop(p.target, p.proposer, row, p.sampling, get_rule(p.rule_name), p.draft.gamma)
+
+
 def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
                   progress: bool = False) -> Iterator[Output]:
     """Yield one Output per prompt, in order, as each is finished."""
-    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt)
-    proposer, rule = p.proposer, get_rule(p.rule_name) if p.rule_name else None
-    device = p.target.device
-    for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), disable=not progress,
-                                           unit="prompt", leave=False)):
-        generator = torch.Generator(device).manual_seed(p.seed + i)
-        seq = Sequence(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, device)
-        if proposer is None:
-            m = decode_ar(p.target, seq, p.sampling, generator)
-        else:
-            m = decode_speculative(p.target, proposer, seq, p.sampling, rule, p.gamma, generator)
-        text = p.target.tokenizer.decode(seq.new_tokens, skip_special_tokens=True)
-        yield Output(prompt, text, seq.new_tokens, m)
+    for event in stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress):
+        if event.output is not None:
+            yield event.output
 
 
-def generate(prompts: str | list[str], *, target=None, drafter=None, pair=None, method=None,
-             gamma=None, steps=None, schedule=None, acceptance=None, temperature=None, top_k=None,
-             top_p=None, max_new_tokens=None, seed=0, device="cpu", dtype="auto",
-             truncate_prompt=False, progress=False) -> GenerationResult:
+def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,
+             method: str | None = None, gamma: int | None = None, steps: int | None = None,
+             schedule: str | None = None, acceptance: str | None = None, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
+             seed: int = 0, device: str = "cpu", dtype: str = "auto", truncate_prompt: bool = False,
+             progress: bool = False) -> GenerationResult:
     """Generate a continuation of each prompt with the target, accelerated by the drafter.
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from .contracts import Target
 from .drafters.autoregressive import ARDrafter
 from .drafters.diffusion import DiffusionDrafter
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
 from .nets.checkpoint import read_json
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
 from .registry import ModelEntry, Registry, load_registry
-from .targets.causal import Target
+from .targets.causal import CausalLMTarget
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -94,11 +96,11 @@ def _load_causal_lm(name: str, kinds, device: str, dtype: str, registry: Registr
 
 
 def load_target(name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
-                registry: Registry | None = None) -> Target:
+                registry: Registry | None = None) -> CausalLMTarget:
     """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target."""
     check_device(device)
     model, tokenizer, name = _load_causal_lm(name_or_path, ("target",), device, dtype, registry)
-    return Target(model, tokenizer, name)
+    return CausalLMTarget(model, tokenizer, name)
 
 
 def _tokenizer_source(entry: ModelEntry | None, registry: Registry) -> str | None:
@@ -171,7 +173,7 @@ def _check_causal_lm(source: str) -> None:
         raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from None
 
 
-def check_pair(target: Target, drafter: nn.Module) -> None:
+def check_pair(target: Target, drafter: Any) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's."""
     if drafter.vocab_size != target.vocab_size:
         raise IncompatibleModelsError(

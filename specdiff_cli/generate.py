@@ -7,7 +7,9 @@ import sys
 
 import click
 
-from .prompts import AtomicWriter, format_record, read_prompts
+from specdiff import names
+
+from .prompts import AtomicWriter, escape_line, format_record, read_prompts
 
 
 @click.command()
@@ -18,13 +20,13 @@ from .prompts import AtomicWriter, format_record, read_prompts
 @click.option("--target", help="Target model: models.yaml name, directory or hub id [default: the demo pair].")
 @click.option("--drafter", help="Drafter: models.yaml name, directory or hub id.")
 @click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
-@click.option("--method", type=click.Choice(["ar", "spec-ar", "specdiff"]),
+@click.option("--method", type=click.Choice(names.METHODS),
               help="Decoding method [default: the pair's, else from the drafter, else ar].")
 @click.option("--gamma", type=int, help="Draft length [default: the pair's, else 8].")
 @click.option("--steps", type=int, help="Denoising steps T per draft [default: the pair's, else 4; oneshot: 1].")
-@click.option("--schedule", type=click.Choice(["l2r", "oneshot", "confidence"]),
+@click.option("--schedule", type=click.Choice(names.SCHEDULES),
               help="Order in which draft slots are committed [default: l2r].")
-@click.option("--acceptance", type=click.Choice(["greedy", "standard", "match"]),
+@click.option("--acceptance", type=click.Choice(names.RULES),
               help="Verification rule [default: greedy at temperature 0, else standard].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = all).")
@@ -41,7 +43,9 @@ from .prompts import AtomicWriter, format_record, read_prompts
 @click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields, text, metrics).")
 @click.option("-o", "--output", metavar="PATH", help="Write results here (complete or not at all).")
 @click.option("--stats", is_flag=True, help="Print aggregate metrics as JSON on stderr.")
-def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_prompt, **options):
+@click.option("--stream/--no-stream", default=None,
+              help="Print each continuation as it is produced [default: when stdout is a terminal].")
+def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_prompt, stream, **options):
     """Generate continuations of prompts: exactly the target's own output, faster.
 
     \b
@@ -54,9 +58,15 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
     from runtimes import runtime_models
     from specdiff.generation import iter_generate, plan
 
+    stream = _check_stream(stream, jsonl, output)
     records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None), input_format)
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
+    if stream:
+        total = _stream(records, p, truncate_prompt)
+        if stats and total is not None:
+            click.echo(json.dumps({"method": p.method.name, **total.to_dict()}), err=True)
+        return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
     writer = AtomicWriter(output) if output else None
@@ -72,7 +82,35 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
         if writer:
             writer.discard()
     if stats and total is not None:
-        click.echo(json.dumps({"method": p.method, **total.to_dict()}), err=True)
+        click.echo(json.dumps({"method": p.method.name, **total.to_dict()}), err=True)
+
+
+def _check_stream(stream, jsonl: bool, output) -> bool:
+    if stream and (jsonl or output):
+        raise click.UsageError("--stream prints text as it is produced; it does not go with --jsonl or -o")
+    return sys.stdout.isatty() and not (jsonl or output) if stream is None else stream
+
+
+def _stream(records, p, truncate_prompt: bool):
+    """Write each continuation's text as its tokens are accepted, one escaped line per prompt;
+    -> total metrics."""
+    from specdiff.generation import stream
+    from specdiff.text import IncrementalText
+
+    total, text = None, IncrementalText(p.target.tokenizer)
+    for event in stream([r.prompt for r in records], p, truncate_prompt=truncate_prompt):
+        if event.output is None:
+            _write(escape_line(text.push(event.tokens)))
+            continue
+        _print(escape_line(text.finish(event.output.text)))
+        text = IncrementalText(p.target.tokenizer)
+        total = event.output.metrics if total is None else total.merge(event.output.metrics)
+    return total
+
+
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
 def _print(line: str) -> None:

@@ -14,6 +14,7 @@ from .bench import bench
 from .distill import distill
 from .drafter import drafter
 from .export import export
+from .flags import to_flags
 from .generate import generate
 from .models import models
 
@@ -60,7 +61,7 @@ class SpecdiffGroup(click.Group):
         except click.Abort:
             _fail("aborted", 130)
         except SpecdiffError as e:
-            _fail(str(e).replace("\n", " "), e.exit_code)
+            _fail(to_flags(str(e)).replace("\n", " "), e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         sys.exit(rv if isinstance(rv, int) else 0)

@@ -123,7 +123,7 @@ USAGE = {  # the request itself is wrong: options, names, combinations
                                         "greedy acceptance needs --temperature 0"),
     "confidence with standard when sampling": (
         "--drafter {drafter} --schedule confidence --acceptance standard --temperature 1",
-        "confidence schedule commits draft slots out of left-to-right order", "would not be exact",
+        "DiffusionProposer(schedule=confidence, steps=4) declares only greedy, match exact", "would not be exact",
         "--acceptance match"),
     "oneshot with several steps": ("--drafter {drafter} --schedule oneshot --steps 3", "exactly 1 step"),
     "unknown device": ("--device nonsense", "unknown device 'nonsense'"),

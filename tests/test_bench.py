@@ -5,12 +5,13 @@ PNGs, and a deliberately wrong acceptance rule is caught by the greedy check."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from specdiff import acceptance, generate
+from specdiff import acceptance, generate, methods
 from specdiff.tools.bench import METHODS, Settings, load_models, run, variants
 from specdiff_cli.main import cli
 
@@ -91,6 +92,8 @@ def test_ideal_speedup_model(self_drafted):
 
 def test_check_catches_a_wrong_acceptance_rule(tiny, monkeypatch):
     monkeypatch.setitem(acceptance.RULES, "accept-all", accept_all)
+    specdiff_method = methods.METHODS["specdiff"]
+    monkeypatch.setitem(methods.METHODS, "specdiff", replace(specdiff_method, rules=("accept-all", *specdiff_method.rules)))
     models, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter))
     report = run(models, PROMPTS, variants(["specdiff"], gammas=(3,)),
                  Settings(max_new_tokens=8, repeats=1, warmup=0, acceptance="accept-all", threads=1))

@@ -42,7 +42,7 @@ def test_demo_target_loads_by_name_and_generates(demo_target):
 
 def test_the_demo_pair_is_the_default():
     p = plan()  # no target, no pair
-    assert (p.method, p.gamma, p.steps, p.schedule) == ("specdiff", 8, 1, "l2r")
+    assert (p.method.name, p.draft.gamma, p.draft.steps, p.draft.schedule) == ("specdiff", 8, 1, "l2r")
     assert p.target.name == "demo-target"
     assert p.drafter.mask_id == 4095 and p.drafter.vocab_size == 4096
 

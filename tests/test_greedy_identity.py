@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.decoding import Sequence, decode_ar, decode_speculative
-from specdiff.drafters import Draft
+from specdiff.contracts import Draft
+from specdiff.decoding import Row, decode_ar, decode_speculative
 from specdiff.acceptance import greedy
 from specdiff.sampling import Sampling
 
@@ -74,7 +74,7 @@ class NoisyOracle:
     """A test drafter that proposes the target's own greedy continuation, with every k-th token
     replaced, so acceptance lengths vary from 0 to gamma (exercises accept + rollback paths)."""
 
-    exact_for_standard = False
+    exact_rules = frozenset({"greedy"})
 
     def __init__(self, target, every):
         self.model, self.V, self.every, self.calls = target.model, target.vocab_size, every, 0
@@ -98,11 +98,12 @@ def test_partial_acceptance_and_rollback_keep_greedy_exact(models):
     hist = None
     for prompt in PROMPTS[:15]:
         ids = tok.encode(prompt)
-        ref = Sequence(ids, 40, target.max_length, None, target.device)
-        decode_ar(target, ref, Sampling())
-        seq = Sequence(ids, 40, target.max_length, None, target.device)
-        m = decode_speculative(target, NoisyOracle(target, 3), seq, Sampling(), greedy, gamma=6)
-        assert seq.new_tokens == ref.new_tokens
+        ref = Row(ids, 40, target.max_length, None, target.device)
+        list(decode_ar(target, ref, Sampling()))
+        row = Row(ids, 40, target.max_length, None, target.device)
+        steps = list(decode_speculative(target, NoisyOracle(target, 3), row, Sampling(), greedy, gamma=6))
+        assert row.new_tokens == ref.new_tokens == sum(steps, [])  # the steps stream every token once
+        m = row.metrics
         hist = m.histogram if hist is None else [a + b for a, b in zip(hist, m.histogram)]
     assert sum(1 for count in hist if count) >= 5  # acceptance lengths really varied
 
@@ -110,14 +111,14 @@ def test_partial_acceptance_and_rollback_keep_greedy_exact(models):
 def test_stops_at_eos_and_context_window(models):
     target = models["gpt2"]
     ids = list(range(10, 20))
-    seq = Sequence(ids, 1000, target.max_length, None, target.device)
-    decode_ar(target, seq, Sampling())
-    assert seq.stop_reason == "context" and len(seq.ids) == target.max_length
-    eos = seq.new_tokens[3]  # pretend the 4th generated token is EOS
-    seq2 = Sequence(ids, 50, target.max_length, eos, target.device)
-    decode_speculative(target, NoisyOracle(target, 2), seq2, Sampling(), greedy, gamma=4)
-    assert seq2.stop_reason == "eos" and seq2.new_tokens[-1] == eos
-    assert seq2.new_tokens == seq.new_tokens[: len(seq2.new_tokens)]
+    row = Row(ids, 1000, target.max_length, None, target.device)
+    list(decode_ar(target, row, Sampling()))
+    assert row.stop_reason == "context" and len(row.ids) == target.max_length
+    eos = row.new_tokens[3]  # pretend the 4th generated token is EOS
+    row2 = Row(ids, 50, target.max_length, eos, target.device)
+    streamed = list(decode_speculative(target, NoisyOracle(target, 2), row2, Sampling(), greedy, gamma=4))
+    assert row2.stop_reason == "eos" and row2.new_tokens[-1] == eos
+    assert row2.new_tokens == row.new_tokens[: len(row2.new_tokens)] == sum(streamed, [])
 
 
 def test_ar_drafter_with_a_shorter_window_than_the_target(tiny, models, reference):

@@ -39,7 +39,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
 def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
     """prefill / extend (verify 5, single steps) / rollback / length, batch 1 and 3, against
-    specdiff.targets.causal.Target."""
+    specdiff.contracts.Target."""
     ours = load_models("onnxruntime", request.getfixturevalue(which))["target"]
     ref = load_target(str(getattr(tiny, model)))
     assert (ours.vocab_size, ours.max_length, ours.eos_token_id) == (ref.vocab_size, ref.max_length, ref.eos_token_id)

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..targets.causal import context_window, real_vocab_size
+from ..contracts import Draft
 from ..sampling import Sampling
-from . import Draft
+from ..targets.causal import context_window, real_vocab_size
 
 
 class ARDrafter(nn.Module):
@@ -32,7 +32,10 @@ class ARDrafter(nn.Module):
 
 
 class ARProposer:
-    exact_for_standard = True
+    """Drafts gamma tokens one by one with an ARDrafter; x_j ~ q_j given x_<j, so every rule
+    is exact."""
+
+    exact_rules = frozenset({"greedy", "standard", "match"})
 
     def __init__(self, drafter: ARDrafter):
         self.drafter = drafter

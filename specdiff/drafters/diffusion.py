@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..contracts import Draft
 from ..errors import UsageError
 from ..nets.dit import DDiT
 from ..nets.parameterization import x0_logits
 from ..sampling import Sampling
-from . import Draft
 
 NOISE_EPS = 1e-3  # log-linear schedule of SEDD and MDLM
 
@@ -91,26 +91,32 @@ def _pick_confidence(probs: torch.Tensor, masked: torch.Tensor, k: int) -> torch
     return score.topk(k, dim=1).indices
 
 
+ALL_RULES = frozenset({"greedy", "standard", "match"})
+
+
 @dataclass(frozen=True)
 class Schedule:
+    """pick(probs (B, gamma, V), masked (B, gamma) bool, k) -> (B, k) slots to commit.
+    exact_rules: the acceptance rules exact with its drafts (see the module docstring)."""
+
     name: str
     pick: Any
-    exact_for_standard: bool
+    exact_rules: frozenset[str]
     fixed_steps: int | None = None
 
 
 SCHEDULES = {
-    "l2r": Schedule("l2r", _pick_l2r, exact_for_standard=True),
-    "oneshot": Schedule("oneshot", _pick_l2r, exact_for_standard=True, fixed_steps=1),
-    "confidence": Schedule("confidence", _pick_confidence, exact_for_standard=False),
+    "l2r": Schedule("l2r", _pick_l2r, ALL_RULES),
+    "oneshot": Schedule("oneshot", _pick_l2r, ALL_RULES, fixed_steps=1),
+    "confidence": Schedule("confidence", _pick_confidence, ALL_RULES - {"standard"}),
 }
 
 
 def get_schedule(name: str) -> Schedule:
     try:
         return SCHEDULES[name]
-    except KeyError:
-        raise UsageError(f"unknown schedule '{name}' (choose from {', '.join(SCHEDULES)})") from None
+    except KeyError as e:
+        raise UsageError(f"unknown schedule '{name}' (choose from {', '.join(SCHEDULES)})") from e
 
 
 class DiffusionProposer:
@@ -124,7 +130,10 @@ class DiffusionProposer:
         if self.schedule.fixed_steps and steps != self.schedule.fixed_steps:
             raise UsageError(f"the {schedule} schedule uses exactly {self.schedule.fixed_steps} step; got steps={steps}")
         self.steps = steps
-        self.exact_for_standard = self.schedule.exact_for_standard
+        self.exact_rules = self.schedule.exact_rules
+
+    def __repr__(self) -> str:
+        return f"DiffusionProposer(schedule={self.schedule.name}, steps={self.steps})"
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,

@@ -1,10 +1,6 @@
-"""The target: a causal LM that owns its KV cache.
+"""A Hugging Face causal LM as a target (contracts.Target; the PyTorch reference every runtime
+must match): it owns its KV cache, which can be rolled back.
 
-Contract (runtime-agnostic; the PyTorch implementation below is the reference):
-    prefill(ids (1, S)) -> logits (1, S, V)   start a new sequence
-    extend(ids (1, S))  -> logits (1, S, V)   append S tokens to the cached sequence
-    rollback(length)                          keep only the first `length` cached tokens
-    length                                    tokens in the cache
 Logits are float32 over the tokenizer's real vocabulary: rows of a padded head (e.g. 50304 for a
 50257-token tokenizer) are dropped here, so p never puts mass on ids the tokenizer lacks.
 """
@@ -36,7 +32,7 @@ def real_vocab_size(tokenizer, model, name: str) -> int:
     return vocab
 
 
-class Target:
+class CausalLMTarget:
     """A Hugging Face causal LM and its tokenizer, with a DynamicCache that can be rolled back."""
 
     def __init__(self, model, tokenizer, name: str = ""):

@@ -38,13 +38,16 @@ from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import UsageError
 from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
+from ..methods import METHODS as REGISTRY
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
-from ..targets.causal import Target
+from ..contracts import Target
 
-METHODS = ("ar", "spec-ar", "specdiff", "hf-assisted", "hf-prompt-lookup")
-NEEDS = {"spec-ar": "ar_drafter", "hf-assisted": "ar_drafter", "specdiff": "drafter"}
+PEERS = ("hf-assisted", "hf-prompt-lookup")  # Hugging Face's own loops, timed beside ours
+METHODS = (*REGISTRY, *PEERS)
+SLOTS = {"diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
+NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "heldout.jsonl"
 
 
@@ -120,7 +123,7 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
     rows = [Variant("ar")]
     for method in [m for m in METHODS if m in methods and m != "ar"]:
         for g in gammas:
-            if method != "specdiff":
+            if "steps" not in _settings(method):
                 rows.append(Variant(method, g))
                 continue
             for s in schedules:
@@ -128,6 +131,11 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
                 for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
                     rows.append(Variant(method, g, t, s))
     return rows
+
+
+def _settings(method: str) -> tuple[str, ...]:
+    """The draft settings a method reads: the registry's declaration; peers take gamma only."""
+    return REGISTRY[method].settings if method in REGISTRY else ("gamma",)
 
 
 def available_methods(models: Models) -> list[str]:
@@ -207,8 +215,7 @@ def _hf_pass(models: Models, v: Variant, s: Settings) -> Pass:
     return one_pass
 
 
-PASSES = {"ar": _loop_pass, "spec-ar": _loop_pass, "specdiff": _loop_pass,
-          "hf-assisted": _hf_pass, "hf-prompt-lookup": _hf_pass}
+PASSES = {**dict.fromkeys(REGISTRY, _loop_pass), **dict.fromkeys(PEERS, _hf_pass)}
 
 
 # --- measuring and summarising ---

@@ -1,0 +1,94 @@
+"""The typed contracts between the parts of a decoding run. Implementations:
+
+    Target    specdiff.targets.causal.CausalLMTarget (PyTorch, the reference),
+              runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
+    Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer
+    Rule      the functions of specdiff.acceptance (greedy, standard, match)
+    Runtime   runtimes.onnxruntime.OrtRuntime, runtimes.tensorrt.TrtRuntime
+
+Exactness is a property a proposer *declares* (`exact_rules`) and `generation.plan` enforces:
+a rule outside the declaration is refused when sampling (docs/lossless.md). At temperature 0
+every rule reduces to the greedy check and is exact with any proposer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .sampling import Sampling
+
+
+@dataclass
+class Draft:
+    """What a proposer drafted for each row."""
+
+    tokens: torch.Tensor  # (B, gamma) int64
+    q: torch.Tensor  # (B, gamma, V) float32: the warped distribution each token was drawn from
+    calls: int  # drafter forward passes it took
+
+
+@runtime_checkable
+class Target(Protocol):
+    """A causal LM that owns its KV cache. Logits are float32 over the tokenizer's real vocabulary.
+
+        prefill(ids (1, S)) -> logits (1, S, V)   start a new sequence
+        extend(ids (1, S))  -> logits (1, S, V)   append S tokens to the cached sequence
+        rollback(length)                          keep only the first `length` cached tokens
+    """
+
+    tokenizer: Any
+    vocab_size: int
+    max_length: int
+    eos_token_id: int | None
+    name: str
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def length(self) -> int: ...
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def rollback(self, length: int) -> None: ...
+
+    def sync(self) -> None: ...
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Drafts gamma tokens after a context.
+
+    propose(context (B, L) int64, gamma, sampling, generator) -> Draft
+        q[b, j] is warped by `sampling`, the same function that warps the target's p.
+    exact_rules: the acceptance rules (names in specdiff.acceptance.RULES) that keep the output
+        exactly the target's when sampling with this proposer's drafts. `standard` belongs here
+        only if x_j was drawn from q_j given x_<j (docs/lossless.md).
+    """
+
+    exact_rules: frozenset[str]
+
+    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
+                generator: torch.Generator | None) -> Draft: ...
+
+
+class Rule(Protocol):
+    """(draft (B, g) int64, q (B, g, V), p (B, g+1, V), generator) -> (n (B,), nxt (B,)):
+    n accepted draft tokens per row, then the token nxt."""
+
+    def __call__(self, draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class Runtime(Protocol):
+    """Executes one exported graph (specdiff.graphs): named tensors in, named tensors out.
+    `limits`: the shapes it can serve (None: any)."""
+
+    limits: Any
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...

@@ -1,0 +1,7 @@
+"""Names of the decoding methods, acceptance rules and drafting schedules, without importing torch,
+so that `specdiff --help` stays fast. tests/test_methods.py checks them against the registries
+(methods.METHODS, acceptance.RULES, drafters.diffusion.SCHEDULES)."""
+
+METHODS = ("ar", "spec-ar", "specdiff")
+RULES = ("greedy", "standard", "match")
+SCHEDULES = ("l2r", "oneshot", "confidence")

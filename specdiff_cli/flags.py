@@ -1,0 +1,13 @@
+"""Library errors name parameters (`truncate_prompt`), never command-line flags; the CLI shows them
+as the flags that set them (--truncate-prompt)."""
+
+from __future__ import annotations
+
+import re
+
+PARAMETER = re.compile(r"`([a-z][a-z0-9_]*)`")
+
+
+def to_flags(message: str) -> str:
+    """'use `truncate_prompt` to keep its end' -> 'use --truncate-prompt to keep its end'."""
+    return PARAMETER.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)

@@ -1,0 +1,93 @@
+"""The method registry: the torch-free names equal the registries, exactness is enforced from the
+proposer's own declaration, and the decoding loops stream every token exactly once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from specdiff import acceptance, load_drafter, load_target, methods, names, stream
+from specdiff.drafters.autoregressive import ARProposer
+from specdiff.drafters.diffusion import SCHEDULES
+from specdiff.errors import UsageError
+from specdiff.generation import generate, plan
+from specdiff_cli.main import cli
+
+PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
+
+
+def test_torch_free_names_equal_the_registries():
+    assert names.METHODS == tuple(methods.METHODS)
+    assert names.RULES == tuple(acceptance.RULES)
+    assert names.SCHEDULES == tuple(SCHEDULES)
+
+
+class StubProposer(ARProposer):
+    """An AR proposer that declares the standard rule inexact: plan must believe the declaration."""
+
+    exact_rules = frozenset({"greedy", "match"})
+
+
+@pytest.fixture
+def stub_method(monkeypatch):
+    stub = methods.Method("stub", "test", loop=methods.decode_speculative, needs="autoregressive",
+                          build=lambda drafter, s: StubProposer(drafter),
+                          rules=("standard", "match", "greedy"), settings=("gamma",))
+    monkeypatch.setitem(methods.METHODS, "stub", stub)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny):
+    return load_target(str(tiny.gpt2)), load_drafter(str(tiny.ar))
+
+
+def test_a_rule_the_proposer_declares_inexact_is_refused(stub_method, pair):
+    target, drafter = pair
+    with pytest.raises(UsageError, match="standard acceptance would not be exact"):
+        plan(target=target, drafter=drafter, method="stub", acceptance="standard", temperature=1.0)
+    assert plan(target=target, drafter=drafter, method="stub", temperature=1.0).rule_name == "match"
+    # the same drafter under a proposer that declares standard exact gets it
+    assert plan(target=target, drafter=drafter, method="spec-ar", temperature=1.0).rule_name == "standard"
+    # at temperature 0 every rule is the greedy check, exact with any drafts
+    assert plan(target=target, drafter=drafter, method="stub", acceptance="standard").rule_name == "standard"
+
+
+def test_a_method_refuses_rules_it_does_not_run(stub_method, pair, monkeypatch):
+    target, drafter = pair
+    monkeypatch.setitem(methods.METHODS, "stub", replace(methods.METHODS["stub"], rules=("match",)))
+    with pytest.raises(UsageError, match="does not use standard acceptance"):
+        plan(target=target, drafter=drafter, method="stub", acceptance="standard")
+
+
+def test_ar_ignores_a_drafter_it_does_not_use(pair, tmp_path):
+    p = plan(target=pair[0], drafter=str(tmp_path / "no-such-drafter"), method="ar")
+    assert p.proposer is None and p.drafter is None
+
+
+@pytest.mark.parametrize("method", ["ar", "spec-ar"])
+def test_stream_yields_each_token_once_then_the_output(pair, method):
+    target, drafter = pair
+    events = list(stream(PROMPTS, target=target, drafter=drafter, method=method, gamma=3, max_new_tokens=12))
+    reference = generate(PROMPTS, target=target, method="ar", max_new_tokens=12)
+    assert [e.index for e in events if e.output] == [0, 1, 2]
+    for i, want in enumerate(reference.outputs):
+        streamed = sum((e.tokens for e in events if e.index == i), [])
+        final = next(e.output for e in events if e.index == i and e.output)
+        assert streamed == final.tokens == want.tokens
+
+
+def test_cli_stream_prints_the_same_lines(tiny):
+    args = ["generate", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--max-new-tokens", "10"]
+    for prompt in PROMPTS:
+        args += ["--prompt", prompt]
+    plain = CliRunner().invoke(cli, args)
+    streamed = CliRunner().invoke(cli, args + ["--stream"])
+    assert plain.exit_code == streamed.exit_code == 0, plain.output + streamed.output
+    assert streamed.stdout == plain.stdout and len(plain.stdout.splitlines()) == 3
+
+
+def test_cli_stream_refuses_jsonl(tiny):
+    result = CliRunner().invoke(cli, ["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--stream", "--jsonl"])
+    assert result.exit_code == 2 and "--stream" in result.stderr
