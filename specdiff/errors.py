@@ -34,6 +34,10 @@ class IncompatibleModelsError(LoadError):
     """Drafter and target cannot be paired (different tokenizers, vocabularies)."""
 
 
+class DivergedError(SpecdiffError):
+    """Training stopped because its loss or weights are no longer finite numbers."""
+
+
 class ExportValidationError(SpecdiffError):
     """An exported graph disagrees with PyTorch beyond its dtype's tolerance; `mismatches` lists
     every disagreement found on the validation sweep."""

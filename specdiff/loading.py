@@ -90,9 +90,30 @@ def _load_causal_lm(name: str, kinds, device: str, dtype: str, registry: Registr
     registry = registry or load_registry()
     source, entry = resolve(name, kinds, registry)
     tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
-    model = _hub_call("model", source, AutoModelForCausalLM.from_pretrained,
-                      dtype=resolve_dtype(dtype, device), trust_remote_code=False)
+    model, info = _hub_call("model", source, AutoModelForCausalLM.from_pretrained,
+                            dtype=resolve_dtype(dtype, device), trust_remote_code=False,
+                            output_loading_info=True, ignore_mismatched_sizes=True)
+    _check_loading_info(source, info)
     return model.to(device), tokenizer, (entry.name if entry else source)
+
+
+def _check_loading_info(source: str, info: dict) -> None:
+    """Loading is strict: refuse weights that do not match config.json, which transformers would
+    fill with random values (missing, mis-shaped) or skip (unexpected). Tied weights (lm_head to
+    wte) and the architecture's known leftovers (GPT-2's attn.bias) are not reported by it."""
+    problems = [f"missing {k}" for k in sorted(info.get("missing_keys", ()))]
+    problems += [f"unexpected {k}" for k in sorted(info.get("unexpected_keys", ()))]
+    problems += [_mismatch(m) for m in sorted(info.get("mismatched_keys", ()), key=str)]
+    problems += [str(e).strip().splitlines()[0] for e in info.get("error_msgs", ()) if str(e).strip()]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; ... ({len(problems)} in all)" if len(problems) > 3 else "")
+        raise LoadError(f"{source}: weights do not match config.json: {shown}")
+
+
+def _mismatch(entry: tuple) -> str:
+    """transformers reports a mis-shaped tensor as (key, checkpoint shape, model shape)."""
+    key, found, expected = entry
+    return f"shape of {key}: expected {tuple(expected)}, found {tuple(found)}"
 
 
 def load_target(name_or_path: str, *, device: str = "cpu", dtype: str = "auto",

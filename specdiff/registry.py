@@ -33,7 +33,7 @@ DEFAULT_FILE = Path(__file__).resolve().parent.parent / "models.yaml"
 KINDS = ("target", "drafter", "pair")
 DEFAULT_PAIR = "demo"  # what generate and bench use when given no target
 MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description"}
-PAIR_KEYS = {"name", "kind", "target", "drafter", "defaults", "description"}
+PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "description"}
 DEFAULT_TYPES = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
                  "temperature": (int, float), "top_k": int, "top_p": (int, float),
                  "max_new_tokens": int}
@@ -62,6 +62,7 @@ class PairEntry:
     defaults: dict = field(default_factory=dict)
     description: str = ""
     kind: str = "pair"
+    ar_drafter: str | None = None  # the causal LM its AR baselines (spec-ar, hf-assisted) draft with
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,21 @@ class Registry:
             raise UsageError(f"unknown pair '{name}' (known: {', '.join(self.names('pair'))})")
         return entry
 
-    def resolve(self, pair: str | None, target, drafter) -> tuple[Any, Any, dict]:
-        """-> (target, drafter, the pair's defaults): a target or drafter given wins over the
-        pair's; with neither pair nor target, the pair DEFAULT_PAIR, if this file has it."""
+    def chosen_pair(self, pair: str | None, target) -> PairEntry | None:
+        """The pair a request uses: the one named; with neither pair nor target, DEFAULT_PAIR,
+        if this file has it; else none."""
         if pair is None and target is None:
             if DEFAULT_PAIR not in self.names("pair"):
                 raise UsageError("no target: name one with --target or --pair")
             pair = DEFAULT_PAIR
-        if pair is None:
+        return None if pair is None else self.pair(pair)
+
+    def resolve(self, pair: str | None, target, drafter) -> tuple[Any, Any, dict]:
+        """-> (target, drafter, the pair's defaults): a target or drafter given wins over the
+        pair's (see chosen_pair)."""
+        entry = self.chosen_pair(pair, target)
+        if entry is None:
             return target, drafter, {}
-        entry = self.pair(pair)
         return target or entry.target, drafter or entry.drafter, dict(entry.defaults)
 
 
@@ -177,12 +183,14 @@ def _pair(raw: dict, where: str) -> PairEntry:
         if not isinstance(value, expected) or isinstance(value, bool):
             raise RegistryError(f"{where}: default '{key}' has the wrong type: {value!r}")
     return PairEntry(name=raw["name"], target=raw["target"], drafter=raw["drafter"],
-                     defaults=defaults, description=raw.get("description", ""))
+                     defaults=defaults, description=raw.get("description", ""), ar_drafter=raw.get("ar_drafter"))
 
 
 def _check_pair(pair: PairEntry, registry: Registry, where: str) -> None:
-    for key in ("target", "drafter"):
+    for key in ("target", "drafter", "ar_drafter"):
         ref = getattr(pair, key)
+        if ref is None:  # only ar_drafter is optional (_pair)
+            continue
         entry = registry.entries.get(ref)
         if entry is None:
             raise RegistryError(f"{where}: pair '{pair.name}' names unknown {key} '{ref}'")

@@ -34,7 +34,7 @@ def _usable_cpus() -> int:
 @click.option("--pair", help="A models.yaml pair [default: demo, if models.yaml has it].")
 @click.option("--target", help="Target model: models.yaml name, directory or hub id.")
 @click.option("--drafter", help="Diffusion drafter (or a causal LM, used as the AR drafter).")
-@click.option("--ar-drafter", help="Causal-LM drafter for spec-ar and hf-assisted.")
+@click.option("--ar-drafter", help="Causal-LM drafter for spec-ar and hf-assisted [default: the pair's ar_drafter].")
 @click.option("--methods", callback=_list(str), metavar="LIST",
               help="Comma-separated, from ar, spec-ar, specdiff, hf-assisted, hf-prompt-lookup "
                    "[default: every one the models allow]. ar always runs: it is the reference.")
@@ -81,7 +81,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     records = read_prompts((), prompt_file or str(lib.DEFAULT_PROMPTS), sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
     models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter,
-                                       device=device, dtype=dtype)
+                                       methods=methods or (), device=device, dtype=dtype)
     pick = {**lib.DEFAULTS, **defaults}  # the pair's defaults, then the global ones
     settings = lib.Settings(
         max_new_tokens=max_new_tokens or pick["max_new_tokens"], repeats=repeats, warmup=warmup,

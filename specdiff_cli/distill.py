@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
+
+
+class Finite(click.FloatRange):
+    """A float option in a range that also refuses nan and inf (nan passes every comparison)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 @click.command()
@@ -19,16 +30,16 @@ import click
 @click.option("--mask-token", metavar="TOKEN", help="Use this token of the tokenizer (e.g. '<|mask|>') as mask id "
               "[default: one extra id].")
 @click.option("--raw-text", metavar="FILE", help="Mix in raw text windows from this file.")
-@click.option("--raw-fraction", type=float, help="Share of raw text rows [default with --raw-text: 0.25].")
+@click.option("--raw-fraction", type=Finite(0, 1), help="Share of raw text rows [default with --raw-text: 0.25].")
 @click.option("--gamma", type=int, default=8, show_default=True, help="Draft length trained for.")
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
 @click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="Target sampling; 0 = greedy.")
+@click.option("--temperature", type=Finite(min=0), default=0.0, show_default=True, help="Target sampling; 0 = greedy.")
 @click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--lr", type=float, default=5e-4, show_default=True, help="Peak learning rate.")
+@click.option("--lr", type=Finite(min=0, min_open=True), default=5e-4, show_default=True, help="Peak learning rate.")
 @click.option("--max-steps", type=int, default=1000, show_default=True)
-@click.option("--time-budget", type=float, metavar="SECONDS", help="Stop training after this long.")
+@click.option("--time-budget", type=Finite(min=0, min_open=True), metavar="SECONDS", help="Stop training after this long.")
 @click.option("--val-every", type=int, default=100, show_default=True, help="Validation loss every K steps.")
 @click.option("--checkpoint-every", type=int, default=200, show_default=True)
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")

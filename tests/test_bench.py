@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from specdiff import acceptance, generate, methods
+from specdiff.registry import load_registry
 from specdiff.tools.bench import METHODS, Settings, load_models, run, variants
 from specdiff_cli.main import cli
 
@@ -102,13 +103,13 @@ def test_check_catches_a_wrong_acceptance_rule(tiny, monkeypatch):
     assert bad["ar"] != bad["got"] and report["rows"][0]["matches_ar"]
 
 
-def _cli(tiny, tmp_path, *extra, models=None):
+def _cli(tiny, tmp_path, *extra, models=None, env=None):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     models = models or ("--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--ar-drafter", str(tiny.ar))
     args = ["bench", *models, "--prompt-file", str(prompts), "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0",
             "--threads", "1", "--out", str(tmp_path / "out"), *extra]
-    return CliRunner().invoke(cli, args)
+    return CliRunner().invoke(cli, args, env=env)
 
 
 def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
@@ -188,3 +189,25 @@ def test_timed_passes_are_round_robin_and_speedups_paired(tiny, monkeypatch):
     row = report["rows"][1]
     # tokens/s: ar 3, 1, 2; spec-ar 6, 1, 1 -> ratios 2, 1, 0.5 (unpaired medians would give 1 / 2)
     assert row["speedup"] == pytest.approx(1.0) and row["speedup_range"] == pytest.approx([0.5, 2.0])
+
+
+def test_pair_names_its_ar_drafter(tiny, tmp_path):
+    """spec-ar / hf-assisted in the methods load the pair's `ar_drafter:`; --ar-drafter still wins."""
+    path = tmp_path / "models.yaml"
+    path.write_text(f"""models:
+  - {{name: t, kind: target, path: {tiny.gpt2}}}
+  - {{name: small, kind: target, path: {tiny.ar}}}
+  - {{name: d, kind: drafter, path: {tiny.drafter}}}
+  - {{name: t+d, kind: pair, target: t, drafter: d, ar_drafter: small}}
+""")
+    reg = load_registry(path)
+    models, _ = load_models(pair="t+d", methods=["spec-ar"], registry=reg)
+    assert models.ar_drafter.source == "small" and models.drafter is not None
+    assert load_models(pair="t+d", methods=["ar", "specdiff"], registry=reg)[0].ar_drafter is None  # not needed
+    given, _ = load_models(pair="t+d", ar_drafter=str(tiny.gpt2), methods=["hf-assisted"], registry=reg)
+    assert given.ar_drafter.source == str(tiny.gpt2)
+    result = _cli(tiny, tmp_path, "--methods", "spec-ar,hf-assisted", "--gamma", "2", "--no-plots", "--check",
+                  models=("--pair", "t+d"), env={"SPECDIFF_MODELS": str(path)})
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert [r["method"] for r in report["rows"]] == ["ar", "spec-ar", "hf-assisted"]

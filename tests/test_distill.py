@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 import specdiff
 from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo
 from specdiff.tools.distill_data import Pattern, make_batch
+from specdiff.errors import DivergedError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.loading import load_drafter, load_target
 from specdiff.nets.parameterization import x0_logits
@@ -185,3 +186,33 @@ def test_time_budget_stops_early_with_a_complete_drafter(tiny, prompts, tmp_path
                                    time_budget=0.05, **SMALL_CFG))
     assert 0 <= report["compute"]["steps"] < 10**6 and report["compute"]["train_s"] < 5
     assert load_drafter(str(out)).context_length == 16
+
+
+@pytest.mark.parametrize("option, value", [("lr", "nan"), ("lr", "inf"), ("temperature", "nan"),
+                                           ("time_budget", "inf"), ("raw_fraction", "nan")])
+def test_non_finite_float_options_are_refused_before_any_work(tiny, prompts, tmp_path, option, value):
+    flag = f"--{option.replace('_', '-')}"
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts),
+                                      "--out", str(tmp_path / "d"), flag, value])
+    assert result.exit_code == 2 and result.stdout == "", (result.exit_code, result.stderr)
+    assert result.stderr == f"specdiff: error: Invalid value for '{flag}': '{value}' is not a finite number\n"
+    cfg = dict(SMALL_CFG, target="no-such-target", prompts=str(prompts), out=str(tmp_path / "d"))
+    with pytest.raises(UsageError, match=f"^{option} must be a finite number, got {value}$"):
+        distill(DistillConfig(**{**cfg, option: float(value)}))  # the library names its parameter
+    assert not (tmp_path / "d").exists()
+
+
+def test_diverged_run_writes_no_drafter(tiny, prompts, tmp_path):
+    out = tmp_path / "d"
+    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(out), *SMALL,
+            "--lr", "1e30", "--max-steps", "5", "--checkpoint-every", "1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and result.stdout == "", (result.exit_code, result.stderr, result.exception)
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("specdiff: error: training diverged at step ")
+    assert not out.exists()
+    out.mkdir()  # an empty directory given by the user stays, empty
+    with pytest.raises(DivergedError, match="training diverged"):
+        distill(DistillConfig(target=str(tiny.gpt2), prompts=str(prompts), out=str(out),
+                              **dict(SMALL_CFG, lr=1e30, max_steps=5)))
+    assert out.is_dir() and list(out.iterdir()) == []

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 import specdiff
 from specdiff.tools.convert import convert_drafter
-from specdiff.drafters.diffusion import DiffusionDrafter
+from specdiff.drafters.diffusion import DiffusionDrafter, context_window
 from specdiff.errors import IncompatibleModelsError, LoadError, UsageError
 from specdiff.loading import check_pair, load_drafter, load_target
 from specdiff.nets.checkpoint import read_json
@@ -129,7 +129,7 @@ def test_load_hub_format_exactly(hub, fmt):
     assert backbone.state_dict().keys() == weights.keys()
     assert all(torch.equal(v, weights[k]) for k, v in backbone.state_dict().items())
     assert fields == {"vocab_size": TOKENS, "mask_id": TOKENS, "context_length": LENGTH - DRAFT_ROOM,
-                      "parameterization": {"sedd": "sedd", "mdlm": "subs"}[fmt]}
+                      "length": LENGTH, "parameterization": {"sedd": "sedd", "mdlm": "subs"}[fmt]}
     assert backbone.config.time_conditioning is (fmt == "sedd")
 
 
@@ -335,6 +335,28 @@ def test_specdiff_greedy_equals_ar_with_each_format(hub, converted, tiny, which)
                            gamma=5, steps=2, max_new_tokens=24)
     assert [o.tokens for o in sd.outputs] == [o.tokens for o in ar.outputs]
     assert sd.metrics.drafter_calls > 0 and sd.metrics.drafted > 0
+
+
+@pytest.mark.parametrize("fmt", ["sedd", "mdlm"])
+def test_short_trained_length_drafts_with_a_smaller_context(tiny, tmp_path, fmt):
+    """A model trained on 32 <= DRAFT_ROOM tokens loads; context + gamma stays within 32."""
+    dit = _backbone(time_conditioning=fmt == "sedd", seed=3)
+    short = (write_sedd(tmp_path / fmt, dit, model__length=32) if fmt == "sedd"
+             else write_mdlm(tmp_path / fmt, dit, model_length=32))
+    drafter = load_drafter(str(short))
+    assert (drafter.length, drafter.context_length) == (32, 16)
+    assert [context_window(drafter, g) for g in (5, 16, 20, 31)] == [16, 16, 12, 1]
+    prompts = ["The quick brown fox jumps over the lazy dog. A journey", "To be"]
+    ar = specdiff.generate(prompts, target=str(tiny.gpt2), method="ar", max_new_tokens=24)
+    for gamma in (5, 20):
+        sd = specdiff.generate(prompts, target=str(tiny.gpt2), drafter=str(short), method="specdiff",
+                               gamma=gamma, steps=2, max_new_tokens=24)
+        assert [o.tokens for o in sd.outputs] == [o.tokens for o in ar.outputs]
+    result = CliRunner().invoke(cli, ["generate", "--target", str(tiny.gpt2), "--drafter", str(short),
+                                      "--gamma", "32", "--prompt", "The sea"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == ("specdiff: error: gamma 32 does not fit the drafter's trained length 32 "
+                             "with any context (at most 31)\n")
 
 
 # ---------------------------------------------------------------- the real GPT-2 vocabulary

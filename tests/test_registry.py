@@ -63,6 +63,26 @@ def test_valid_file_paths_pairs_and_defaults(tmp_path):
         registry.get("t", "pair")
 
 
+def test_pair_names_its_ar_baseline(tmp_path, monkeypatch):
+    path = write(tmp_path, """
+        models:
+          - name: t
+            kind: target
+            hub: x/t
+          - name: small
+            kind: target
+            hub: x/small
+          - name: t+t
+            kind: pair
+            target: t
+            drafter: t
+            ar_drafter: small
+    """)
+    assert load_registry(path).pair("t+t").ar_drafter == "small"
+    monkeypatch.delenv("SPECDIFF_MODELS", raising=False)
+    assert load_registry().pair("demo").ar_drafter == "demo-ar"  # the shipped demo's spec-ar baseline
+
+
 ENTRY_ERRORS = {
     "unknown key": ("""
         models:
@@ -122,6 +142,17 @@ ENTRY_ERRORS = {
             target: a
             drafter: b
      """, 5, "pair 'a+b' names unknown drafter 'b'"),
+    "pair names unknown ar_drafter": ("""
+        models:
+          - name: a
+            kind: target
+            hub: x/a
+          - name: a+a
+            kind: pair
+            target: a
+            drafter: a
+            ar_drafter: small
+     """, 5, "pair 'a+a' names unknown ar_drafter 'small'"),
     "pair target is a drafter": ("""
         models:
           - name: d

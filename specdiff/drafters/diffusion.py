@@ -45,12 +45,14 @@ class DiffusionDrafter(nn.Module):
     """
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
-                 parameterization: str = "subs", tokenizer: Any = None, source: str = ""):
+                 parameterization: str = "subs", tokenizer: Any = None, source: str = "",
+                 length: int | None = None):
         super().__init__()
         self.backbone = backbone
         self.vocab_size = vocab_size  # real vocabulary shared with the target (no mask id)
         self.mask_id = mask_id
         self.context_length = context_length
+        self.length = length  # the sequence length it was trained on, when known (hub formats)
         self.parameterization = parameterization
         self.tokenizer = tokenizer
         self.source = source
@@ -71,6 +73,18 @@ class DiffusionDrafter(nn.Module):
         raw = self(input_ids, sigma, last)
         ids = input_ids[:, -(last or 0):]
         return x0_logits(self.parameterization, raw, ids, sigma, self.mask_id, self.vocab_size)
+
+
+def context_window(drafter, gamma: int) -> int:
+    """Context tokens n before gamma draft slots: the drafter's context_length, cut so that
+    n + gamma stays within the length it was trained on (when it knows it)."""
+    length = getattr(drafter, "length", None)  # exported graphs (runtimes) carry none
+    if length is None:
+        return drafter.context_length
+    if gamma >= length:
+        raise UsageError(f"gamma {gamma} does not fit the drafter's trained length {length} "
+                         f"with any context (at most {length - 1})")
+    return min(drafter.context_length, length - gamma)
 
 
 def block_sizes(gamma: int, steps: int) -> list[int]:
@@ -139,7 +153,7 @@ class DiffusionProposer:
     def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
                 generator: torch.Generator | None) -> Draft:
         d = self.drafter
-        ctx = context[:, -d.context_length:]  # (B, n)
+        ctx = context[:, -context_window(d, gamma):]  # (B, n)
         B, n = ctx.shape
         x = torch.cat([ctx, ctx.new_full((B, gamma), d.mask_id)], dim=1)  # (B, n + gamma)
         q = torch.zeros(B, gamma, d.vocab_size, device=ctx.device)

@@ -19,7 +19,9 @@ LoadError listing every mismatch.
 
 Hub drafters were trained on `length` = 1024 tokens. They draft from the last
 N = length - DRAFT_ROOM = 960 context tokens, so that N + gamma stays within the trained length
-for any gamma <= 64 (`specdiff drafter convert --context` sets another N).
+for any gamma <= 64 (`specdiff drafter convert --context` sets another N). A model trained on a
+short length keeps half of it for the draft; the drafter also knows its length, and a longer
+draft gets fewer context tokens (drafters/diffusion.py context_window).
 """
 
 from __future__ import annotations
@@ -81,10 +83,10 @@ def _backbone(where: Path, **shape) -> DDiT:
 
 
 def _hub_fields(vocab_rows: int, length: int, parameterization: str, where: Path) -> dict:
-    if length <= DRAFT_ROOM:
-        raise LoadError(f"{where}: model length {length} leaves no context beside {DRAFT_ROOM} draft slots")
-    return {"vocab_size": vocab_rows - 1, "mask_id": vocab_rows - 1,
-            "context_length": length - DRAFT_ROOM, "parameterization": parameterization}
+    if length < 2:
+        raise LoadError(f"{where}: model length {length} leaves no room for a context token and a draft slot")
+    return {"vocab_size": vocab_rows - 1, "mask_id": vocab_rows - 1, "length": length,
+            "context_length": length - min(DRAFT_ROOM, length // 2), "parameterization": parameterization}
 
 
 def _read_pickle(path: Path) -> dict:
@@ -154,7 +156,8 @@ def get_format(name: str) -> Format:
 
 def load_checkpoint(directory: Path, fmt: Format | None = None) -> tuple[DDiT, dict]:
     """A drafter directory -> (backbone with weights, DiffusionDrafter fields: vocab_size,
-    mask_id, context_length, parameterization). The format is detected unless given."""
+    mask_id, context_length, parameterization, and the trained length for hub formats). The
+    format is detected unless given."""
     config = read_json(directory / "config.json")
     fmt = fmt or detect(config)
     if fmt is None:

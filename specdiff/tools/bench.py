@@ -93,11 +93,14 @@ class Settings:
     truncate_prompt: bool = False
 
 
-def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, device="cpu", dtype="auto",
-                registry: Registry | None = None) -> tuple[Models, dict]:
+def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, methods=(), device="cpu",
+                dtype="auto", registry: Registry | None = None) -> tuple[Models, dict]:
     """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
-    `demo` pair if models.yaml has one."""
+    `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
+    pair's `ar_drafter:` is loaded."""
     registry = registry or load_registry()
+    if ar_drafter is None and any(NEEDS.get(m) == "ar_drafter" for m in methods):
+        ar_drafter = getattr(registry.chosen_pair(pair, target), "ar_drafter", None)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     models = Models(load_target(target, device=device, dtype=dtype, registry=registry))
     for name, must_be_ar in ((drafter, False), (ar_drafter, True)):
@@ -105,7 +108,7 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, device
             continue
         loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
         if must_be_ar and not isinstance(loaded, ARDrafter):
-            raise UsageError(f"--ar-drafter '{name}' is not a causal LM")
+            raise UsageError(f"ar_drafter '{name}' is not a causal LM")
         setattr(models, "drafter" if isinstance(loaded, DiffusionDrafter) else "ar_drafter", loaded)
     return models, defaults
 

@@ -21,6 +21,8 @@ is written every K steps to DIR/checkpoints/step-NNNNNNN, the last KEEP of them 
 continues from the newest. At the end the drafter is written to DIR in the project's format
 (config.json last: DIR is a drafter once config.json exists), then tau and alpha of greedy
 specdiff against the target are measured on held-out prompts and DIR/report.json is written.
+A run whose loss or weights stop being finite raises DivergedError and writes no drafter: a
+new run removes what it wrote to DIR, a resumed one keeps the earlier checkpoints.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +44,7 @@ from tqdm import tqdm
 from ..atomic import check_new_directory, new_directory
 from .distill_data import Batch, DataSpec, Pattern, build_sequences, make_batch, read_tokens
 from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
-from ..errors import UsageError
+from ..errors import DivergedError, UsageError
 from ..loading import check_pair, load_diffusion_drafter, load_target
 from ..nets.checkpoint import load_own, read_json, save_own
 from ..nets.dit import DDiT, DiTConfig
@@ -145,8 +149,9 @@ def _check(cfg: DistillConfig) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.loss not in LOSSES:
         raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+    _check_finite(cfg)
     if cfg.lr <= 0 or cfg.temperature < 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
-        raise UsageError("--lr and --time-budget must be > 0 and --temperature >= 0")
+        raise UsageError("lr and time_budget must be > 0 and temperature >= 0")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("--raw-fraction needs --raw-text and must lie in [0, 1]")
     if cfg.continuation_tokens < cfg.gamma:
@@ -193,6 +198,42 @@ def _initial_drafter(cfg: DistillConfig, target) -> DiffusionDrafter:
     return drafter
 
 
+def _check_finite(cfg: DistillConfig) -> None:
+    """Every float option is a finite number: nan passes every comparison, inf makes no sense."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.type in ("float", "float | None") and value is not None and not math.isfinite(value):
+            raise UsageError(f"{f.name} must be a finite number, got {value}")
+
+
+def _check_loss(loss: float, step: int) -> None:
+    if not math.isfinite(loss):
+        raise DivergedError(f"training diverged at step {step} (loss {loss}); no drafter written (try a lower lr)")
+
+
+def _check_weights(drafter: DiffusionDrafter, step: int) -> None:
+    """Before anything is saved: an update can leave non-finite weights after a finite loss."""
+    if not all(torch.isfinite(p).all() for p in drafter.parameters()):
+        raise DivergedError(f"training diverged at step {step} (non-finite weights); no drafter written "
+                            "(try a lower lr)")
+
+
+@contextmanager
+def _undone_if_diverged(out: Path) -> Iterator[None]:
+    """A run into an absent or empty DIR that diverges leaves DIR as it found it; a resumed run
+    keeps its earlier checkpoints (only finite weights are ever saved)."""
+    existed = out.exists()
+    fresh = not existed or not any(out.iterdir())
+    try:
+        yield
+    except DivergedError:
+        if fresh:
+            shutil.rmtree(out, ignore_errors=True)
+            if existed:
+                out.mkdir()
+        raise
+
+
 def _latest_checkpoint(root: Path) -> Path | None:
     done = sorted(p for p in root.glob("step-*") if (p / "state.pt").is_file())
     return done[-1] if done else None
@@ -202,6 +243,7 @@ def _save_checkpoint(root: Path, drafter: DiffusionDrafter, opt, state: TrainSta
     path = root / f"step-{state.step:07d}"
     if path.exists():
         return
+    _check_weights(drafter, state.step)
     with new_directory(path) as tmp:
         _save_drafter(tmp, drafter, tokenizer=None)
         torch.save({"optimizer": opt.state_dict(), **asdict(state)}, tmp / "state.pt")
@@ -272,6 +314,7 @@ def _train(drafter, opt, state: TrainState, cfg: DistillConfig, data: Data, prog
         batch = make_batch(data.train, data.pattern, cfg.batch_size, generator, data.pattern.context,
                            data.raw, data.raw_fraction)
         loss = _step(drafter, opt, batch, learning_rate(state.step, cfg.lr, cfg.max_steps), cfg)
+        _check_loss(loss, state.step + 1)
         state.step, state.tokens, state.rng = state.step + 1, state.tokens + batch.x0.numel(), generator.get_state()
         if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
             state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
@@ -345,13 +388,14 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     drafter, opt_state, state = (_load_checkpoint(latest, target) if latest
                                  else (_initial_drafter(cfg, target), None, TrainState()))
     drafter.to(cfg.device)
-    data = _prepare(cfg, target, drafter, progress)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
-    if opt_state is not None:
-        opt.load_state_dict(opt_state)
-    if not state.history:
-        state.history.append([0, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
-    _train(drafter, opt, state, cfg, data, progress)
+    with _undone_if_diverged(out):
+        data = _prepare(cfg, target, drafter, progress)
+        opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+        if not state.history:
+            state.history.append([0, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+        _train(drafter, opt, state, cfg, data, progress)
     _publish(out, drafter, target.tokenizer)
     report = {
         "target": target.name, "drafter": str(out), "loss": cfg.loss, "gamma": cfg.gamma,
