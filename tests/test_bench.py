@@ -29,6 +29,14 @@ def accept_all(draft, q, p, generator=None):
     return torch.full((draft.shape[0],), draft.shape[1]), p[:, -1].argmax(-1)
 
 
+@pytest.fixture
+def broken_rule(monkeypatch):
+    """accept_all registered as a rule, and as one specdiff may run."""
+    monkeypatch.setitem(acceptance.RULES, "accept-all", accept_all)
+    specdiff = methods.METHODS["specdiff"]
+    monkeypatch.setitem(methods.METHODS, "specdiff", replace(specdiff, rules=("accept-all", *specdiff.rules)))
+
+
 @pytest.fixture(scope="module")
 def self_drafted(tiny):
     """Every method, with the target as its own AR drafter (so alpha = 1 for spec-ar and hf-assisted)."""
@@ -91,10 +99,7 @@ def test_ideal_speedup_model(self_drafted):
     assert 1 < t2["calls"]["drafter_per_iteration"] <= 2  # T drafter calls per draft, fewer at the end
 
 
-def test_check_catches_a_wrong_acceptance_rule(tiny, monkeypatch):
-    monkeypatch.setitem(acceptance.RULES, "accept-all", accept_all)
-    specdiff_method = methods.METHODS["specdiff"]
-    monkeypatch.setitem(methods.METHODS, "specdiff", replace(specdiff_method, rules=("accept-all", *specdiff_method.rules)))
+def test_check_catches_a_wrong_acceptance_rule(tiny, broken_rule):
     models, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter))
     report = run(models, PROMPTS, variants(["specdiff"], gammas=(3,)),
                  Settings(max_new_tokens=8, repeats=1, warmup=0, acceptance="accept-all", threads=1))
@@ -129,8 +134,7 @@ def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
         assert data.startswith(PNG) and len(data) > 1000, name
 
 
-def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, monkeypatch):
-    monkeypatch.setitem(acceptance.RULES, "accept-all", accept_all)
+def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, broken_rule):
     result = _cli(tiny, tmp_path, "--methods", "specdiff", "--gamma", "3", "--acceptance", "accept-all",
                   "--check", "--no-plots")
     assert result.exit_code == 1
