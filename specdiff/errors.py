@@ -34,6 +34,10 @@ class IncompatibleModelsError(LoadError):
     """Drafter and target cannot be paired (different tokenizers, vocabularies)."""
 
 
+class WriteError(SpecdiffError):
+    """An output could not be written: disk full, file too large, read-only file system."""
+
+
 class ExportValidationError(SpecdiffError):
     """An exported graph disagrees with PyTorch beyond its dtype's tolerance; `mismatches` lists
     every disagreement found on the validation sweep."""
