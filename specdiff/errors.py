@@ -38,6 +38,10 @@ class DivergedError(SpecdiffError):
     """Training stopped because its loss or weights are no longer finite numbers."""
 
 
+class WriteError(SpecdiffError):
+    """An output could not be written: disk full, file too large, read-only file system."""
+
+
 class ExportValidationError(SpecdiffError):
     """An exported graph disagrees with PyTorch beyond its dtype's tolerance; `mismatches` lists
     every disagreement found on the validation sweep."""

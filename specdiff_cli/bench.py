@@ -26,6 +26,18 @@ def _list(kind):
     return parse
 
 
+def _report_dir(ctx, param, value):
+    """Refuse an --out that cannot become a directory before the models load, not after the run."""
+    from specdiff.errors import UsageError
+    from specdiff.tools.bench_output import check_report_dir
+
+    try:
+        check_report_dir(value)
+    except UsageError as e:
+        raise click.BadParameter(str(e), ctx, param) from e
+    return value
+
+
 def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -52,7 +64,8 @@ def _usable_cpus() -> int:
 @click.option("--acceptance", help="Acceptance rule for spec-ar / specdiff [default: greedy at temperature 0].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", default="bench-out", show_default=True, metavar="DIR", help="Where bench.json and the plots go.")
+@click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
+              help="Where bench.json and the plots go.")
 @click.option("--check", is_flag=True, help="Exit 1 if any method's greedy output differs from ar's.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: the usable CPUs].")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")

@@ -9,7 +9,8 @@ import click
 
 from specdiff import names
 
-from .prompts import AtomicWriter, escape_line, format_record, read_prompts
+from .output import check_output, open_output
+from .prompts import escape_line, format_record, read_prompts
 
 
 @click.command()
@@ -41,7 +42,8 @@ from .prompts import AtomicWriter, escape_line, format_record, read_prompts
 @click.option("--artifacts", metavar="DIR", help="A `specdiff export` directory: its target / drafter replace --target / --drafter.")
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
 @click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields, text, metrics).")
-@click.option("-o", "--output", metavar="PATH", help="Write results here (complete or not at all).")
+@click.option("-o", "--output", metavar="PATH", callback=check_output,
+              help="Write results here (a file: complete or not at all).")
 @click.option("--stats", is_flag=True, help="Print aggregate metrics as JSON on stderr.")
 @click.option("--stream/--no-stream", default=None,
               help="Print each continuation as it is produced [default: when stdout is a terminal].")
@@ -69,7 +71,7 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
-    writer = AtomicWriter(output) if output else None
+    writer = open_output(output) if output else None
     total = None
     try:
         for record, out in zip(records, outputs):

@@ -1,12 +1,16 @@
-"""Entry point. Errors become one line on stderr: exit 2 for usage errors, 1 for runtime errors,
-never a traceback. A closed stdout (`specdiff generate ... | head -1`) ends the command quietly
-with exit 0.
+"""Entry point. Errors become one line on stderr: exit 2 for usage errors, 1 for runtime errors
+(a failed write among them: disk full, `> /dev/full`), never a traceback. A closed pipe on stdout
+(`specdiff generate ... | head -1`) ends the command quietly with exit 0. SIGTERM and SIGHUP
+become an exception, so that every `finally` removes its temporary files, and exit 128 + signum.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import click
 
@@ -17,6 +21,9 @@ from .export import export
 from .flags import to_flags
 from .generate import generate
 from .models import models
+from .output import guarded_stdout
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _quiet_libraries() -> None:
@@ -38,6 +45,38 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
+class Terminated(BaseException):
+    """A stop signal, raised wherever the program is; not an Exception, so no `except Exception`
+    swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame):
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the cleanup short
+    raise Terminated(signum)
+
+
+@contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    previous = {s: signal.signal(s, _terminate) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _end_quietly(ctx):
+    """stdout is a closed pipe: exit 0, and let the interpreter's final flush go to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    ctx.exit(0)
+
+
 class SpecdiffGroup(click.Group):
     """A group whose main() turns every user-facing error into one stderr line; CliRunner calls
     this same main(), so tests see exactly what a shell user sees."""
@@ -45,17 +84,17 @@ class SpecdiffGroup(click.Group):
     def invoke(self, ctx):
         _quiet_libraries()
         try:
-            return super().invoke(ctx)
+            with guarded_stdout():
+                return super().invoke(ctx)
         except BrokenPipeError:  # click's main() would exit 1 on it
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail
-            ctx.exit(0)
+            _end_quietly(ctx)
 
     def main(self, args=None, prog_name=None, standalone_mode=True, **extra):
         from specdiff.errors import SpecdiffError
 
         try:
-            rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+            with _stop_signals_raise():
+                rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except click.ClickException as e:
             _fail(e.format_message().replace("\n", " "), e.exit_code)
         except click.Abort:
@@ -64,6 +103,10 @@ class SpecdiffGroup(click.Group):
             _fail(to_flags(str(e)).replace("\n", " "), e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except Terminated as e:
+            _fail(f"terminated by {signal.Signals(e.signum).name}", 128 + e.signum)
+        except OSError as e:  # not foreseen by the code that met it; still one line
+            _fail(f"{e.filename}: {e.strerror}" if e.filename else str(e), 1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -1,4 +1,4 @@
-"""Prompt input and result output for `specdiff generate`.
+"""Prompt input and result formatting for `specdiff generate` (output.py writes the results).
 
 Input: plain text, one prompt per line; or JSONL, one {"prompt": ..., other fields} object per
 line, the other fields passed through to the output. `auto` picks JSONL when the first non-blank
@@ -8,8 +8,6 @@ line starts with "{". Everything is read and checked before any generation start
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,29 +96,3 @@ def format_record(record: PromptRecord, text: str, metrics: dict, jsonl: bool) -
         return escape_line(text)
     return json.dumps({**record.fields, "text": text, "metrics": metrics}, ensure_ascii=False)
 
-
-class AtomicWriter:
-    """Lines go to a temporary file beside `path`, renamed over it only on success."""
-
-    def __init__(self, path: str):
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise UsageError(f"cannot write {path}: it is a directory")
-        self.tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
-        try:  # created as open() would create the file itself: mode 0o666 less the umask
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as e:
-            raise UsageError(f"cannot write {path}: {e.strerror}") from None
-        self.file = os.fdopen(fd, "w", encoding="utf-8")
-
-    def write(self, line: str) -> None:
-        self.file.write(line + "\n")
-
-    def commit(self) -> None:
-        self.file.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        """Drop the temporary file (a no-op once committed)."""
-        self.file.close()
-        Path(self.tmp).unlink(missing_ok=True)

@@ -19,7 +19,8 @@ from transformers.utils import logging as hf_logging
 import specdiff
 from specdiff.loading import load_drafter
 from specdiff_cli.main import cli
-from specdiff_cli.prompts import AtomicWriter, escape_line
+from specdiff_cli.output import AtomicWriter
+from specdiff_cli.prompts import escape_line
 
 PROMPTS = ["The sea", "To be, or not", "Call me"]
 PROMPT_OPTIONS = [word for p in PROMPTS for word in ("--prompt", p)]

@@ -11,9 +11,12 @@ A drafter directory holds:
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import LoadError
@@ -59,6 +62,17 @@ def is_own_format(config: dict) -> bool:
     return config.get("specdiff_format") == FORMAT
 
 
+def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
+    """save_file, whose I/O errors (disk full, file too large) are OSErrors, as Python's own writes'."""
+    try:
+        save_file(state, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
+
+
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
              parameterization: str, tokenizer=None, dtype: torch.dtype | None = None) -> None:
     """Write a drafter in the project's format (tokenizer files too, when given)."""
@@ -67,7 +81,7 @@ def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, 
               "backbone": backbone.config.to_dict(), "vocab_size": vocab_size, "mask_id": mask_id,
               "context_length": context_length, "parameterization": parameterization}
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in backbone.state_dict().items()}
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(state, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import LoadError
+from ..atomic import new_file, write_error
+from ..errors import LoadError, UsageError
 
 PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
          "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png")
@@ -45,20 +46,33 @@ def summary(report: dict, out_dir: Path | None = None) -> dict:
             "tokens_per_s": {r["label"]: round(r["tokens_per_s"]["median"], 2) for r in rows}}
 
 
+def check_report_dir(out_dir: str | Path) -> None:
+    """Refuse, before any work, a report directory that write_report could not make."""
+    existing = next(p for p in (Path(out_dir).absolute(), *Path(out_dir).absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"cannot write the report to {out_dir}: {existing} is not a directory")
+
+
 def write_report(report: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """bench.json and (plots=True) the PNGs that apply; -> the files written."""
+    """bench.json and (plots=True) the PNGs that apply, each complete or absent; -> the files written."""
     out_dir = Path(out_dir)
     figure = require_matplotlib() if plots else None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_report_dir(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(out_dir, e) from e
     path = out_dir / "bench.json"
-    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    with new_file(path) as tmp:
+        tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     written = [path]
     if figure:
         for name, draw in zip(PLOTS, (_speedup, _lengths, _positions, _vs_gamma, _vs_steps)):
             tall = name == "speedup.png" and len(report["rows"]) > 10  # one bar per row
             fig = figure(figsize=(7.5, 1.5 + 0.3 * len(report["rows"]) if tall else 4.5), layout="constrained")
             if draw(fig.add_subplot(), report["rows"]) is not False:
-                fig.savefig(out_dir / name, dpi=110)
+                with new_file(out_dir / name) as tmp:
+                    fig.savefig(tmp, dpi=110, format="png")
                 written.append(out_dir / name)
     return written
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..atomic import check_new_directory, new_directory
+from ..atomic import check_new_directory, new_directory, new_file
 from .distill_data import Batch, DataSpec, Pattern, build_sequences, make_batch, read_tokens
 from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
 from ..errors import DivergedError, UsageError
@@ -409,7 +409,6 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
                     "wall_s": round(time.perf_counter() - wall, 3), "device": cfg.device,
                     "threads": torch.get_num_threads()},
     }
-    tmp = out / "report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out / "report.json")
+    with new_file(out / "report.json") as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report

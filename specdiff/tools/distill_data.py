@@ -26,11 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
+from ..atomic import new_file
 from ..drafters.diffusion import block_sizes
 from ..errors import UsageError
+from ..nets.checkpoint import save_tensors
 
 CHUNK = 64  # prompts per generation batch and cache file
 HELD_OUT = 0.1  # share of the prompt file's tokens kept for held-out prompts
@@ -113,9 +115,8 @@ def _write_meta(data: Path, spec: DataSpec) -> None:
 
 
 def _save(path: Path, ids: torch.Tensor) -> None:
-    tmp = path.with_suffix(".tmp")
-    save_file({"ids": ids.contiguous()}, str(tmp))
-    tmp.replace(path)
+    with new_file(path) as tmp:
+        save_tensors({"ids": ids.contiguous()}, tmp)
 
 
 def _files(data: Path, spec: DataSpec) -> dict[int, Path]:

@@ -1,0 +1,207 @@
+"""Every write path of the CLI: -o on what is not a regular file (devices, stdout, symlinks,
+read-only files), -o checked before models load, failed writes (disk full, file too large, a closed
+stdout) as one line and exit 1, and SIGTERM / SIGHUP leaving no temporary file behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specdiff.errors import WriteError
+from specdiff.tools import bench_output
+from specdiff_cli.main import cli
+
+
+def invoke(args: list[str]):
+    return CliRunner().invoke(cli, args)
+
+
+def specdiff(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
+    return subprocess.run(["specdiff", *args], text=True, timeout=300, **kwargs)
+
+
+def one_line_error(stderr: str, code: int, returncode: int, fragment: str) -> None:
+    assert returncode == code, (returncode, stderr)
+    assert stderr.count("\n") == 1 and stderr.startswith("specdiff: error: "), stderr
+    assert fragment in stderr, (fragment, stderr)
+
+
+def generate(tiny, *args: str) -> list[str]:
+    return ["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "3", "--prompt", "The sea", *args]
+
+
+def test_dev_null_stays_a_device(tiny):
+    before = os.stat("/dev/null")
+    result = invoke(generate(tiny, "-o", "/dev/null"))
+    assert result.exit_code == 0 and result.stdout == "" and result.stderr == "", result.stderr
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
+    assert not [n for n in os.listdir("/dev") if n.startswith(".null")]
+
+
+def test_dev_stdout_writes_to_stdout(tiny):
+    to_stdout = invoke(generate(tiny))
+    result = invoke(generate(tiny, "-o", "/dev/stdout"))
+    assert result.exit_code == 0 and result.stdout == to_stdout.stdout != ""
+
+
+def test_a_symlink_is_written_through(tiny, tmp_path):
+    target, link = tmp_path / "results.txt", tmp_path / "link.txt"
+    target.write_text("old\n", encoding="utf-8")
+    target.chmod(0o600)
+    link.symlink_to(target.name)
+    result = invoke(generate(tiny, "-o", str(link)))
+    assert result.exit_code == 0, result.stderr
+    assert link.is_symlink() and os.readlink(link) == target.name
+    assert target.read_text(encoding="utf-8") == invoke(generate(tiny)).stdout
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600  # the file keeps its permissions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.txt", "results.txt"]
+
+
+@pytest.mark.parametrize("name, path, fragment", [
+    ("empty", "", "the path is empty"),
+    ("missing parent", "{tmp}/no/such.txt", "No such file or directory"),
+    ("directory", "{tmp}", "it is a directory"),
+    ("read-only", "{tmp}/read-only.txt", "it is read-only"),
+])
+def test_bad_output_fails_before_models_load(tmp_path, name, path, fragment):
+    """--target names no model: the -o error comes first, so it came before any loading."""
+    read_only = tmp_path / "read-only.txt"
+    read_only.write_text("keep\n", encoding="utf-8")
+    read_only.chmod(0o444)
+    result = invoke(["generate", "--target", str(tmp_path / "no-model"), "--prompt", "hi",
+                     "-o", path.format(tmp=tmp_path)])
+    one_line_error(result.stderr, 2, result.exit_code, f"Invalid value for '-o' / '--output': ")
+    assert fragment in result.stderr and result.stdout == ""
+    assert read_only.read_text(encoding="utf-8") == "keep\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["read-only.txt"]
+
+
+def test_full_device_as_output_is_one_line(tiny):
+    result = invoke(generate(tiny, "-o", "/dev/full"))
+    one_line_error(result.stderr, 1, result.exit_code, "cannot write /dev/full: No space left on device")
+
+
+@pytest.mark.parametrize("command", ["models", "generate"])
+def test_full_stdout_is_one_line(tiny, command):
+    args = ["models"] if command == "models" else generate(tiny)
+    with open("/dev/full", "w") as full:
+        run = specdiff(args, stdout=full)
+    one_line_error(run.stderr, 1, run.returncode, "cannot write stdout: No space left on device")
+
+
+def test_closed_stdout_is_one_line():
+    run = subprocess.run("specdiff models >&-", shell=True, capture_output=True,
+                         text=True, timeout=300)
+    one_line_error(run.stderr, 1, run.returncode, "cannot write stdout: it is closed")
+
+
+def small_files() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # writes past 4 KiB fail: EFBIG
+
+
+def test_file_too_large_in_drafter_init_is_one_line(tiny, tmp_path):
+    out = tmp_path / "drafter"
+    run = specdiff(["drafter", "init", "--target", str(tiny.gpt2), "--out", str(out)], preexec_fn=small_files)
+    one_line_error(run.stderr, 1, run.returncode, f"cannot write {out}")
+    assert run.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_bench_report_is_written_whole(tmp_path, monkeypatch):
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(WriteError, match="cannot write .*bench.json: No space left on device"):
+        bench_output.write_report({"rows": []}, tmp_path, plots=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_out_on_a_file_is_refused_before_models_load(tmp_path):
+    out = tmp_path / "results"
+    out.write_text("keep\n", encoding="utf-8")
+    result = invoke(["bench", "--target", str(tmp_path / "no-model"), "--out", str(out), "--no-plots"])
+    one_line_error(result.stderr, 2, result.exit_code, f"Invalid value for '--out': cannot write the report to {out}")
+    assert out.read_text(encoding="utf-8") == "keep\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signal_during_generate_leaves_no_temporary_file(tiny, tmp_path, signum):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The sea was calm\n" * 5000, encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(["specdiff", "generate", "--target", str(tiny.gpt2),
+                             "--prompt-file", str(prompts), "--max-new-tokens", "32", "-o", str(out / "r.txt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p.suffix for p in out.iterdir()] == [".tmp"], "generation ended before the signal"
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    one_line_error(stderr, 128 + signum, proc.returncode, f"terminated by {signal.Signals(signum).name}")
+    assert list(out.iterdir()) == [] and stdout == ""
+
+
+def kill_after(monkeypatch, module, name: str) -> None:
+    """module.name does its work, then the process gets SIGTERM (the handler raises right after)."""
+    real = getattr(module, name)
+
+    def then_terminate(*args, **kwargs):
+        result = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(module, name, then_terminate)
+
+
+def assert_terminated(result, root: Path) -> None:
+    one_line_error(result.stderr, 128 + signal.SIGTERM, result.exit_code, "terminated by SIGTERM")
+    leftovers = [p for p in root.rglob("*") if p.name.startswith(".") or p.suffix == ".tmp"]
+    assert leftovers == []
+
+
+def test_sigterm_during_drafter_convert_leaves_nothing(tiny, tmp_path, monkeypatch):
+    from specdiff.tools import convert
+
+    kill_after(monkeypatch, convert, "save_own")
+    assert_terminated(invoke(["drafter", "convert", str(tiny.drafter), "--out", str(tmp_path / "d")]), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_export_leaves_nothing(tiny, tmp_path, monkeypatch):
+    from exporters import export
+
+    def part_of_an_export(tmp, *args):
+        (tmp / "target.onnx").write_bytes(b"half")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(export, "_export_onnx", part_of_an_export)
+    assert_terminated(invoke(["export", "--target", str(tiny.gpt2), "--out", str(tmp_path / "e")]), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_during_distill_leaves_no_temporary_file(tiny, tmp_path, monkeypatch):
+    from specdiff.tools import distill_data
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The sea was calm and the sky was grey. " * 200, encoding="utf-8")
+    kill_after(monkeypatch, distill_data, "save_tensors")
+    result = invoke(["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out",
+                     str(tmp_path / "d"), "--layers", "1", "--dim", "32", "--heads", "2", "--context", "16",
+                     "--gamma", "4", "--num-prompts", "16", "--continuation-tokens", "8", "--threads", "1"])
+    assert_terminated(result, tmp_path)
+    assert json.loads((tmp_path / "d" / "data" / "meta.json").read_text(encoding="utf-8"))  # the resumable cache
