@@ -127,7 +127,7 @@ def target_spec(layers: int, heads: int, head_dim: int, head_rows: int) -> Graph
 
 
 def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
-    inputs = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"),)
+    inputs: tuple[TensorSpec, ...] = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"),)
     if time_conditioning:
         inputs += (TensorSpec("sigma", ("batch",), "float32", "sigma"),)
     return GraphSpec("drafter", inputs, (TensorSpec("logits", ("batch", "seq_len", head_rows)),), id_range=head_rows)

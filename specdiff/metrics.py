@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _grow(xs: list[int], n: int) -> None:
@@ -78,12 +79,13 @@ class Metrics:
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_at", "drafted_at", "histogram"):
             a, b = list(getattr(self, name)), list(getattr(other, name))
-            _grow(a, len(b)), _grow(b, len(a))
+            _grow(a, len(b))
+            _grow(b, len(a))
             setattr(out, name, [x + y for x, y in zip(a, b)])
         return out
 
     def to_dict(self) -> dict:
-        d = {
+        d: dict[str, Any] = {
             "new_tokens": self.new_tokens,
             "wall_s": round(self.wall_s, 6),
             "tokens_per_s": round(self.tokens_per_s, 3),

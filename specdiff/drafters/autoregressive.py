@@ -49,7 +49,7 @@ class ARProposer:
             return 0
         row, cached = context[0], self._cached.to(context.device)
         n = min(len(cached), len(row) - 1)
-        same = (cached[:n] == row[:n]).long().cumprod(0).sum().item()
+        same = int((cached[:n] == row[:n]).long().cumprod(0).sum())
         if self._cache.get_seq_length() > same:
             self._cache.crop(same - self._cache.get_seq_length())
         return same

@@ -82,7 +82,7 @@ class TimestepEmbedder(nn.Module):
         freqs = torch.exp(-math.log(10000.0) * k / half)
         args = sigma.float()[:, None] * freqs[None]  # (B, 128)
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, 256)
-        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+        return self.mlp(emb.to(next(self.mlp.parameters()).dtype))
 
 
 class Rotary(nn.Module):

@@ -65,7 +65,7 @@ class CausalLMTarget:
 
     def rollback(self, length: int) -> None:
         drop = self.length - length
-        if drop > 0:
+        if drop > 0 and self.cache is not None:
             self.cache.crop(-drop)
 
     def sync(self) -> None:

@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import transformers
@@ -42,7 +42,7 @@ from ..methods import METHODS as REGISTRY
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
-from ..contracts import Target
+from ..targets.causal import CausalLMTarget
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")  # Hugging Face's own loops, timed beside ours
 METHODS = (*REGISTRY, *PEERS)
@@ -53,7 +53,7 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "heldout.jso
 
 @dataclass
 class Models:
-    target: Target
+    target: CausalLMTarget  # the HF peers call its model
     drafter: DiffusionDrafter | None = None
     ar_drafter: ARDrafter | None = None
 
@@ -61,7 +61,7 @@ class Models:
         """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
         if NEEDS.get(method) == "drafter":
             return self.drafter
-        return self.ar_drafter.model if NEEDS.get(method) == "ar_drafter" else None
+        return self.ar_drafter.model if NEEDS.get(method) == "ar_drafter" and self.ar_drafter else None
 
     def names(self) -> dict:
         return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
@@ -78,7 +78,7 @@ class Variant:
     @property
     def label(self) -> str:
         parts = [self.method] + ([f"g={self.gamma}"] if self.gamma else [])
-        return " ".join(parts + ([f"T={self.steps}", self.schedule] if self.steps else []))
+        return " ".join(parts + ([f"T={self.steps}", str(self.schedule)] if self.steps else []))
 
 
 @dataclass
@@ -171,13 +171,14 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
 
 def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict:
     t = models.target
-    kw = {"do_sample": s.temperature > 0, "pad_token_id": t.eos_token_id, "eos_token_id": t.eos_token_id}
+    kw: dict[str, Any] = {"do_sample": s.temperature > 0, "pad_token_id": t.eos_token_id,
+                          "eos_token_id": t.eos_token_id}
     if s.temperature > 0:
         kw.update(temperature=s.temperature, top_k=0, top_p=1.0)
     head_rows = t.model.get_output_embeddings().weight.shape[0]
     if head_rows > t.vocab_size:  # padded head rows: never emitted, as in Target
         kw["suppress_tokens"] = list(range(t.vocab_size, head_rows))
-    if v.method == "hf-assisted":
+    if v.method == "hf-assisted" and models.ar_drafter is not None:
         kw["assistant_model"] = models.ar_drafter.model
     else:
         kw["prompt_lookup_num_tokens"] = v.gamma
@@ -188,7 +189,8 @@ def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict:
 def _hf_settings(models: Models, v: Variant):
     """Assistant: constant num_assistant_tokens = gamma, no confidence early exit (its generation
     config is where transformers reads these); transformers' warnings off. Restored afterwards."""
-    config = models.ar_drafter.model.generation_config if v.method == "hf-assisted" else None
+    assistant = models.ar_drafter if v.method == "hf-assisted" else None
+    config = assistant.model.generation_config if assistant is not None else None
     wanted = {"num_assistant_tokens": v.gamma, "num_assistant_tokens_schedule": "constant",
               "assistant_confidence_threshold": 0.0} if config is not None else {}
     saved, verbosity = {k: getattr(config, k, None) for k in wanted}, hf_logging.get_verbosity()
@@ -267,7 +269,7 @@ def _measure(models: Models, rows: list[Variant], s: Settings, prompts, encoded,
         for _ in range(s.warmup):
             for _ in one_pass(prompts, encoded):
                 pass
-    repeats = [[] for _ in rows]
+    repeats: list[list[Repeat]] = [[] for _ in rows]
     for i in range(s.repeats):
         log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} variants")
         for v, one_pass, out in zip(rows, passes, repeats):
@@ -392,10 +394,10 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     return _report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
 
 
-def _check_room(target: Target, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
+def _check_room(target: CausalLMTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
     """transformers' prompt lookup does not cap its draft at the context window, so near the end a
     verify call would run past the position embeddings: refuse such settings up front."""
-    gamma = max((v.gamma for v in rows if v.method == "hf-prompt-lookup"), default=0)
+    gamma = max((v.gamma or 0 for v in rows if v.method == "hf-prompt-lookup"), default=0)
     longest = max(map(len, encoded))
     if gamma and longest + max_new_tokens + gamma > target.max_length:
         raise UsageError(

@@ -84,7 +84,7 @@ def verifications(target_calls: list[Call], n_prompt: int, n_new: int) -> list[t
     """(drafted, accepted) for each verification call of one prompt (see the module docstring)."""
     out, committed = [], n_prompt
     for i, call in enumerate(target_calls):
-        after = target_calls[i + 1].cached + 1 if i + 1 < len(target_calls) else n_prompt + n_new
+        after = (target_calls[i + 1].cached or 0) + 1 if i + 1 < len(target_calls) else n_prompt + n_new
         drafted = call.fed - (committed - (call.cached or 0))
         if not (call.prefill and drafted == 0):
             out.append((drafted, min(max(after - committed - 1, 0), drafted)))
