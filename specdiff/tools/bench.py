@@ -26,7 +26,6 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -41,11 +40,12 @@ from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate,
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
+from ..resources import data_path
 from ..targets.causal import Target
 
 METHODS = ("ar", "spec-ar", "specdiff", "hf-assisted", "hf-prompt-lookup")
 NEEDS = {"spec-ar": "ar_drafter", "hf-assisted": "ar_drafter", "specdiff": "drafter"}
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "heldout.jsonl"
+DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
 
 @dataclass
