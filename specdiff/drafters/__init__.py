@@ -4,7 +4,7 @@
         tokens (B, gamma): the draft; q (B, gamma, V): for each slot, the warped distribution over
         the target's real vocabulary the token was drawn from; calls: drafter forward passes.
     Drafter.exact_for_standard: whether q_j is the conditional of x_j given x_<j, i.e. whether the
-        standard min(1, p/q) rule is exact with this drafter (shared/reference/lossless.md).
+        standard min(1, p/q) rule is exact with this drafter (docs/lossless.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Each method: `warmup` untimed passes over all prompts, then `repeats` timed pass
 new tokens / decoding seconds per pass; medians and spread over passes). Every forward call is
 logged by hooks (callstats.py), which gives call counts and costs, the draft/verify/other time
 split, and tau / alpha / accepted lengths for every method, HF peers included. Ideal speed-up:
-S_ideal = tau * c_1 / (c_v + n_d * c_d) (shared/reference/lossless.md), n_d = drafter calls per
+S_ideal = tau * c_1 / (c_v + n_d * c_d) (docs/lossless.md), n_d = drafter calls per
 verification (T for specdiff, gamma for an AR drafter).
 """
 
