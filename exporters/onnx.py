@@ -1,7 +1,7 @@
 """Graphs to ONNX: a target as a step function with explicit KV state, a diffusion drafter as a
 denoiser (the IO contract is runtimes/graphs.py).
 
-Recipe (shared/reference/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
+Recipe (docs/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
 inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and
 the presents are read back from it. torch.onnx.export with dynamo=True, traced with every dynamic
 axis >= 2 (a size-1 sample specialises sdpa's causal flag), weights as external data. Prefill uses

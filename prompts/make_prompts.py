@@ -4,8 +4,9 @@
         --web usr/share/sword/modules/texts/ztext/engWEB2015eb \
         --pydoc usr/share/doc/python3.11/html/_sources
 
-Writes heldout.jsonl (32 prefixes of held-out material, one {"prompt", "source"} object a line)
-and python-faq.txt (every FAQ question, one a line) beside this file. Deterministic: the same
+Writes ../specdiff/data/prompts/heldout.jsonl (32 prefixes of held-out material, one
+{"prompt", "source"} object a line; package data: `specdiff bench` reads it wherever specdiff is
+installed) and python-faq.txt (every FAQ question, one a line) beside this file. Deterministic: the same
 inputs give byte-identical files. Standard library only.
 """
 
@@ -19,6 +20,7 @@ import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+HELDOUT = HERE.parent / "specdiff" / "data" / "prompts" / "heldout.jsonl"
 PLAY = "tempest_gut.txt"  # held out, with its First-Folio twin tempest_gut_f.txt
 BOOK = "Ruth"  # OSIS id of the held-out Bible book
 MIN_CHARS, MAX_CHARS = 200, 420
@@ -147,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     sections = faq_sections(args.pydoc)
     heldout = play_prefixes(args.shakespeare, 11) + bible_prefixes(args.web, 11) + faq_prefixes(sections, 10)
-    with open(HERE / "heldout.jsonl", "w", encoding="utf-8") as f:
+    with open(HELDOUT, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in heldout)
     (HERE / "python-faq.txt").write_text("".join(q + "\n" for _, q, _ in sections), encoding="utf-8")
     print(f"{len(heldout)} held-out prefixes, {len(sections)} FAQ questions")

@@ -13,7 +13,7 @@ from .errors import SpecdiffError
 
 __all__ = ["GenerationResult", "Sampling", "SpecdiffError", "generate", "load_drafter", "load_target",
            "stream"]
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one source: pyproject.toml and `specdiff --version` read it
 _LAZY = {"GenerationResult": ".generation", "generate": ".generation", "stream": ".generation",
          "load_drafter": ".loading",
          "load_target": ".loading", "Sampling": ".sampling"}

@@ -1,7 +1,7 @@
 """Acceptance rules: given a draft, the distribution q each draft token was drawn from, and the
 target's p at every draft position plus one, decide how many draft tokens to keep and which token
 to emit next. All rules are batched over rows and exact under the conditions of
-shared/reference/lossless.md:
+docs/lossless.md:
 
     greedy    accept while x_j == argmax p_j; emit argmax p at the first mismatch / bonus slot.
     standard  accept x_j with prob. min(1, p_j(x_j) / q_j(x_j)); at the first rejection emit a

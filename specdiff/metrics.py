@@ -1,4 +1,4 @@
-"""Per-prompt and total decoding metrics, named as in the literature (shared/reference/lossless.md):
+"""Per-prompt and total decoding metrics, named as in the literature (docs/lossless.md):
 
     tau    mean tokens emitted per verification call, bonus token included (plain decoding: 1)
     alpha  accepted draft tokens / drafted tokens

@@ -14,8 +14,9 @@
         defaults: {method: spec-ar, gamma: 5}
 
 Validation is strict: unknown keys, missing or mistyped fields and dangling names are errors that
-name the file, line and entry. The file is read from $SPECDIFF_MODELS if set, else the one beside
-the package.
+name the file, line and entry. The file is read from $SPECDIFF_MODELS if set, else the one shipped
+in the package (specdiff/data/models.yaml, read through importlib.resources; the repository's
+top-level models.yaml is a symbolic link to it). `path:` is relative to the file's real location.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from pathlib import Path
 import yaml
 
 from .errors import RegistryError, UsageError
+from .resources import data_path
 
-DEFAULT_FILE = Path(__file__).resolve().parent.parent / "models.yaml"
+DEFAULT_FILE = data_path("models.yaml")
 KINDS = ("target", "drafter", "pair")
 DEFAULT_PAIR = "demo"  # what generate and bench use when given no target
 MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description"}
@@ -164,7 +166,7 @@ def _entry(raw, path: Path):
     if ("hub" in raw) == ("path" in raw):
         raise RegistryError(f"{where}: give exactly one of 'hub' or 'path'")
     if "path" in raw:
-        raw["path"] = (path.parent / raw["path"]).resolve()
+        raw["path"] = (path.resolve().parent / raw["path"]).resolve()  # beside the real file, not a link
     return ModelEntry(**raw)
 
 

@@ -1,5 +1,5 @@
 """Logits -> the probabilities tokens are drawn from. One function serves the target (p) and the
-drafter (q), so both are warped identically, as exactness requires (shared/reference/lossless.md).
+drafter (q), so both are warped identically, as exactness requires (docs/lossless.md).
 
 Temperature 0 means greedy: the "distribution" is one-hot on the argmax (first index on ties).
 Otherwise: divide by temperature, keep the top_k largest logits (0 = all), keep the smallest set of

@@ -50,7 +50,7 @@ def _usable_cpus() -> int:
 @click.option("--methods", callback=_list(str), metavar="LIST",
               help="Comma-separated, from ar, spec-ar, specdiff, hf-assisted, hf-prompt-lookup "
                    "[default: every one the models allow]. ar always runs: it is the reference.")
-@click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: prompts/heldout.jsonl].")
+@click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: the 32 held-out prompts shipped in the package].")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)
 @click.option("--num-prompts", type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")

@@ -54,7 +54,7 @@ def distill(threads, **options):
     \b
     Examples:
       specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2 --max-steps 2000
-      specdiff distill --target models/demo/target --prompts train.txt --out d \\
+      specdiff distill --target demo-target --prompts train.txt --out d \\
           --mask-token '<|mask|>' --context 64 --time-budget 600
     """
     import torch

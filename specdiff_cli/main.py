@@ -14,6 +14,8 @@ from typing import Iterator
 
 import click
 
+from specdiff import __version__
+
 from .bench import bench
 from .distill import distill
 from .drafter import drafter
@@ -111,7 +113,7 @@ class SpecdiffGroup(click.Group):
 
 
 @click.group(cls=SpecdiffGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="specdiff")
+@click.version_option(__version__, prog_name="specdiff")  # the code running, not whichever metadata is found first
 def cli():
     """specdiff: faster LLM generation, token for token the target's own, by speculative
     decoding with discrete-diffusion drafters.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,7 +161,7 @@ def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
     from specdiff_cli.prompts import parse_prompts
 
     heldout = parse_prompts(DEFAULT_PROMPTS.read_text(encoding="utf-8"), "auto", "heldout")
-    faq_file = DEFAULT_PROMPTS.parent / "python-faq.txt"
+    faq_file = Path(__file__).resolve().parents[1] / "prompts" / "python-faq.txt"
     faq = parse_prompts(faq_file.read_text(encoding="utf-8"), "auto", "faq")
     assert len(heldout) == 32 and all(r.fields["source"] for r in heldout)
     assert {r.fields["source"].split(":")[0] for r in heldout} == {"shakespeare", "web", "python3.11-doc"}

@@ -234,11 +234,11 @@ def test_only_the_cli_silences_transformers(tiny):
 
 
 def test_help_does_not_import_torch():
-    """`specdiff --help` must stay fast: no torch, no heavy backends (checked in a fresh interpreter)."""
+    """`specdiff --help` and `--version` must stay fast: no torch, no heavy backends (checked in a fresh interpreter)."""
     code = (
         "import json, sys\n"
         "from specdiff_cli.main import cli\n"
-        "for args in (['--help'], ['generate', '--help'], ['models', '--help'], ['drafter', '--help']):\n"
+        "for args in (['--help'], ['--version'], ['generate', '--help'], ['models', '--help'], ['drafter', '--help']):\n"
         "    try:\n"
         "        cli.main(args, prog_name='specdiff')\n"
         "    except SystemExit as e:\n"

@@ -1,27 +1,27 @@
-"""The shipped demo pair (models/demo, built by scripts/demo/build.sh): it loads by its models.yaml
+"""The shipped demo pair (specdiff/data/models/demo, built by scripts/demo/build.sh): it loads by its models.yaml
 names through the code path of hub models, is the default of `generate`, and greedy `specdiff`
 on it is token-identical to greedy `ar`, on PyTorch and on ONNX Runtime."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import specdiff
 from specdiff.generation import plan
+from specdiff.resources import data_path
+from specdiff.tools.bench import DEFAULT_PROMPTS
 from specdiff_cli.main import cli
 
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "models" / "demo"
+DEMO = data_path("models", "demo")
 PROMPT = "To be, or not to be, that is the question:"
-HELDOUT = [json.loads(line)["prompt"] for line in (ROOT / "prompts" / "heldout.jsonl").read_text().splitlines()]
+HELDOUT = [json.loads(line)["prompt"] for line in DEFAULT_PROMPTS.read_text().splitlines()]
 
 pytestmark = pytest.mark.skipif(not all((DEMO / m / "model.safetensors").is_file()
                                         for m in ("target", "ar-drafter", "drafter")),
-                                reason="models/demo is not built (scripts/demo/build.sh)")
+                                reason="specdiff/data/models/demo is not built (scripts/demo/build.sh)")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_the_demo_pair_is_the_default():
 
 
 def test_greedy_specdiff_equals_ar_on_the_demo_pair(demo_target):
-    """Eight held-out prompts (every fourth of prompts/heldout.jsonl), 48 new tokens each."""
+    """Eight held-out prompts (every fourth of specdiff/data/prompts/heldout.jsonl), 48 new tokens each."""
     prompts = HELDOUT[::4]
     plain = specdiff.generate(prompts, target=demo_target, method="ar", max_new_tokens=48)
     fast = specdiff.generate(prompts, target=demo_target, drafter="demo-drafter", method="specdiff",

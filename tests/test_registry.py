@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -31,6 +32,18 @@ def test_shipped_registry_has_the_seven_targets(monkeypatch):
         entry = registry.get(name, "target")
         assert isinstance(entry, ModelEntry) and entry.hub and entry.path is None, name
     assert set(SHIPPED_TARGETS) <= set(registry.names("target"))
+
+
+def test_the_top_level_models_yaml_is_the_packaged_one(tmp_path):
+    """The design card's top-level models.yaml is a link to the package data; `path:` entries
+    resolve beside the real file, whichever name it is read by, also through another link."""
+    top = Path(__file__).resolve().parents[1] / "models.yaml"
+    assert DEFAULT_FILE.parts[-3:] == ("specdiff", "data", "models.yaml") and top.resolve() == DEFAULT_FILE.resolve()
+    elsewhere = tmp_path / "linked.yaml"
+    elsewhere.symlink_to(top)
+    demo = {name: load_registry(file).get("demo-target").path for name, file in
+            [("default", DEFAULT_FILE), ("top", top), ("link", elsewhere)]}
+    assert len(set(demo.values())) == 1 and (demo["default"] / "model.safetensors").is_file(), demo
 
 
 def test_valid_file_paths_pairs_and_defaults(tmp_path):

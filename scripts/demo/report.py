@@ -1,11 +1,12 @@
 """Step 8 of the demo build: greedy samples and per-call latencies of the trained demo models.
 
-    python scripts/demo/report.py --target models/demo/target --drafter models/demo/ar-drafter \
+    python scripts/demo/report.py --target specdiff/data/models/demo/target \
+        --drafter specdiff/data/models/demo/ar-drafter \
         --out build/demo/report.json
 
 Samples: greedy continuations (--new-tokens) of the first prompt of each held-out source in
-prompts/heldout.jsonl, from the target and from the AR drafter, through specdiff.generate (the
-`ar` method, i.e. the code path of hub models). Latency: median and minimum wall time of one target
+specdiff/data/prompts/heldout.jsonl, from the target and from the AR drafter, through
+specdiff.generate (the `ar` method, i.e. the code path of hub models). Latency: median and minimum wall time of one target
 call that appends 1 or 9 tokens to a cache of 128 (rolled back after each call), --threads torch
 threads, batch 1, fp32; and the same for the drafter. Also `ar` versus `spec-ar` (gamma 4) tokens/s over
 the held-out prompts, for orientation (specdiff bench is the real harness).
@@ -24,7 +25,7 @@ import torch
 import specdiff
 from specdiff.loading import load_target
 
-PROMPTS = Path(__file__).parents[2] / "prompts" / "heldout.jsonl"
+PROMPTS = Path(__file__).parents[2] / "specdiff" / "data" / "prompts" / "heldout.jsonl"
 CACHE, CALLS = 128, 30
 
 

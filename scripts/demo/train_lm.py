@@ -1,7 +1,7 @@
 """Steps 4, 5 and 7 of the demo build: train a GPT-2 (GPT2LMHeadModel) on the encoded corpus.
 
     python scripts/demo/train_lm.py --data build/demo/data --tokenizer build/demo/tokenizer \
-        --work build/demo/target --out models/demo/target --layers 6 --dim 384 --heads 6 --budget-min 40
+        --work build/demo/target --out specdiff/data/models/demo/target --layers 6 --dim 384 --heads 6 --budget-min 40
 
 Trains the demo target and, with a smaller config, the AR baseline drafter for `spec-ar`. CPU, fp32,
 --threads torch threads (bf16 is emulated, hence slow, on the CPUs this was made for). AdamW with

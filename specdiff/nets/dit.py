@@ -1,4 +1,4 @@
-"""The DDiT backbone shared by SEDD and MDLM (see shared/reference/diffusion-checkpoints.md).
+"""The DDiT backbone shared by SEDD and MDLM (see docs/diffusion-checkpoints.md).
 
 An adaLN-modulated bidirectional transformer over token ids, conditioned on a noise level sigma:
 

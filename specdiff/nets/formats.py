@@ -1,5 +1,5 @@
 """Diffusion drafter checkpoint formats, told apart by the directory's config.json
-(shared/reference/diffusion-checkpoints.md):
+(docs/diffusion-checkpoints.md):
 
     specdiff  the project's own (nets/checkpoint.py): {"specdiff_format": ...} + model.safetensors
     sedd      SEDD hub (louaaron/sedd-small, -medium): the nested Hydra run config

@@ -14,7 +14,7 @@ Each method: `warmup` untimed passes over all prompts, then `repeats` timed pass
 new tokens / decoding seconds per pass; medians and spread over passes). Every forward call is
 logged by hooks (callstats.py), which gives call counts and costs, the draft/verify/other time
 split, and tau / alpha / accepted lengths for every method, HF peers included. Ideal speed-up:
-S_ideal = tau * c_1 / (c_v + n_d * c_d) (shared/reference/lossless.md), n_d = drafter calls per
+S_ideal = tau * c_1 / (c_v + n_d * c_d) (docs/lossless.md), n_d = drafter calls per
 verification (T for specdiff, gamma for an AR drafter).
 """
 
@@ -26,7 +26,6 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -42,13 +41,14 @@ from ..methods import METHODS as REGISTRY
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
+from ..resources import data_path
 from ..targets.causal import CausalLMTarget
 
 PEERS = ("hf-assisted", "hf-prompt-lookup")  # Hugging Face's own loops, timed beside ours
 METHODS = (*REGISTRY, *PEERS)
 SLOTS = {"diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
 NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "prompts" / "heldout.jsonl"
+DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
 
 @dataclass
