@@ -27,6 +27,7 @@ from .errors import InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .metrics import Metrics
 from .registry import load_registry
+from .requests import check_prompts, check_request
 from .targets.causal import Target
 from .sampling import Sampling
 
@@ -81,6 +82,7 @@ def plan(*, target=None, drafter=None, pair=None, method=None, device="cpu", dty
          acceptance=None, registry=None, **options) -> Plan:
     """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
     With neither pair nor target: the `demo` pair, if models.yaml has one."""
+    target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     options = {**defaults, **{k: v for k, v in options.items() if v is not None}}
@@ -200,7 +202,7 @@ def generate(prompts: str | list[str], *, target=None, drafter=None, pair=None, 
     (`load_target`, `load_drafter`). pair: a models.yaml pair (its target, drafter and defaults).
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompts = check_prompts(prompts)
     p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
              seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule,
              temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
