@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .errors import LoadError
 
@@ -28,6 +28,25 @@ MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 CHUNK = 1 << 20
 ENGINE_MAGIC = b"specdiff-tensorrt-engine\n"
+NULL = type(None)
+JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer",
+              float: "a number", bool: "a boolean", NULL: "null"}
+# What the runtimes read from a manifest, with its JSON types: a dict is an object with these keys
+# (others are allowed), a list [schema] an array of such items, a type or tuple of types a value.
+SCHEMA = {
+    "dtype": str,
+    "tokenizer": {"dir": str, "vocab_size": int, "vocab_sha256": str},
+    "files": dict,  # {relative path: sha256}, checked by _check_files_record
+    "components": dict,  # {"target" | "drafter": COMPONENT}
+}
+COMPONENT = {"graph": (str, NULL), "engine": (dict, NULL),
+             "io": {"inputs": [{"name": str}], "outputs": [{"name": str}]}}
+MODEL = {
+    "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
+               "layers": int, "kv_heads": int, "head_dim": int},
+    "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
+                "parameterization": str, "time_conditioning": bool},
+}
 
 
 def sha256_file(path: Path) -> str:
@@ -86,17 +105,61 @@ def read_manifest(root: Path) -> dict:
         raise LoadError(f"{root} {what}: not a `specdiff export` directory")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"{path}: unreadable manifest ({e})") from None
+    except OSError as e:
+        raise LoadError(f"{path}: cannot read the manifest: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise LoadError(f"{path}: unreadable manifest (not UTF-8: byte {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{path}: unreadable manifest ({e})") from e
+    except (ValueError, RecursionError) as e:  # a number too long for int(), nesting too deep
+        raise LoadError(f"{path}: unreadable manifest ({str(e).split(':')[0]})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise LoadError(f"{path}: not a specdiff export manifest (no \"format\": \"{FORMAT}\")")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise LoadError(f"{path}: export format version {manifest.get('format_version')!r}; this "
                         f"specdiff reads version {FORMAT_VERSION} (re-export with this version)")
-    missing = [k for k in ("components", "files", "tokenizer", "dtype") if k not in manifest]
-    if missing:
-        raise LoadError(f"{path}: malformed manifest (missing {', '.join(missing)})")
+    try:
+        _check_manifest(manifest)
+    except ValueError as e:
+        raise LoadError(f"{path}: malformed manifest: {e}") from e
     return manifest
+
+
+def _check_manifest(manifest: dict) -> None:
+    """ValueError naming the first field the runtimes would trip over (missing, mistyped)."""
+    _check(manifest, SCHEMA, "")
+    for rel, digest in manifest["files"].items():
+        if not isinstance(digest, str):
+            raise ValueError(f"files: the sha256 of {rel!r} must be a string")
+        if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
+            raise ValueError(f"files: {rel!r} is not a path inside the export directory")
+    for kind, component in manifest["components"].items():
+        if kind not in MODEL:
+            raise ValueError(f"components: unknown component {kind!r} (known: {', '.join(MODEL)})")
+        _check(component, {**COMPONENT, "model": MODEL[kind]}, f"components.{kind}")
+        if component["engine"] is not None:
+            _check(component["engine"], {"file": str}, f"components.{kind}.engine")
+
+
+def _check(value, schema, where: str) -> None:
+    """value against schema (see SCHEMA); ValueError naming the dotted path of the first problem."""
+    if isinstance(schema, dict):
+        _check(value, dict, where)
+        for key, sub in schema.items():
+            if key not in value:
+                raise ValueError(f"{where + '.' if where else ''}{key} is missing")
+            _check(value[key], sub, f"{where + '.' if where else ''}{key}")
+    elif isinstance(schema, list):
+        _check(value, list, where)
+        for i, item in enumerate(value):
+            _check(item, schema[0], f"{where}[{i}]")
+    elif not isinstance(value, schema) or (isinstance(value, bool) and bool not in _types(schema)):
+        names = " or ".join(JSON_NAMES[t] for t in _types(schema))
+        raise ValueError(f"{where} must be {names}, got {JSON_NAMES.get(type(value), type(value).__name__)}")
+
+
+def _types(schema) -> tuple:
+    return schema if isinstance(schema, tuple) else (schema,)
 
 
 def _check_tokenizer(root: Path, manifest: dict):

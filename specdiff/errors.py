@@ -50,3 +50,8 @@ class ExportValidationError(SpecdiffError):
         self.mismatches = list(mismatches)
         shown = "; ".join(self.mismatches[:3]) + ("; ..." if len(self.mismatches) > 3 else "")
         super().__init__(f"{graph} disagrees with PyTorch in {len(self.mismatches)} of {checks} checks: {shown}")
+
+
+class ModelOutputError(SpecdiffError):
+    """A model produced unusable output, such as NaN or infinite logits (broken weights, or a dtype
+    too narrow for its activations)."""

@@ -29,6 +29,7 @@ from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method
 from .metrics import Metrics
 from .registry import Registry, load_registry
+from .requests import check_prompts, check_request
 from .sampling import Sampling
 
 DEFAULT_STEPS = 4
@@ -90,6 +91,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
          registry: Registry | None = None, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
     With neither pair nor target: the `demo` pair, if models.yaml has one."""
+    target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     options = {**defaults, **{k: v for k, v in options.items() if v is not None}}
@@ -174,7 +176,7 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     """Decode the prompts in order, yielding an Event per decoding step (the tokens it appended)
     and a final Event per prompt holding its Output. `p`: a Plan; else `options` (as for
     `generate`) make one."""
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompts = check_prompts(prompts)
     p = p or plan(**options)
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt)
     for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), disable=not progress,
@@ -214,7 +216,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     (`load_target`, `load_drafter`). pair: a models.yaml pair (its target, drafter and defaults).
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    prompts = check_prompts(prompts)
     p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
              seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule,
              temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)

@@ -10,6 +10,7 @@ tokenizer files are downloaded.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
 
 
 def check_device(device: str) -> None:
-    """Refuse, before anything is loaded, a device torch cannot parse or this machine lacks."""
+    """Refuse, before anything is loaded, a device torch cannot parse, this machine lacks, or
+    that holds no data (meta)."""
     try:
         parsed = torch.device(device)
     except RuntimeError:
         raise UsageError(f"unknown device '{device}' (e.g. cpu, cuda, cuda:1)") from None
+    if parsed.type == "meta":
+        raise UsageError("device 'meta' holds shapes, not values: a model cannot generate on it")
     try:
         torch.empty(0, device=parsed)
     except (RuntimeError, AssertionError, NotImplementedError) as e:  # torch's "not compiled with" is an assert
@@ -54,12 +58,16 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         raise UsageError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})") from None
 
 
-def resolve(name: str, kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
+def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
     """-> (local directory or hub id, registry entry if any)."""
+    name = os.fspath(name)
     entry = registry.entries.get(name)
     if entry is not None:
         if entry.kind not in kinds:
             raise RegistryError(f"'{name}' is a {entry.kind} in models.yaml, not a {' or '.join(kinds)}")
+        if entry.path is not None and not entry.path.is_dir():
+            what = "is not a directory" if entry.path.exists() else "does not exist"
+            raise LoadError(f"{registry.file.name} entry '{name}': directory {entry.path} {what}")
         return entry.source, entry
     path = Path(name).expanduser()
     if path.exists():
@@ -116,7 +124,7 @@ def _mismatch(entry: tuple) -> str:
     return f"shape of {key}: expected {tuple(expected)}, found {tuple(found)}"
 
 
-def load_target(name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
+def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
                 registry: Registry | None = None) -> CausalLMTarget:
     """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target."""
     check_device(device)
@@ -136,7 +144,7 @@ def _fetch(source: str, files: tuple[str, ...]) -> Path:
     return Path(_hub_call("drafter files", source, snapshot_download, allow_patterns=list(files)))
 
 
-def load_drafter(name_or_path: str, *, device: str = "cpu", dtype: str = "auto",
+def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
                  registry: Registry | None = None) -> nn.Module:
     """A drafter: a DiffusionDrafter (forward(input_ids (B, L), sigma (B,)) -> raw logits
     (B, L, V_drafter)) for diffusion checkpoints, or an ARDrafter for a causal LM."""

@@ -108,23 +108,26 @@ class Registry:
         return target or entry.target, drafter or entry.drafter, dict(entry.defaults)
 
 
+class _KeyNotText(yaml.constructor.ConstructorError):
+    """Valid YAML, but a mapping key models.yaml cannot use."""
+
+
 class _LineLoader(yaml.SafeLoader):
-    """Safe loader that records each mapping's line number under the key '__line__'."""
+    """Safe loader that records each mapping's line number under the key '__line__' and refuses
+    keys that are not text (`1: x`), so that every key can be named and sorted in a message."""
 
     def construct_mapping(self, node, deep=False):
         mapping = super().construct_mapping(node, deep=deep)
+        for key in mapping:
+            if not isinstance(key, str):
+                raise _KeyNotText(None, None, f"key {key!r} is not text (quote it)", node.start_mark)
         mapping["__line__"] = node.start_mark.line + 1
         return mapping
 
 
 def load_registry(file: str | os.PathLike | None = None) -> Registry:
     path = Path(file or os.environ.get("SPECDIFF_MODELS") or DEFAULT_FILE)
-    try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
-    except OSError as e:
-        raise RegistryError(f"cannot read model registry {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise RegistryError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    doc = _read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise RegistryError(f"{path}: expected a top-level 'models:' list")
     unknown = sorted(set(doc) - {"models", "__line__"})
@@ -141,6 +144,26 @@ def load_registry(file: str | os.PathLike | None = None) -> Registry:
         if raw.get("kind") == "pair":
             _check_pair(registry.entries[raw["name"]], registry, f"{path}:{raw['__line__']}")
     return registry
+
+
+def _read_yaml(path: Path):
+    """The parsed file, or a RegistryError naming it: unreadable, not UTF-8, not YAML."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
+    except OSError as e:
+        raise RegistryError(f"cannot read model registry {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise RegistryError(f"{path}: not valid UTF-8 (byte {e.start})") from e
+    except _KeyNotText as e:
+        raise RegistryError(f"{path}:{e.problem_mark.line + 1}: {e.problem}") from e
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f" (line {mark.line + 1})" if mark else ""
+        raise RegistryError(f"{path}: not valid YAML: {e.problem or e.context}{line}") from e
+    except yaml.YAMLError as e:
+        raise RegistryError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from e
+    except RecursionError as e:
+        raise RegistryError(f"{path}: nested too deeply to be a model registry") from e
 
 
 def _entry(raw, path: Path):

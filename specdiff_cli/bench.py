@@ -88,7 +88,9 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     from specdiff.tools import bench as lib
     from specdiff.tools.bench_output import format_table, require_matplotlib, summary, write_report
     from specdiff.errors import UsageError
+    from specdiff.requests import check_seed
 
+    check_seed(seed)  # before minutes of loading and timing, not at the first plan()
     if not no_plots:
         require_matplotlib()  # fail before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.DEFAULT_PROMPTS), sys.stdin.buffer, input_format)

@@ -59,8 +59,10 @@ def distill(threads, **options):
     """
     import torch
 
+    from specdiff.requests import check_seed
     from specdiff.tools.distill import DistillConfig, distill as run
 
+    check_seed(options["seed"])
     if threads is not None:
         if threads < 1:
             raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")

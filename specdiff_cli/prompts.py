@@ -8,10 +8,13 @@ line starts with "{". Everything is read and checked before any generation start
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdiff.errors import InputError, UsageError
+from specdiff.errors import InputError, SpecdiffError, UsageError
+from specdiff.requests import check_text
 
 
 @dataclass
@@ -52,10 +55,7 @@ def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where} line {n}: malformed JSON ({e.msg})") from None
+        obj = _json_line(line, f"{where} line {n}")
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise InputError(f"{where} line {n}: expected an object with a string \"prompt\"")
         prompt = obj.pop("prompt")
@@ -65,6 +65,43 @@ def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
     return records
 
 
+def _json_line(line: str, where: str):
+    """One JSONL line -> its value, which can be written back as JSON: no NaN or Infinity (not
+    JSON), no number that overflows to inf or exceeds int()'s digit limit, no lone surrogate
+    ("\\ud800"), no nesting deeper than the parser's recursion limit."""
+    try:
+        obj = json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float,
+                         parse_int=_bounded_int)
+        json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: malformed JSON ({e.msg})") from e
+    except UnicodeEncodeError as e:
+        raise InputError(f"{where}: not valid Unicode (lone surrogate {e.object[e.start]!r})") from e
+    except ValueError as e:  # from the hooks below
+        raise InputError(f"{where}: {e}") from e
+    except RecursionError as e:
+        raise InputError(f"{where}: nested too deeply") from e
+    return obj
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]}{'...' if len(text) > 20 else ''} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    digits, limit = len(text.lstrip("-")), sys.get_int_max_str_digits()
+    if limit and digits > limit:  # int() would raise a ValueError that names a sys function
+        raise ValueError(f"integer of {digits} digits is too long (at most {limit})")
+    return int(text)
+
+
 def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: str) -> list[PromptRecord]:
     """From --prompt (repeatable), --prompt-file PATH, or stdin, a binary stream (also
     --prompt-file -; None when the process has no stdin)."""
@@ -72,6 +109,7 @@ def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: 
         raise UsageError("give prompts with --prompt or --prompt-file, not both")
     if prompts:
         for i, p in enumerate(prompts, 1):
+            check_text(p, f"--prompt {i}")  # argv's undecodable bytes arrive as lone surrogates
             if not p.strip():
                 raise InputError(f"--prompt {i} is empty")
         return [PromptRecord(p) for p in prompts]
@@ -94,5 +132,9 @@ def escape_line(text: str) -> str:
 def format_record(record: PromptRecord, text: str, metrics: dict, jsonl: bool) -> str:
     if not jsonl:
         return escape_line(text)
-    return json.dumps({**record.fields, "text": text, "metrics": metrics}, ensure_ascii=False)
+    try:
+        return json.dumps({**record.fields, "text": text, "metrics": metrics}, ensure_ascii=False,
+                          allow_nan=False)
+    except (ValueError, RecursionError) as e:  # NaN / inf have no JSON spelling
+        raise SpecdiffError(f"cannot write a result as JSON: {e}") from e
 

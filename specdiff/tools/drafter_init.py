@@ -15,6 +15,7 @@ from ..loading import load_tokenizer, resolve
 from ..nets.checkpoint import save_own
 from ..nets.dit import DDiT, DiTConfig
 from ..registry import Registry, load_registry
+from ..requests import check_seed
 
 
 def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 128, heads: int = 4,
@@ -25,6 +26,7 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
     Only the target's tokenizer is read. The directory appears complete or not at all.
     """
     out = Path(out)
+    check_seed(seed)
     check_new_directory(out)
     for name, value in (("layers", layers), ("dim", dim), ("heads", heads), ("context", context)):
         if value < 1:

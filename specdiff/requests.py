@@ -1,0 +1,109 @@
+"""Checks of a generation request's plain values, made before anything is read or loaded: a bad
+value is one UsageError naming the parameter (as the library spells it, `top_p`, not `--top-p`),
+never a torch or tokenizer traceback after minutes of loading, nor a crash after some output.
+
+    prompts = check_prompts(prompts)                                  # generate()
+    target, drafter = check_request(target, drafter, seed=seed, device=device, **options)  # plan()
+
+Non-goals: what needs the models (prompt length in tokens, vocabularies) or models.yaml (names,
+pair defaults) is checked where those are loaded. Torch-free, so the CLI may import it cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterable
+
+from .errors import InputError, UsageError
+
+SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
+COUNTS = ("max_new_tokens", "gamma", "steps")  # integers >= 1 when given
+
+
+def check_prompts(prompts) -> list[str]:
+    """A string or an iterable of strings -> the list of prompts, each encodable as UTF-8."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    elif not isinstance(prompts, Iterable) or isinstance(prompts, (bytes, dict)):
+        raise UsageError(f"prompts must be a string or a list of strings, got {_kind(prompts)}")
+    prompts = list(prompts)
+    for i, prompt in enumerate(prompts, 1):
+        if not isinstance(prompt, str):
+            raise UsageError(f"prompt {i} must be a string, got {_kind(prompt)}")
+        check_text(prompt, f"prompt {i}")
+    return prompts
+
+
+def check_text(text: str, where: str) -> str:
+    """text, if it can be written as UTF-8: no lone surrogate, which is what json.loads makes of
+    "\\ud800" and Python of bytes in argv that are not UTF-8 (U+DC80..U+DCFF, surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = text[e.start]
+        if "\udc80" <= char <= "\udcff":
+            raise InputError(f"{where} is not valid UTF-8 (byte {ord(char) - 0xDC00:#x} at character "
+                             f"{e.start})") from e
+        raise InputError(f"{where} is not valid Unicode (lone surrogate {char!r} at character {e.start})") from e
+    return text
+
+
+def check_seed(seed) -> None:
+    if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
+        raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
+
+
+def check_sampling(temperature=None, top_k=None, top_p=None) -> None:
+    """The sampling parameters given (None: the default): types and ranges."""
+    if temperature is not None and not (_is_real(temperature) and 0 <= temperature < math.inf):
+        raise UsageError(f"temperature must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
+    if top_k is not None and not (_is_int(top_k) and top_k >= 0):
+        raise UsageError(f"top_k must be an integer >= 0 (0 disables it), got {_short(top_k)}")
+    if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
+        raise UsageError(f"top_p must be a number in (0, 1], got {_short(top_p)}")
+
+
+def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
+                  **options) -> tuple:
+    """Check what plan() is given before it reads anything; -> (target, drafter) with a path
+    (os.PathLike) turned into the string that names it, anything else as given."""
+    check_seed(seed)
+    check_sampling(temperature, top_k, top_p)
+    for key in COUNTS:
+        value = options.get(key)
+        if value is not None and not (_is_int(value) and value >= 1):
+            raise UsageError(f"{key} must be an integer >= 1, got {_short(value)}")
+    if not _is_device(device):
+        raise UsageError(f"device must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
+    return _name(target), _name(drafter)
+
+
+def _name(model):
+    return os.fspath(model) if isinstance(model, os.PathLike) else model
+
+
+def _is_device(x) -> bool:
+    torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
+    return isinstance(x, str) or (torch is not None and isinstance(x, torch.device))
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _kind(x) -> str:
+    return "None" if x is None else type(x).__name__
+
+
+def _short(x) -> str:
+    """repr(x), cut to a readable length (a seed may have thousands of digits)."""
+    if _is_int(x) and abs(x) >= 10**30:  # str() of a 5000-digit integer raises ValueError
+        return f"an integer of about {int(x.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,80 @@
+"""The Python API checks a request's values before it reads models.yaml or loads any model
+(specdiff.requests), and takes pathlib.Path wherever it takes a path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdiff
+import specdiff.generation as generation
+from specdiff.errors import InputError, SpecdiffError, UsageError
+from specdiff.generation import plan
+from specdiff.loading import load_drafter, load_target
+from specdiff.registry import load_registry
+from specdiff.requests import check_prompts
+
+BAD = {  # generate() keyword arguments -> the start of the error
+    "prompts None": ({"prompts": None}, "prompts must be a string or a list of strings, got None"),
+    "prompts int": ({"prompts": 5}, "prompts must be a string or a list of strings, got int"),
+    "prompts bytes": ({"prompts": b"hi"}, "prompts must be a string or a list of strings, got bytes"),
+    "prompt not str": ({"prompts": ["a", 1]}, "prompt 2 must be a string, got int"),
+    "prompt surrogate": ({"prompts": ["a\ud800"]}, "prompt 1 is not valid Unicode (lone surrogate '\\ud800' at character 1)"),
+    "seed str": ({"seed": "x"}, "seed must be an integer from 0 to 2**63 - 1, got 'x'"),
+    "seed float": ({"seed": 1.5}, "seed must be an integer from 0 to 2**63 - 1, got 1.5"),
+    "seed bool": ({"seed": True}, "seed must be an integer from 0 to 2**63 - 1, got True"),
+    "seed 2**64": ({"seed": 2**64}, f"seed must be an integer from 0 to 2**63 - 1, got {2**64}"),
+    "seed negative": ({"seed": -1}, "seed must be an integer from 0 to 2**63 - 1, got -1"),
+    "seed 5000 digits": ({"seed": 10**5000}, "got an integer of about 5001 digits"),
+    "temperature str": ({"temperature": "hot"}, "temperature must be a finite number >= 0 (0 = greedy), got 'hot'"),
+    "temperature inf": ({"temperature": float("inf")}, "temperature must be a finite number >= 0 (0 = greedy), got inf"),
+    "top_k float": ({"top_k": 2.5}, "top_k must be an integer >= 0 (0 disables it), got 2.5"),
+    "top_p str": ({"top_p": "0.9"}, "top_p must be a number in (0, 1], got '0.9'"),
+    "max_new_tokens str": ({"max_new_tokens": "8"}, "max_new_tokens must be an integer >= 1, got '8'"),
+    "max_new_tokens 0": ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+    "gamma float": ({"gamma": 2.0}, "gamma must be an integer >= 1, got 2.0"),
+    "device int": ({"device": 3}, "device must be a string such as 'cpu' or 'cuda:1', got int"),
+    "device None": ({"device": None}, "device must be a string such as 'cpu' or 'cuda:1', got None"),
+}
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if generate() / plan() get as far as models.yaml or a model."""
+    def refuse(*args, **kwargs):
+        pytest.fail("a bad request reached models.yaml or a model")
+    for name in ("load_registry", "load_target", "load_drafter"):
+        monkeypatch.setattr(generation, name, refuse)
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_values_raise_before_anything_loads(nothing_loads, case):
+    kwargs, message = BAD[case]
+    calls = [lambda: specdiff.generate(**{"prompts": ["Hello"], "target": "gpt2", **kwargs})]
+    if "prompts" not in kwargs:
+        calls.append(lambda: plan(target="gpt2", **kwargs))
+    for call in calls:
+        with pytest.raises(UsageError) as info:
+            call()
+        assert message in str(info.value) and "--" not in str(info.value), str(info.value)
+
+
+def test_error_types():
+    assert issubclass(UsageError, SpecdiffError)
+    with pytest.raises(InputError):
+        check_prompts(["\udcff"])
+    assert check_prompts("one") == ["one"] and check_prompts(p for p in ("a", "b")) == ["a", "b"]
+
+
+def test_paths_are_accepted_wherever_a_path_is(tiny, tmp_path):
+    target, drafter = Path(tiny.gpt2), Path(tiny.drafter)
+    expected = specdiff.generate("The sea", target=str(target), drafter=str(drafter), max_new_tokens=4).texts
+    assert specdiff.generate("The sea", target=target, drafter=drafter, max_new_tokens=4).texts == expected
+    p = plan(target=target, drafter=drafter, device=torch.device("cpu"))
+    assert p.method == "specdiff" and p.target.name == str(target)
+    assert load_target(target).name == str(target) and load_drafter(Path(tiny.ar)).source == str(tiny.ar)
+    registry = tmp_path / "models.yaml"
+    registry.write_text(f"models:\n  - name: t\n    kind: target\n    path: {tiny.gpt2}\n", encoding="utf-8")
+    assert load_target("t", registry=load_registry(registry)).name == "t"
