@@ -67,5 +67,5 @@ RULES: dict[str, Rule] = {"greedy": greedy, "standard": standard, "match": match
 def get_rule(name: str) -> Rule:
     try:
         return RULES[name]
-    except KeyError:
-        raise UsageError(f"unknown acceptance rule '{name}' (choose from {', '.join(RULES)})") from None
+    except KeyError as e:
+        raise UsageError(f"unknown acceptance rule '{name}' (choose from {', '.join(RULES)})") from e

@@ -196,6 +196,6 @@ def read_engine(path: Path) -> tuple[dict, bytes]:
             raise LoadError(f"{path}: not a specdiff TensorRT engine (no specdiff header)")
         try:
             meta = json.loads(f.readline())
-        except json.JSONDecodeError:
-            raise LoadError(f"{path}: unreadable engine header") from None
+        except json.JSONDecodeError as e:
+            raise LoadError(f"{path}: unreadable engine header") from e
         return meta, f.read()

@@ -161,7 +161,7 @@ class Limits:
                 raise UsageError(f"--{name} must be >= 1, got {value}")
         max_step = min(max_step, max_seq)
         if max_seq - 1 + max_step > context:
-            raise UsageError(f"--max-seq {max_seq} leaves no room for a {max_step}-token step in the "
+            raise UsageError(f"`max_seq` {max_seq} leaves no room for a {max_step}-token step in the "
                              f"{context}-token context window (at most {context - max_step + 1})")
         return cls(max_batch, max_seq, max_step)
 

@@ -39,14 +39,14 @@ def check_device(device: str) -> None:
     that holds no data (meta)."""
     try:
         parsed = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"unknown device '{device}' (e.g. cpu, cuda, cuda:1)") from None
+    except RuntimeError as e:
+        raise UsageError(f"unknown device '{device}' (e.g. cpu, cuda, cuda:1)") from e
     if parsed.type == "meta":
         raise UsageError("device 'meta' holds shapes, not values: a model cannot generate on it")
     try:
         torch.empty(0, device=parsed)
     except (RuntimeError, AssertionError, NotImplementedError) as e:  # torch's "not compiled with" is an assert
-        raise LoadError(f"device '{device}' is not usable: {str(e).splitlines()[0].split('. ')[0]}") from None
+        raise LoadError(f"device '{device}' is not usable: {str(e).splitlines()[0].split('. ')[0]}") from e
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
@@ -54,8 +54,8 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         return torch.float16 if torch.device(device).type == "cuda" else torch.float32
     try:
         return DTYPES[dtype]
-    except KeyError:
-        raise UsageError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})") from None
+    except KeyError as e:
+        raise UsageError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})") from e
 
 
 def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
@@ -87,14 +87,14 @@ def _hub_call(what: str, source: str, fn, *args, **kwargs):
     except Exception as e:  # transformers raises OSError, ValueError, SafetensorError, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = "" if Path(source).exists() else " (not a local directory; the hub needs network access)"
-        raise LoadError(f"cannot load {what} from '{source}'{hint}: {first}") from None
+        raise LoadError(f"cannot load {what} from '{source}'{hint}: {first}") from e
 
 
 def load_tokenizer(source: str):
     return _hub_call("tokenizer", source, AutoTokenizer.from_pretrained, trust_remote_code=False)
 
 
-def _load_causal_lm(name: str, kinds, device: str, dtype: str, registry: Registry | None):
+def _load_causal_lm(name: str | os.PathLike, kinds, device: str, dtype: str, registry: Registry | None):
     registry = registry or load_registry()
     source, entry = resolve(name, kinds, registry)
     tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
@@ -199,7 +199,7 @@ def _check_causal_lm(source: str) -> None:
     try:
         AutoConfig.from_pretrained(source, trust_remote_code=False)
     except Exception as e:
-        raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from None
+        raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from e
 
 
 def check_pair(target: Target, drafter: Any) -> None:

@@ -36,7 +36,7 @@ KINDS = ("target", "drafter", "pair")
 DEFAULT_PAIR = "demo"  # what generate and bench use when given no target
 MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description"}
 PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "description"}
-DEFAULT_TYPES = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
+DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
                  "temperature": (int, float), "top_k": int, "top_p": (int, float),
                  "max_new_tokens": int}
 
@@ -53,7 +53,7 @@ class ModelEntry:
 
     @property
     def source(self) -> str:
-        return str(self.path) if self.path else self.hub
+        return str(self.path) if self.path else str(self.hub)  # the loader guarantees one of them
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Registry:
         if this file has it; else none."""
         if pair is None and target is None:
             if DEFAULT_PAIR not in self.names("pair"):
-                raise UsageError("no target: name one with --target or --pair")
+                raise UsageError("no target: name one with `target` or `pair`")
             pair = DEFAULT_PAIR
         return None if pair is None else self.pair(pair)
 

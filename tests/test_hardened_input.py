@@ -260,7 +260,7 @@ def test_malformed_manifest_is_one_line(tmp_path, content, message):
 
 
 def test_good_manifest_passes_the_schema(tmp_path):
-    from runtimes.artifacts import read_manifest
+    from specdiff.artifacts import read_manifest
 
     (tmp_path / "manifest.json").write_bytes(_with("dtype", "fp32"))
     assert read_manifest(tmp_path) == GOOD_MANIFEST

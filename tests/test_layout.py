@@ -4,6 +4,7 @@ the algorithm and never the reverse. The one crossing between exporters and runt
 validation runs the graphs it wrote on ONNX Runtime."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,25 @@ def test_the_checker_resolves_relative_imports():
     assert {"specdiff.tools.callstats", "specdiff.errors", "specdiff.generation"} <= bench
     assert "specdiff.contracts" in imported_modules(ROOT / "specdiff" / "decoding.py")
     assert _violates("specdiff.tools.bench", FORBIDDEN[CORE])
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z]")
+
+
+def _raises(path: Path):
+    return [n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.Raise)]
+
+
+def test_library_errors_name_parameters_and_keep_their_cause():
+    """The library speaks in parameters (`truncate_prompt`), which the CLI shows as flags, and a
+    library error raised while handling another keeps it as its cause (no `from None`)."""
+    flags, dropped = [], []
+    for path in (ROOT / "specdiff").rglob("*.py"):
+        for node in _raises(path):
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            texts = [c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant)
+                     and isinstance(c.value, str)] if node.exc else []
+            flags += [where for t in texts if FLAG.search(t)]
+            if isinstance(node.cause, ast.Constant) and node.cause.value is None:
+                dropped.append(where)
+    assert not flags and not dropped

@@ -45,7 +45,7 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"{path}: unreadable config: {e}") from None
+        raise LoadError(f"{path}: unreadable config: {e}") from e
     if not isinstance(data, dict):
         raise LoadError(f"{path}: config is not a JSON object")
     return data
@@ -55,7 +55,7 @@ def read_safetensors(path: Path) -> dict:
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from None
+        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
 
 
 def is_own_format(config: dict) -> bool:
@@ -93,7 +93,7 @@ def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
         dit = DiTConfig(**config["backbone"])
         fields = {k: config[k] for k in ("vocab_size", "mask_id", "context_length", "parameterization")}
     except (KeyError, TypeError, ValueError) as e:
-        raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from None
+        raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from e
     weights = directory / "model.safetensors"
     backbone = DDiT(dit)
     load_state_strict(backbone, read_safetensors(weights), str(weights))

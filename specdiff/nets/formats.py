@@ -79,7 +79,7 @@ def _backbone(where: Path, **shape) -> DDiT:
     try:
         return DDiT(DiTConfig(**shape))
     except ValueError as e:
-        raise LoadError(f"{where}: {e}") from None
+        raise LoadError(f"{where}: {e}") from e
 
 
 def _hub_fields(vocab_rows: int, length: int, parameterization: str, where: Path) -> dict:
@@ -94,7 +94,7 @@ def _read_pickle(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError, RuntimeError, EOFError, OSError, ...
-        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from None
+        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise LoadError(f"{path}: not a state dict of tensors")
     return state
@@ -150,8 +150,8 @@ def detect(config: dict) -> Format | None:
 def get_format(name: str) -> Format:
     try:
         return FORMATS[name]
-    except KeyError:
-        raise LoadError(f"unknown drafter format '{name}' (known: {', '.join(FORMATS)})") from None
+    except KeyError as e:
+        raise LoadError(f"unknown drafter format '{name}' (known: {', '.join(FORMATS)})") from e
 
 
 def load_checkpoint(directory: Path, fmt: Format | None = None) -> tuple[DDiT, dict]:
@@ -179,4 +179,4 @@ def _check_fields(backbone: DDiT, fields: dict, directory: Path) -> None:
     try:
         get_parameterization(fields["parameterization"])
     except LoadError as e:
-        raise LoadError(f"{directory}: {e}") from None
+        raise LoadError(f"{directory}: {e}") from e

@@ -66,8 +66,8 @@ def get_parameterization(name: str) -> Callable[..., torch.Tensor]:
     """The output function (raw, input_ids, sigma, mask_id) -> (B, L, V) registered as `name`."""
     try:
         return PARAMETERIZATIONS[name]
-    except KeyError:
-        raise LoadError(f"unknown parameterization '{name}' (known: {', '.join(PARAMETERIZATIONS)})") from None
+    except KeyError as e:
+        raise LoadError(f"unknown parameterization '{name}' (known: {', '.join(PARAMETERIZATIONS)})") from e
 
 
 def x0_logits(name: str, raw: torch.Tensor, input_ids: torch.Tensor, sigma: torch.Tensor,

@@ -403,7 +403,7 @@ def _check_room(target: CausalLMTarget, rows: list[Variant], encoded: list[list[
         raise UsageError(
             f"hf-prompt-lookup g={gamma}: a {longest}-token prompt + {max_new_tokens} new tokens + gamma passes "
             f"the target's context window of {target.max_length} (transformers does not cap prompt-lookup "
-            "drafts there); use shorter prompts, a lower --max-new-tokens, or leave hf-prompt-lookup out")
+            "drafts there); use shorter prompts, a lower `max_new_tokens`, or leave hf-prompt-lookup out")
 
 
 def _report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, context: dict) -> dict:

@@ -81,8 +81,8 @@ def require_matplotlib():
     """-> matplotlib's Figure class, or a LoadError that says how to get it."""
     try:
         from matplotlib.figure import Figure
-    except ImportError:
-        raise LoadError("plots need matplotlib (pip install matplotlib), or pass --no-plots") from None
+    except ImportError as e:
+        raise LoadError("plots need matplotlib (pip install matplotlib), or pass `no_plots`") from e
     return Figure
 
 

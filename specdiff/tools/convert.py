@@ -29,7 +29,7 @@ def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", contex
     if dtype not in CONVERT_DTYPES:
         raise UsageError(f"unknown dtype '{dtype}' (choose from {', '.join(CONVERT_DTYPES)})")
     if context is not None and context < 1:
-        raise UsageError(f"--context must be >= 1, got {context}")
+        raise UsageError(f"`context` must be >= 1, got {context}")
     drafter = load_diffusion_drafter(source, registry=registry)
     backbone = drafter.backbone.to(CONVERT_DTYPES[dtype])
     with new_directory(out) as tmp:

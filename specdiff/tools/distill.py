@@ -153,11 +153,11 @@ def _check(cfg: DistillConfig) -> None:
     if cfg.lr <= 0 or cfg.temperature < 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
         raise UsageError("lr and time_budget must be > 0 and temperature >= 0")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
-        raise UsageError("--raw-fraction needs --raw-text and must lie in [0, 1]")
+        raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
     if cfg.continuation_tokens < cfg.gamma:
-        raise UsageError(f"--continuation-tokens ({cfg.continuation_tokens}) must be >= --gamma ({cfg.gamma})")
+        raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.gamma})")
     if cfg.drafter and any(getattr(cfg, k) is not None for k in DEFAULT_SHAPE):
-        raise UsageError("--drafter fixes the architecture: drop --layers / --dim / --heads / --context")
+        raise UsageError("`drafter` fixes the architecture: drop `layers` / `dim` / `heads` / `context`")
     out = Path(cfg.out)
     if not cfg.resume:
         check_new_directory(out)
@@ -168,20 +168,20 @@ def _mask_id(tokenizer, mask_token: str | None) -> int:
         return len(tokenizer)
     vocab = tokenizer.get_vocab()
     if mask_token not in vocab:
-        raise UsageError(f"--mask-token {mask_token!r} is not a token of the target's tokenizer")
+        raise UsageError(f"`mask_token` {mask_token!r} is not a token of the target's tokenizer")
     return vocab[mask_token]
 
 
 def _new_drafter(cfg: DistillConfig, tokenizer) -> DiffusionDrafter:
     shape = {k: getattr(cfg, k) or v for k, v in DEFAULT_SHAPE.items()}
     if min(shape.values()) < 1:
-        raise UsageError(f"--layers, --dim, --heads and --context must be >= 1, got {shape}")
+        raise UsageError(f"`layers`, `dim`, `heads` and `context` must be >= 1, got {shape}")
     vocab, mask_id = len(tokenizer), _mask_id(tokenizer, cfg.mask_token)
     try:
         dit = DiTConfig(vocab_size=max(vocab, mask_id + 1), hidden_size=shape["dim"], n_heads=shape["heads"],
                         n_blocks=shape["layers"], cond_dim=COND_DIM, time_conditioning=False)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(str(e)) from e
     backbone = DDiT(dit).init_random(torch.Generator().manual_seed(cfg.seed))
     return DiffusionDrafter(backbone, vocab_size=vocab, mask_id=mask_id, context_length=shape["context"],
                             parameterization="subs", tokenizer=tokenizer, source=cfg.out)
@@ -193,7 +193,7 @@ def _initial_drafter(cfg: DistillConfig, target) -> DiffusionDrafter:
     drafter = load_diffusion_drafter(cfg.drafter)
     check_pair(target, drafter)
     if cfg.mask_token is not None and _mask_id(target.tokenizer, cfg.mask_token) != drafter.mask_id:
-        raise UsageError(f"--mask-token {cfg.mask_token!r} is not the mask id of {cfg.drafter} ({drafter.mask_id})")
+        raise UsageError(f"`mask_token` {cfg.mask_token!r} is not the mask id of {cfg.drafter} ({drafter.mask_id})")
     drafter.tokenizer = target.tokenizer
     return drafter
 
@@ -346,7 +346,7 @@ def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bo
     """Sequences, raw text, the drafting pattern and the fixed validation batches."""
     P, L = drafter.context_length, cfg.continuation_tokens
     if P + L > target.max_length:
-        raise UsageError(f"prompts of {P} tokens (the drafter's context) plus --continuation-tokens {L} "
+        raise UsageError(f"prompts of {P} tokens (the drafter's context) plus `continuation_tokens` {L} "
                          f"exceed the target's context window ({target.max_length})")
     banned = drafter.mask_id if drafter.mask_id < target.vocab_size else None
     spec = DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, L, cfg.num_prompts,

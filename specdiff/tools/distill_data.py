@@ -59,7 +59,7 @@ def read_tokens(path: str, tokenizer, what: str) -> torch.Tensor:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {what} file {path}: {e}") from None
+        raise UsageError(f"cannot read {what} file {path}: {e}") from e
     return torch.tensor(tokenizer.encode(text), dtype=torch.long)
 
 
@@ -106,7 +106,7 @@ def _check_meta(data: Path, spec: DataSpec) -> None:
         cached = json.loads(meta.read_text(encoding="utf-8"))
         differ = [k for k, v in asdict(spec).items() if cached.get(k) != v]
         if differ:
-            raise UsageError(f"{data} was made with other settings ({', '.join(differ)}); use a new --out")
+            raise UsageError(f"{data} was made with other settings ({', '.join(differ)}); use a new `out`")
 
 
 def _write_meta(data: Path, spec: DataSpec) -> None:

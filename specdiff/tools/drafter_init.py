@@ -38,7 +38,7 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
         cfg = DiTConfig(vocab_size=vocab + 1, hidden_size=dim, n_heads=heads, n_blocks=layers,
                         cond_dim=cond_dim, time_conditioning=False)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(str(e)) from e
     backbone = DDiT(cfg).init_random(torch.Generator().manual_seed(seed))
     with new_directory(out) as tmp:
         save_own(tmp, backbone, vocab_size=vocab, mask_id=vocab, context_length=context,
