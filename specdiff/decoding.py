@@ -14,7 +14,7 @@ g = gamma, clipped so that neither max_new_tokens nor the context window is over
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Generator, Iterator
 
 import torch
 
@@ -79,22 +79,22 @@ class _Clock:
         self.m.stop_reason = row.stop_reason
 
 
-def _start(target: Target, row: Row, sampling: Sampling) -> int:
-    """Prefill the prompt; -> the first new token (pushed)."""
+def _first(target: Target, row: Row, sampling: Sampling, clock: _Clock) -> Generator[list[int], None, int]:
+    """Prefill the prompt, push and yield the first new token; -> that token."""
     with row.metrics.timed("verify", target.sync):
         logits = target.prefill(row.tensor())  # (1, S, V)
     row.metrics.target_calls += 1
     x = int(sampling.sample(sampling.probs(logits[0, -1]), row.generator))
     row.push([x])
+    clock.pause(row)
+    yield [x]
     return x
 
 
 def decode_ar(target: Target, row: Row, sampling: Sampling) -> Iterator[list[int]]:
     """Plain decoding, one target call per token: the reference every method must match."""
     m, clock = row.metrics, _Clock(row.metrics)
-    x = _start(target, row, sampling)
-    clock.pause(row)
-    yield [x]
+    x = yield from _first(target, row, sampling, clock)
     while not row.stop_reason:
         clock.resume()
         with m.timed("verify", target.sync):
@@ -111,9 +111,7 @@ def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: S
                        gamma: int) -> Iterator[list[int]]:
     """Speculative decoding with any proposer and acceptance rule (see the module docstring)."""
     m, clock = row.metrics, _Clock(row.metrics)
-    x = _start(target, row, sampling)
-    clock.pause(row)
-    yield [x]
+    x = yield from _first(target, row, sampling, clock)
     while not row.stop_reason:
         clock.resume()
         g = min(gamma, row.room() - 1)  # a step emits at most g + 1 tokens
