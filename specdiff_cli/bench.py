@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from specdiff import names
+
 from .prompts import read_prompts
 
 
@@ -48,7 +50,7 @@ def _usable_cpus() -> int:
 @click.option("--drafter", help="Diffusion drafter (or a causal LM, used as the AR drafter).")
 @click.option("--ar-drafter", help="Causal-LM drafter for spec-ar and hf-assisted [default: the pair's ar_drafter].")
 @click.option("--methods", callback=_list(str), metavar="LIST",
-              help="Comma-separated, from ar, spec-ar, specdiff, hf-assisted, hf-prompt-lookup "
+              help=f"Comma-separated, from {', '.join((*names.METHODS, *names.PEERS))} "
                    "[default: every one the models allow]. ar always runs: it is the reference.")
 @click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: the 32 held-out prompts shipped in the package].")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)

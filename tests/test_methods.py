@@ -13,6 +13,7 @@ from specdiff.drafters.autoregressive import ARProposer
 from specdiff.drafters.diffusion import SCHEDULES
 from specdiff.errors import UsageError
 from specdiff.generation import generate, plan
+from specdiff.tools.bench import PASSES
 from specdiff_cli.main import cli
 
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
@@ -22,6 +23,7 @@ def test_torch_free_names_equal_the_registries():
     assert names.METHODS == tuple(methods.METHODS)
     assert names.RULES == tuple(acceptance.RULES)
     assert names.SCHEDULES == tuple(SCHEDULES)
+    assert (*names.METHODS, *names.PEERS) == tuple(PASSES)
 
 
 class StubProposer(ARProposer):

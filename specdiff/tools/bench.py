@@ -38,13 +38,13 @@ from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import UsageError
 from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
 from ..methods import METHODS as REGISTRY
+from ..names import PEERS
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
 from ..resources import data_path
 from ..targets.causal import CausalLMTarget
 
-PEERS = ("hf-assisted", "hf-prompt-lookup")  # Hugging Face's own loops, timed beside ours
 METHODS = (*REGISTRY, *PEERS)
 SLOTS = {"diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
 NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
