@@ -73,7 +73,7 @@ def test_paths_are_accepted_wherever_a_path_is(tiny, tmp_path):
     expected = specdiff.generate("The sea", target=str(target), drafter=str(drafter), max_new_tokens=4).texts
     assert specdiff.generate("The sea", target=target, drafter=drafter, max_new_tokens=4).texts == expected
     p = plan(target=target, drafter=drafter, device=torch.device("cpu"))
-    assert p.method == "specdiff" and p.target.name == str(target)
+    assert p.method.name == "specdiff" and p.target.name == str(target)
     assert load_target(target).name == str(target) and load_drafter(Path(tiny.ar)).source == str(tiny.ar)
     registry = tmp_path / "models.yaml"
     registry.write_text(f"models:\n  - name: t\n    kind: target\n    path: {tiny.gpt2}\n", encoding="utf-8")
