@@ -14,7 +14,7 @@ g = gamma, clipped so that neither max_new_tokens nor the context window is over
 from __future__ import annotations
 
 import time
-from typing import Generator, Iterator
+from typing import Callable, Generator, Iterator
 
 import torch
 
@@ -25,10 +25,12 @@ from .sampling import Sampling
 
 class Row:
     """One sequence being decoded: its tokens, stop conditions (EOS, max_new_tokens, context
-    window), its own generator and its metrics."""
+    window, and `stop`: a test of the new tokens such as text.StopStrings), its own generator
+    and its metrics."""
 
     def __init__(self, prompt: list[int], max_new_tokens: int, max_length: int, eos: int | None,
-                 device: torch.device, generator: torch.Generator | None = None):
+                 device: torch.device, generator: torch.Generator | None = None,
+                 stop: Callable[[list[int]], bool] | None = None):
         self.ids = list(prompt)
         self.n_prompt = len(prompt)
         self.limit = min(self.n_prompt + max_new_tokens, max_length)
@@ -36,6 +38,7 @@ class Row:
         self.eos = eos
         self.device = device
         self.generator = generator
+        self.stop = stop
         self.stop_reason = ""
         self.metrics = Metrics(prompts=1)
 
@@ -56,6 +59,8 @@ class Row:
             self.ids.append(t)
             if t == self.eos:
                 self.stop_reason = "eos"
+            elif self.stop is not None and self.stop(self.new_tokens):
+                self.stop_reason = "stop"
             elif len(self.ids) >= self.limit:
                 self.stop_reason = "length" if self.limit < self.max_length else "context"
             if self.stop_reason:
@@ -84,7 +89,7 @@ def _first(target: Target, row: Row, sampling: Sampling, clock: _Clock) -> Gener
     with row.metrics.timed("verify", target.sync):
         logits = target.prefill(row.tensor())  # (1, S, V)
     row.metrics.target_calls += 1
-    x = int(sampling.sample(sampling.probs(logits[0, -1]), row.generator))
+    x = int(sampling.sample(_next_p(sampling, logits[:, -1:], row), row.generator))
     row.push([x])
     clock.pause(row)
     yield [x]
@@ -101,7 +106,7 @@ def decode_ar(target: Target, row: Row, sampling: Sampling) -> Iterator[list[int
             logits = target.extend(torch.tensor([[x]], device=row.device))  # (1, 1, V)
         m.target_calls += 1
         m.record(0, 0)
-        x = int(sampling.sample(sampling.probs(logits[0, -1]), row.generator))
+        x = int(sampling.sample(_next_p(sampling, logits, row), row.generator))
         pushed = row.push([x])
         clock.pause(row)
         yield pushed
@@ -120,7 +125,7 @@ def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: S
             draft = proposer.propose(row.tensor(), g, sampling, row.generator) if g else _empty(target, row)
         with m.timed("verify", target.sync):
             fed = torch.cat([torch.tensor([[x]], device=row.device), draft.tokens], dim=1)  # (1, g + 1)
-            p = sampling.probs(target.extend(fed))  # (1, g + 1, V)
+            p = sampling.target_probs(target.extend(fed), row.tensor(), draft.tokens)  # (1, g + 1, V)
             n_t, y = rule(draft.tokens, draft.q, p, row.generator)
             n, x = int(n_t[0]), int(y[0])
             target.rollback(n_row + n)
@@ -130,6 +135,12 @@ def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: S
         pushed = row.push(draft.tokens[0, :n].tolist() + [x])
         clock.pause(row)
         yield pushed
+
+
+def _next_p(sampling: Sampling, logits: torch.Tensor, row: Row) -> torch.Tensor:
+    """logits (1, 1, V) of the token after the row -> p (V,)."""
+    context = row.tensor()  # (1, L)
+    return sampling.target_probs(logits, context, context[:, :0])[0, -1]
 
 
 def _empty(target: Target, row: Row) -> Draft:

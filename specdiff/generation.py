@@ -15,7 +15,7 @@ validated, and every prompt tokenized and checked, before the first token is gen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -31,10 +31,11 @@ from .metrics import Metrics
 from .registry import Registry, load_registry
 from .requests import check_prompts, check_request
 from .sampling import Sampling
+from .text import StopStrings
 
 DEFAULT_STEPS = 4
 DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
-            "temperature": 0.0, "top_k": 0, "top_p": 1.0}
+                            "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
 
 
 @dataclass
@@ -72,6 +73,16 @@ class GenerationResult:
 
 
 @dataclass(frozen=True)
+class TextOptions:
+    """How prompts become ids and ids become text: the tokenizer's chat template (with an optional
+    system message) and stop strings (text.StopStrings)."""
+
+    chat: bool = False
+    system: str | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything a run needs, validated: models, method, sampling and draft settings."""
 
@@ -84,10 +95,12 @@ class Plan:
     max_new_tokens: int
     seed: int
     proposer: Proposer | None = None  # the drafting algorithm around `drafter`
+    text: TextOptions = TextOptions()
 
 
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
          device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
+         chat: bool = False, system: str | None = None, stop: Iterable[str] | str | None = None,
          registry: Registry | None = None, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
     With neither pair nor target: the `demo` pair, if models.yaml has one."""
@@ -97,7 +110,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     options = {**defaults, **{k: v for k, v in options.items() if v is not None}}
     method, acceptance = method or defaults.get("method"), acceptance or defaults.get("acceptance")
     opts: dict[str, Any] = {k: options.get(k) if options.get(k) is not None else v for k, v in DEFAULTS.items()}
-    sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]))
+    sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
+                        float(opts["repetition_penalty"]))
     if opts["steps"] is None:
         opts["steps"] = get_schedule(opts["schedule"]).fixed_steps or DEFAULT_STEPS
     _check_counts(opts)
@@ -111,7 +125,19 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     proposer = _proposer(chosen, target, drafter, settings)
     rule_name = _rule_name(acceptance, sampling, chosen, proposer) if proposer else None
     return Plan(target, drafter if proposer else None, chosen, sampling, rule_name, settings,
-                opts["max_new_tokens"], seed, proposer)
+                opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop))
+
+
+def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[str] | str | None) -> TextOptions:
+    """Check and collect the chat / system / stop parameters for this target."""
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if not all(isinstance(s, str) and s for s in stop):
+        raise UsageError(f"`stop` strings must be non-empty text, got {stop!r}")
+    if system is not None and not chat:
+        raise UsageError("a `system` message needs `chat` (the chat template places it)")
+    if chat and not getattr(target.tokenizer, "chat_template", None):
+        raise UsageError(f"{target.name}: its tokenizer has no chat template; drop `chat`")
+    return TextOptions(bool(chat), system, tuple(stop))
 
 
 def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSettings) -> Proposer | None:
@@ -154,11 +180,12 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
 
 
 def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
-                   truncate: bool = False) -> list[list[int]]:
-    """Tokenize and check every prompt (empty, longer than the context window)."""
+                   truncate: bool = False, text: TextOptions = TextOptions()) -> list[list[int]]:
+    """Tokenize (through the chat template if `text.chat`) and check every prompt (empty, longer
+    than the context window)."""
     encoded = []
     for i, prompt in enumerate(prompts, 1):
-        ids = target.tokenizer.encode(prompt) if prompt.strip() else []
+        ids = _encode(target.tokenizer, prompt, text) if prompt.strip() else []
         if not ids:
             raise InputError(f"prompt {i} is empty")
         if len(ids) >= target.max_length:
@@ -171,6 +198,15 @@ def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
     return encoded
 
 
+def _encode(tokenizer: Any, prompt: str, text: TextOptions) -> list[int]:
+    if not text.chat:
+        return tokenizer.encode(prompt)
+    messages = ([{"role": "system", "content": text.system}] if text.system is not None else [])
+    messages.append({"role": "user", "content": prompt})
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"])
+
+
 def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
            progress: bool = False, **options: Any) -> Iterator[Event]:
     """Decode the prompts in order, yielding an Event per decoding step (the tokens it appended)
@@ -178,14 +214,16 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     `generate`) make one."""
     prompts = check_prompts(prompts)
     p = p or plan(**options)
-    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt)
+    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text)
+    stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
     for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), disable=not progress,
                                            unit="prompt", leave=False)):
         row = Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
-                  torch.Generator(p.target.device).manual_seed(p.seed + i))
+                  torch.Generator(p.target.device).manual_seed(p.seed + i), stop)
         for tokens in _loop(p, row):
             yield Event(i, tokens)
         text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)
+        text = stop.cut(text) if stop else text
         yield Event(i, [], Output(prompt, text, row.new_tokens, row.metrics))
 
 
@@ -207,17 +245,22 @@ def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
 def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,
              method: str | None = None, gamma: int | None = None, steps: int | None = None,
              schedule: str | None = None, acceptance: str | None = None, temperature: float | None = None,
-             top_k: int | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
-             seed: int = 0, device: str = "cpu", dtype: str = "auto", truncate_prompt: bool = False,
-             progress: bool = False) -> GenerationResult:
+             top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+             max_new_tokens: int | None = None, seed: int = 0, device: str = "cpu", dtype: str = "auto",
+             truncate_prompt: bool = False, progress: bool = False, chat: bool = False,
+             system: str | None = None, stop: Iterable[str] | str | None = None) -> GenerationResult:
     """Generate a continuation of each prompt with the target, accelerated by the drafter.
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects
     (`load_target`, `load_drafter`). pair: a models.yaml pair (its target, drafter and defaults).
+    chat / system: prompts go through the target tokenizer's chat template. stop: strings that
+    end a continuation (the text ends before the first one; as vLLM / OpenAI).
+    repetition_penalty: Hugging Face's, applied to the target's p exactly as plain decoding does.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
     p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
              seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule,
-             temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens)
+             temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+             max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop)
     return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))

@@ -38,6 +38,7 @@ MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description
 PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "description"}
 DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
                  "temperature": (int, float), "top_k": int, "top_p": (int, float),
+                 "repetition_penalty": (int, float),
                  "max_new_tokens": int}
 
 

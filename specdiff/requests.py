@@ -55,7 +55,7 @@ def check_seed(seed) -> None:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
 
 
-def check_sampling(temperature=None, top_k=None, top_p=None) -> None:
+def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=None) -> None:
     """The sampling parameters given (None: the default): types and ranges."""
     if temperature is not None and not (_is_real(temperature) and 0 <= temperature < math.inf):
         raise UsageError(f"temperature must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
@@ -63,14 +63,16 @@ def check_sampling(temperature=None, top_k=None, top_p=None) -> None:
         raise UsageError(f"top_k must be an integer >= 0 (0 disables it), got {_short(top_k)}")
     if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
         raise UsageError(f"top_p must be a number in (0, 1], got {_short(top_p)}")
+    if repetition_penalty is not None and not (_is_real(repetition_penalty) and 0 < repetition_penalty < math.inf):
+        raise UsageError(f"repetition_penalty must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
 
 
 def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
-                  **options) -> tuple:
+                  repetition_penalty=None, **options) -> tuple:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
     (os.PathLike) turned into the string that names it, anything else as given."""
     check_seed(seed)
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, repetition_penalty)
     for key in COUNTS:
         value = options.get(key)
         if value is not None and not (_is_int(value) and value >= 1):

@@ -5,6 +5,12 @@ Temperature 0 means greedy: the "distribution" is one-hot on the argmax (first i
 Otherwise: divide by temperature, keep the top_k largest logits (0 = all), keep the smallest set of
 tokens whose probability reaches top_p (always at least the most likely one), renormalise.
 
+A repetition penalty (Keskar et al. 2019, as Hugging Face's RepetitionPenaltyLogitsProcessor:
+a logit of a token already in the sequence is divided by the penalty if positive, multiplied by
+it if negative) is applied to the target's logits only, at every verified position with that
+position's own prefix (context + the draft tokens before it), so p is exactly what plain
+decoding computes. The drafter's q needs no penalty: any q keeps the rules exact.
+
 Every temperature that passes validation gives a distribution, never a NaN: logits are shifted so
 that the largest is 0 before they are divided, and the temperature is held within float32's
 positive normal range. A tiny temperature so tends to the argmax (ties shared), a huge one to
@@ -30,9 +36,10 @@ class Sampling:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        check_sampling(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
 
     @property
     def greedy(self) -> bool:
@@ -56,11 +63,34 @@ class Sampling:
             probs = _nucleus(probs, self.top_p)
         return probs
 
+    def target_probs(self, logits: torch.Tensor, context: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        """The target's p at S positions: logits (B, S, V), where position j follows
+        context (B, L) and draft[:, :j] (draft (B, S - 1)) -> (B, S, V), the repetition
+        penalty applied with each position's own prefix, then warped as `probs`."""
+        if self.repetition_penalty != 1:
+            logits = penalize(logits.float(), seen_tokens(context, draft, logits.shape[-1]), self.repetition_penalty)
+        return self.probs(logits)
+
     def sample(self, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """probs (..., V), possibly unnormalised -> token ids (...). Greedy takes the argmax."""
         if self.greedy:
             return probs.argmax(-1)
         return sample(probs, generator)
+
+
+def seen_tokens(context: torch.Tensor, draft: torch.Tensor, V: int) -> torch.Tensor:
+    """context (B, L), draft (B, S - 1) -> seen (B, S, V) bool: the tokens of context and
+    draft[:, :j] at position j."""
+    base = torch.zeros(context.shape[0], V, dtype=torch.bool, device=context.device)
+    base.scatter_(1, context, True)  # (B, V)
+    drafted = F.one_hot(draft, V).cumsum(1) > 0  # (B, S - 1, V): draft[:, :j + 1] seen
+    return torch.cat([base[:, None], base[:, None] | drafted], dim=1)
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits (..., V), seen (..., V) bool -> logits with seen tokens penalised (HF's rule)."""
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -32,6 +32,12 @@ from .prompts import escape_line, format_record, read_prompts
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = all).")
 @click.option("--top-p", type=float, help="Nucleus mass in (0, 1].")
+@click.option("--repetition-penalty", type=float,
+              help="Hugging Face's repetition penalty on the target (1 = none) [default: 1].")
+@click.option("--stop", multiple=True, metavar="TEXT",
+              help="End a continuation at this text, which is left out (repeatable).")
+@click.option("--chat", is_flag=True, help="Put each prompt through the target's chat template.")
+@click.option("--system", metavar="TEXT", help="A system message for --chat.")
 @click.option("--max-new-tokens", type=int, help="Tokens to generate per prompt [default: 64].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
@@ -99,13 +105,13 @@ def _stream(records, p, truncate_prompt: bool):
     from specdiff.generation import stream
     from specdiff.text import IncrementalText
 
-    total, text = None, IncrementalText(p.target.tokenizer)
+    total, text = None, IncrementalText(p.target.tokenizer, p.text.stop)
     for event in stream([r.prompt for r in records], p, truncate_prompt=truncate_prompt):
         if event.output is None:
             _write(escape_line(text.push(event.tokens)))
             continue
         _print(escape_line(text.finish(event.output.text)))
-        text = IncrementalText(p.target.tokenizer)
+        text = IncrementalText(p.target.tokenizer, p.text.stop)
         total = event.output.metrics if total is None else total.merge(event.output.metrics)
     return total
 

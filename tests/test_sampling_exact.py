@@ -14,12 +14,13 @@ import torch
 from scipy.stats import chisquare
 from tokenizers import Tokenizer, models
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from specdiff.acceptance import leading_true, match, standard
 from specdiff.drafters.autoregressive import ARDrafter, ARProposer
 from specdiff.drafters.diffusion import DiffusionDrafter, DiffusionProposer
 from specdiff.nets.dit import DDiT, DiTConfig
-from specdiff.sampling import Sampling, sample
+from specdiff.sampling import Sampling, penalize, sample, seen_tokens
 
 V, GAMMA, DEPTH, N = 8, 3, 3, 60_000
 CONTEXT = torch.tensor([[1, 5, 2]])
@@ -55,8 +56,13 @@ def drafters():
 
 @torch.no_grad()
 def _p(target, ids, sampling):
-    """Warped target distribution after every prefix of ids (B, L) -> (B, L, V)."""
-    return sampling.probs(target(ids).logits)
+    """Warped target distribution after every prefix of ids (B, L) -> (B, L, V), with a
+    repetition penalty applied by transformers' own processor, prefix by prefix."""
+    logits = target(ids).logits
+    if sampling.repetition_penalty != 1:
+        hf = RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+        logits = torch.stack([hf(ids[:, :j + 1], logits[:, j].clone()) for j in range(ids.shape[1])], 1)
+    return sampling.probs(logits)
 
 
 @torch.no_grad()
@@ -72,13 +78,15 @@ def exact_joint(target, sampling):
 
 
 @torch.no_grad()
-def speculative_samples(target, proposer, rule, sampling, seed):
+def speculative_samples(target, proposer, rule, sampling, seed, verify_p=None):
     """N samples of the first DEPTH tokens through one batched speculative step
-    -> (cell ids (N,), accepted draft tokens per row (N,))."""
+    -> (cell ids (N,), accepted draft tokens per row (N,)). verify_p(logits, context, draft) -> p:
+    how the decoding loop turns the verify call's logits into p (Sampling.target_probs)."""
     g = torch.Generator().manual_seed(seed)
     ctx = CONTEXT.repeat(N, 1)
     draft = proposer.propose(ctx, GAMMA, sampling, g)  # (N, gamma), (N, gamma, V)
-    p = _p(target, torch.cat([ctx, draft.tokens], 1), sampling)[:, CONTEXT.shape[1] - 1:]  # (N, gamma+1, V)
+    logits = target(torch.cat([ctx, draft.tokens], 1)).logits[:, CONTEXT.shape[1] - 1:]  # (N, gamma+1, V)
+    p = (verify_p or sampling.target_probs)(logits, ctx, draft.tokens)
     n, y = rule(draft.tokens, draft.q, p, g)
     emitted = torch.cat([draft.tokens, y[:, None]], 1)  # row i: tokens[:n_i] then y at index n_i
     emitted[torch.arange(N), n] = y
@@ -121,7 +129,8 @@ def always_accept(draft, q, p, generator=None):
     return n, sample(p[:, -1], generator)
 
 
-SAMPLINGS = {"t1": Sampling(1.0), "t0.7-top3": Sampling(0.7, top_k=3), "top-p0.8": Sampling(1.0, top_p=0.8)}
+SAMPLINGS = {"t1": Sampling(1.0), "t0.7-top3": Sampling(0.7, top_k=3), "top-p0.8": Sampling(1.0, top_p=0.8),
+             "t1-rep3": Sampling(1.0, repetition_penalty=3.0)}
 CASES = [  # (drafter, schedule, steps, rule, sampling)
     ("diffusion", "oneshot", 1, standard, "t1"),
     ("diffusion", "l2r", 2, standard, "t1"),
@@ -132,6 +141,8 @@ CASES = [  # (drafter, schedule, steps, rule, sampling)
     ("ar", None, None, standard, "t1"),
     ("ar", None, None, standard, "t0.7-top3"),
     ("ar", None, None, match, "top-p0.8"),
+    ("diffusion", "l2r", 2, standard, "t1-rep3"),
+    ("ar", None, None, standard, "t1-rep3"),
 ]
 
 
@@ -158,4 +169,20 @@ def test_speculative_step_has_the_target_distribution(target, drafters, kind, sc
 def test_a_broken_rule_fails_the_same_test(target, drafters, broken, kind, schedule):
     s = SAMPLINGS["t1"]
     cells, _ = speculative_samples(target, _proposer(drafters, kind, schedule, 2), broken, s, seed=11)
+    assert chi_square_pvalue(cells, exact_joint(target, s)) < P_BROKEN
+
+
+def penalty_without_the_draft(logits, context, draft):
+    """A plausible bug: the penalty of every verified position from the context alone, as if the
+    draft tokens before it had not been generated."""
+    s = SAMPLINGS["t1-rep3"]
+    seen = seen_tokens(context, draft[:, :0], logits.shape[-1])  # (B, 1, V)
+    return s.probs(penalize(logits, seen.expand(-1, logits.shape[1], -1), s.repetition_penalty))
+
+
+@pytest.mark.parametrize("kind,schedule", [("diffusion", "l2r"), ("ar", None)])
+def test_a_penalty_that_ignores_the_draft_fails_the_same_test(target, drafters, kind, schedule):
+    s = SAMPLINGS["t1-rep3"]
+    cells, _ = speculative_samples(target, _proposer(drafters, kind, schedule, 2), standard, s, seed=11,
+                                   verify_p=penalty_without_the_draft)
     assert chi_square_pvalue(cells, exact_joint(target, s)) < P_BROKEN
