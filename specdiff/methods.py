@@ -72,7 +72,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            rules=("standard", "match", "greedy"), settings=("gamma",)),
     Method("specdiff", "a masked-diffusion drafter drafts gamma tokens in T steps (SpecDiff)",
            loop=decode_speculative, needs="diffusion",
-           build=lambda drafter, s: DiffusionProposer(drafter, s.schedule, s.steps),
+           build=lambda drafter, s: DiffusionProposer(drafter, s.schedule, s.steps, s.gamma),
            rules=("standard", "match", "greedy"), settings=("gamma", "steps", "schedule")),
 )}
 

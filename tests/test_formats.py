@@ -19,6 +19,7 @@ import specdiff
 from specdiff.tools.convert import convert_drafter
 from specdiff.drafters.diffusion import DiffusionDrafter, context_window
 from specdiff.errors import IncompatibleModelsError, LoadError, UsageError
+from specdiff.generation import plan
 from specdiff.loading import check_pair, load_drafter, load_target
 from specdiff.nets.checkpoint import read_json
 from specdiff.nets.dit import DDiT, DiTConfig
@@ -357,6 +358,8 @@ def test_short_trained_length_drafts_with_a_smaller_context(tiny, tmp_path, fmt)
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr == ("specdiff: error: gamma 32 does not fit the drafter's trained length 32 "
                              "with any context (at most 31)\n")
+    with pytest.raises(specdiff.SpecdiffError, match="does not fit"):  # refused by the plan, before decoding
+        plan(target=str(tiny.gpt2), drafter=drafter, gamma=32)
 
 
 # ---------------------------------------------------------------- the real GPT-2 vocabulary

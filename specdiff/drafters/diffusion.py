@@ -136,7 +136,12 @@ def get_schedule(name: str) -> Schedule:
 class DiffusionProposer:
     """Drafts with a DiffusionDrafter in T denoising steps under a schedule."""
 
-    def __init__(self, drafter: DiffusionDrafter, schedule: str = "l2r", steps: int = 1):
+    def __init__(self, drafter: DiffusionDrafter, schedule: str = "l2r", steps: int = 1,
+                 gamma: int | None = None):
+        """gamma, if given: the longest draft it will be asked for, refused now if the drafter's
+        trained length cannot hold it."""
+        if gamma is not None:
+            context_window(drafter, gamma)
         self.drafter = drafter
         self.schedule = get_schedule(schedule)
         if steps < 1:
