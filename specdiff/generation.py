@@ -14,6 +14,7 @@ validated, and every prompt tokenized and checked, before the first token is gen
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -24,7 +25,7 @@ from .acceptance import get_rule
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import get_schedule
-from .errors import InputError, UsageError
+from .errors import ContextWindowWarning, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method
 from .metrics import Metrics
@@ -155,7 +156,8 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
 
 def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
                    truncate: bool = False) -> list[list[int]]:
-    """Tokenize and check every prompt (empty, longer than the context window)."""
+    """Tokenize and check every prompt (empty, longer than the context window); warn once when
+    `max_new_tokens` does not fit after some of them."""
     encoded = []
     for i, prompt in enumerate(prompts, 1):
         ids = target.tokenizer.encode(prompt) if prompt.strip() else []
@@ -168,7 +170,17 @@ def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
                     f"{target.max_length} (use `truncate_prompt` to keep only its end)")
             ids = ids[-max(1, target.max_length - max_new_tokens):]
         encoded.append(ids)
+    _warn_past_context(encoded, max_new_tokens, target.max_length)
     return encoded
+
+
+def _warn_past_context(encoded: list[list[int]], max_new_tokens: int, max_length: int) -> None:
+    over = sum(len(ids) + max_new_tokens > max_length for ids in encoded)
+    if over:
+        warnings.warn(ContextWindowWarning(
+            f"`max_new_tokens` {max_new_tokens} does not fit in the target's context window "
+            f"({max_length} tokens) after {over} of {len(encoded)} prompt(s): they stop at the "
+            "window (stop reason 'context')"), stacklevel=2)
 
 
 def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
