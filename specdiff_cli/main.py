@@ -105,6 +105,14 @@ class SpecdiffGroup(click.Group):
     """A group whose main() turns every user-facing error into one stderr line; CliRunner calls
     this same main(), so tests see exactly what a shell user sees."""
 
+    def parse_args(self, ctx, args):
+        """No command: the help, as click >= 8.2 prints it (on stderr, exit 2), not a usage error
+        flattened by main() into one line."""
+        if not args and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), err=True, color=ctx.color)
+            ctx.exit(2)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         _quiet_libraries()
         try:

@@ -203,6 +203,14 @@ def test_drafter_init_refusals(tiny, tmp_path, args, message):
     assert [p.name for p in existing.iterdir()] == ["notes.txt"]
 
 
+def test_bare_specdiff_prints_the_help():
+    result = CliRunner().invoke(cli, [], prog_name="specdiff")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("Usage: specdiff [OPTIONS] COMMAND [ARGS]...\n")
+    assert "\nCommands:\n" in result.stderr and "  generate  " in result.stderr
+    assert "error" not in result.stderr
+
+
 def test_version():
     result = CliRunner().invoke(cli, ["--version"], prog_name="specdiff")  # as main() names it
     assert result.exit_code == 0 and result.stdout == f"specdiff, version {specdiff.__version__}\n"
