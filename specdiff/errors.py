@@ -55,3 +55,12 @@ class ExportValidationError(SpecdiffError):
 class ModelOutputError(SpecdiffError):
     """A model produced unusable output, such as NaN or infinite logits (broken weights, or a dtype
     too narrow for its activations)."""
+
+
+class SpecdiffWarning(UserWarning):
+    """Something the user asked for cannot be done in full, and the run goes on without it."""
+
+
+class ContextWindowWarning(SpecdiffWarning):
+    """`max_new_tokens` reaches past the target's context window: generation stops at the window
+    (stop reason "context") with fewer tokens than asked for."""

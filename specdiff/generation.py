@@ -14,6 +14,7 @@ validated, and every prompt tokenized and checked, before the first token is gen
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -24,7 +25,7 @@ from .acceptance import get_rule
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import get_schedule
-from .errors import InputError, UsageError
+from .errors import ContextWindowWarning, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method
 from .metrics import Metrics
@@ -182,7 +183,7 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
 def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
                    truncate: bool = False, text: TextOptions = TextOptions()) -> list[list[int]]:
     """Tokenize (through the chat template if `text.chat`) and check every prompt (empty, longer
-    than the context window)."""
+    than the context window); warn once when `max_new_tokens` does not fit after some of them."""
     encoded = []
     for i, prompt in enumerate(prompts, 1):
         ids = _encode(target.tokenizer, prompt, text) if prompt.strip() else []
@@ -195,6 +196,7 @@ def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
                     f"{target.max_length} (use `truncate_prompt` to keep only its end)")
             ids = ids[-max(1, target.max_length - max_new_tokens):]
         encoded.append(ids)
+    _warn_past_context(encoded, max_new_tokens, target.max_length)
     return encoded
 
 
@@ -205,6 +207,15 @@ def _encode(tokenizer: Any, prompt: str, text: TextOptions) -> list[int]:
     messages.append({"role": "user", "content": prompt})
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                               return_dict=True)["input_ids"])
+
+
+def _warn_past_context(encoded: list[list[int]], max_new_tokens: int, max_length: int) -> None:
+    over = sum(len(ids) + max_new_tokens > max_length for ids in encoded)
+    if over:
+        warnings.warn(ContextWindowWarning(
+            f"`max_new_tokens` {max_new_tokens} does not fit in the target's context window "
+            f"({max_length} tokens) after {over} of {len(encoded)} prompt(s): they stop at the "
+            "window (stop reason 'context')"), stacklevel=2)
 
 
 def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,

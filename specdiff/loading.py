@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from .contracts import Target
 from .drafters.autoregressive import ARDrafter
@@ -98,11 +100,28 @@ def _load_causal_lm(name: str | os.PathLike, kinds, device: str, dtype: str, reg
     registry = registry or load_registry()
     source, entry = resolve(name, kinds, registry)
     tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
-    model, info = _hub_call("model", source, AutoModelForCausalLM.from_pretrained,
-                            dtype=resolve_dtype(dtype, device), trust_remote_code=False,
-                            output_loading_info=True, ignore_mismatched_sizes=True)
+    with _no_loading_bars():
+        model, info = _hub_call("model", source, AutoModelForCausalLM.from_pretrained,
+                                dtype=resolve_dtype(dtype, device), trust_remote_code=False,
+                                output_loading_info=True, ignore_mismatched_sizes=True)
     _check_loading_info(source, info)
     return model.to(device), tokenizer, (entry.name if entry else source)
+
+
+@contextmanager
+def _no_loading_bars() -> Iterator[None]:
+    """Within the block, transformers draws no bars of its own ("Loading weights"); its hook is
+    restored afterwards, so the user's settings stand. Download bars are huggingface_hub's and
+    stay. transformers 4 has no such hook (its "Loading checkpoint shards" bar stays)."""
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None)
+    if set_hook is None:
+        yield
+        return
+    previous = set_hook(lambda factory, args, kwargs: hf_logging.EmptyTqdm(*args, **kwargs))
+    try:
+        yield
+    finally:
+        set_hook(previous)
 
 
 def _check_loading_info(source: str, info: dict) -> None:

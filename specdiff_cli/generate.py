@@ -10,7 +10,7 @@ import click
 from specdiff import names
 
 from .output import check_output, open_output
-from .prompts import escape_line, format_record, read_prompts
+from .prompts import Layout, read_prompts, unescape
 
 
 @click.command()
@@ -18,6 +18,8 @@ from .prompts import escape_line, format_record, read_prompts
 @click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL; '-' for stdin.")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto",
               show_default=True, help="How to read the prompt file or stdin.")
+@click.option("--whole", is_flag=True,
+              help="The whole prompt file or stdin is one prompt (less one final line end).")
 @click.option("--target", help="Target model: models.yaml name, directory or hub id [default: the demo pair].")
 @click.option("--drafter", help="Drafter: models.yaml name, directory or hub id.")
 @click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
@@ -47,13 +49,20 @@ from .prompts import escape_line, format_record, read_prompts
               show_default=True, help="What runs the models; onnxruntime / tensorrt need --artifacts.")
 @click.option("--artifacts", metavar="DIR", help="A `specdiff export` directory: its target / drafter replace --target / --drafter.")
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
-@click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields, text, metrics).")
+@click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields with prompt, text, metrics).")
+@click.option("--raw", is_flag=True,
+              help="Write continuations as they are, not escaped, separated by a blank line (or --separator).")
+@click.option("--separator", metavar="TEXT",
+              help="Between raw continuations (implies --raw); \\n \\t \\r \\\\ are understood [default: '\\n\\n'].")
+@click.option("--echo", is_flag=True,
+              help="Write each prompt before its continuation (--jsonl records always hold it).")
 @click.option("-o", "--output", metavar="PATH", callback=check_output,
               help="Write results here (a file: complete or not at all).")
 @click.option("--stats", is_flag=True, help="Print aggregate metrics as JSON on stderr.")
 @click.option("--stream/--no-stream", default=None,
               help="Print each continuation as it is produced [default: when stdout is a terminal].")
-def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_prompt, stream, **options):
+def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, echo, output, stats,
+             truncate_prompt, stream, **options):
     """Generate continuations of prompts: exactly the target's own output, faster.
 
     \b
@@ -66,24 +75,27 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
     from runtimes import runtime_models
     from specdiff.generation import iter_generate, plan
 
+    layout = _layout(jsonl, raw, separator, echo)
     stream = _check_stream(stream, jsonl, output)
-    records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None), input_format)
+    records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None),
+                           _input_format(whole, input_format))
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     if stream:
-        total = _stream(records, p, truncate_prompt)
+        total = _stream(records, p, truncate_prompt, layout)
         if stats and total is not None:
             click.echo(json.dumps({"method": p.method.name, **total.to_dict()}), err=True)
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
     writer = open_output(output) if output else None
+    write = writer.write if writer else _write
     total = None
     try:
-        for record, out in zip(records, outputs):
-            line = format_record(record, out.text, out.metrics.to_dict(), jsonl)
-            writer.write(line) if writer else _print(line)
+        for i, (record, out) in enumerate(zip(records, outputs)):
+            write(layout.result(i, record, out.text, out.metrics.to_dict()))
             total = out.metrics if total is None else total.merge(out.metrics)
+        write(layout.end())
         if writer:
             writer.commit()
     finally:
@@ -93,34 +105,47 @@ def generate(prompts, prompt_file, input_format, jsonl, output, stats, truncate_
         click.echo(json.dumps({"method": p.method.name, **total.to_dict()}), err=True)
 
 
+def _layout(jsonl: bool, raw: bool, separator: str | None, echo: bool) -> Layout:
+    raw = raw or separator is not None
+    if raw and jsonl:
+        raise click.UsageError("--raw and --separator write plain text; they do not go with --jsonl")
+    mode = "jsonl" if jsonl else "raw" if raw else "escaped"
+    return Layout(mode, "\n\n" if separator is None else unescape(separator), echo and not jsonl)
+
+
+def _input_format(whole: bool, input_format: str) -> str:
+    if whole and input_format == "jsonl":
+        raise click.UsageError("--whole reads one plain-text prompt; it does not go with --input-format jsonl")
+    return "whole" if whole else input_format
+
+
 def _check_stream(stream, jsonl: bool, output) -> bool:
     if stream and (jsonl or output):
         raise click.UsageError("--stream prints text as it is produced; it does not go with --jsonl or -o")
     return sys.stdout.isatty() and not (jsonl or output) if stream is None else stream
 
 
-def _stream(records, p, truncate_prompt: bool):
-    """Write each continuation's text as its tokens are accepted, one escaped line per prompt;
-    -> total metrics."""
+def _stream(records, p, truncate_prompt: bool, layout: Layout):
+    """Write each continuation's text as its tokens are accepted, laid out as the whole result
+    would be; -> total metrics."""
     from specdiff.generation import stream
     from specdiff.text import IncrementalText
 
-    total, text = None, IncrementalText(p.target.tokenizer, p.text.stop)
+    total, text, current = None, IncrementalText(p.target.tokenizer, p.text.stop), -1
     for event in stream([r.prompt for r in records], p, truncate_prompt=truncate_prompt):
+        if event.index != current:
+            current = event.index
+            _write(layout.head(current, records[current]))
         if event.output is None:
-            _write(escape_line(text.push(event.tokens)))
+            _write(layout.text(text.push(event.tokens)))
             continue
-        _print(escape_line(text.finish(event.output.text)))
+        _write(layout.text(text.finish(event.output.text)) + layout.tail())
         text = IncrementalText(p.target.tokenizer, p.text.stop)
         total = event.output.metrics if total is None else total.merge(event.output.metrics)
+    _write(layout.end())
     return total
 
 
-def _write(piece: str) -> None:
-    sys.stdout.write(piece)
-    sys.stdout.flush()
-
-
-def _print(line: str) -> None:
-    sys.stdout.write(line + "\n")
+def _write(text: str) -> None:
+    sys.stdout.write(text)
     sys.stdout.flush()  # a reader such as `head -1` gets each result as soon as it exists

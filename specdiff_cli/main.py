@@ -1,7 +1,9 @@
 """Entry point. Errors become one line on stderr: exit 2 for usage errors, 1 for runtime errors
-(a failed write among them: disk full, `> /dev/full`), never a traceback. A closed pipe on stdout
-(`specdiff generate ... | head -1`) ends the command quietly with exit 0. SIGTERM and SIGHUP
-become an exception, so that every `finally` removes its temporary files, and exit 128 + signum.
+(a failed write among them: disk full, `> /dev/full`), never a traceback; the library's warnings
+one line each, `specdiff: warning: ...`. A closed pipe on stdout (`specdiff generate ... |
+head -1`) ends the command quietly with exit 0. SIGTERM and SIGHUP become an exception, so that
+every `finally` removes its temporary files, and exit 128 + signum. Bare `specdiff` prints the
+help (on stderr, exit 2).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -40,6 +43,25 @@ def _quiet_libraries() -> None:
     hub_utils.logging.set_verbosity_error()
     if sys.stderr.isatty():
         hub_utils.enable_progress_bars()
+
+
+@contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Every SpecdiffWarning is one stderr line, each time the library warns; other warnings are
+    shown as Python shows them."""
+    from specdiff.errors import SpecdiffWarning
+
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message, category, *args, **kwargs):
+            if not issubclass(category, SpecdiffWarning):
+                return shown(message, category, *args, **kwargs)
+            click.echo(f"specdiff: warning: {to_flags(str(message))}".replace("\n", " "), err=True)
+
+        warnings.showwarning = show
+        warnings.simplefilter("always", SpecdiffWarning)
+        yield
 
 
 def _fail(message: str, code: int):
@@ -83,10 +105,18 @@ class SpecdiffGroup(click.Group):
     """A group whose main() turns every user-facing error into one stderr line; CliRunner calls
     this same main(), so tests see exactly what a shell user sees."""
 
+    def parse_args(self, ctx, args):
+        """No command: the help, as click >= 8.2 prints it (on stderr, exit 2), not a usage error
+        flattened by main() into one line."""
+        if not args and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), err=True, color=ctx.color)
+            ctx.exit(2)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         _quiet_libraries()
         try:
-            with guarded_stdout():
+            with guarded_stdout(), _warnings_as_lines():
                 return super().invoke(ctx)
         except BrokenPipeError:  # click's main() would exit 1 on it
             _end_quietly(ctx)

@@ -76,7 +76,7 @@ def _is_stdout(path: str) -> bool:
 
 
 class AtomicWriter:
-    """Lines go to a temporary file beside `path` (beside the target of a symlink), renamed over
+    """Text goes to a temporary file beside `path` (beside the target of a symlink), renamed over
     it only on commit; an existing file keeps its permissions."""
 
     def __init__(self, path: str):
@@ -90,9 +90,9 @@ class AtomicWriter:
             raise UsageError(f"cannot write {path}: {e.strerror}") from e
         self.file = os.fdopen(fd, "w", encoding="utf-8")
 
-    def write(self, line: str) -> None:
+    def write(self, text: str) -> None:
         try:
-            self.file.write(line + "\n")
+            self.file.write(text)
         except OSError as e:
             raise write_error(self.name, e) from e
 
@@ -111,14 +111,14 @@ class AtomicWriter:
 
 
 class StreamWriter:
-    """Lines written in place, each flushed (a reader sees it at once); nothing to undo."""
+    """Text written in place, each piece flushed (a reader sees it at once); nothing to undo."""
 
     def __init__(self, name: str, file, close: bool = True):
         self.name, self.file, self.close = name, file, close
 
-    def write(self, line: str) -> None:
+    def write(self, text: str) -> None:
         try:
-            self.file.write(line + "\n")
+            self.file.write(text)
             self.file.flush()
         except BrokenPipeError:
             raise

@@ -1,7 +1,8 @@
 """Prompt input and result formatting for `specdiff generate` (output.py writes the results).
 
-Input: plain text, one prompt per line; or JSONL, one {"prompt": ..., other fields} object per
-line, the other fields passed through to the output. `auto` picks JSONL when the first non-blank
+Input: plain text, one prompt per line (blank lines skipped); the whole text as one prompt
+(`whole`: one final line end dropped); or JSONL, one {"prompt": ..., other fields} object per
+line, all its fields passed through to the output. `auto` picks JSONL when the first non-blank
 line starts with "{". Everything is read and checked before any generation starts.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from specdiff.requests import check_text
 @dataclass
 class PromptRecord:
     prompt: str
-    fields: dict = field(default_factory=dict)  # JSONL pass-through fields
+    fields: dict = field(default_factory=dict)  # a JSONL line's fields, "prompt" among them
 
 
 def decode_utf8(data: bytes, where: str) -> str:
@@ -31,6 +33,8 @@ def decode_utf8(data: bytes, where: str) -> str:
 
 
 def parse_prompts(text: str, fmt: str, where: str) -> list[PromptRecord]:
+    if fmt == "whole":
+        return _parse_whole(text, where)
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     while lines and not lines[-1].strip():
         lines.pop()  # the final newline, and blank lines after the last prompt, start no prompt
@@ -43,11 +47,16 @@ def parse_prompts(text: str, fmt: str, where: str) -> list[PromptRecord]:
     return records
 
 
+def _parse_whole(text: str, where: str) -> list[PromptRecord]:
+    """The text is one prompt, less one final line end (which an editor or `echo` adds)."""
+    prompt = text.removesuffix("\r\n") if text.endswith("\r\n") else text.removesuffix("\n")
+    if not prompt.strip():
+        raise InputError(f"{where} holds no prompts")
+    return [PromptRecord(prompt)]
+
+
 def _parse_text(lines: list[str], where: str) -> list[PromptRecord]:
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            raise InputError(f"{where} line {n}: empty prompt")
-    return [PromptRecord(line) for line in lines]
+    return [PromptRecord(line) for line in lines if line.strip()]
 
 
 def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
@@ -58,10 +67,9 @@ def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
         obj = _json_line(line, f"{where} line {n}")
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise InputError(f"{where} line {n}: expected an object with a string \"prompt\"")
-        prompt = obj.pop("prompt")
-        if not prompt.strip():
+        if not obj["prompt"].strip():
             raise InputError(f"{where} line {n}: empty prompt")
-        records.append(PromptRecord(prompt, obj))
+        records.append(PromptRecord(obj["prompt"], obj))
     return records
 
 
@@ -107,6 +115,8 @@ def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: 
     --prompt-file -; None when the process has no stdin)."""
     if prompts and prompt_file:
         raise UsageError("give prompts with --prompt or --prompt-file, not both")
+    if prompts and fmt == "whole":
+        raise UsageError("--whole reads --prompt-file or stdin as one prompt; each --prompt already is one")
     if prompts:
         for i, p in enumerate(prompts, 1):
             check_text(p, f"--prompt {i}")  # argv's undecodable bytes arrive as lone surrogates
@@ -129,12 +139,50 @@ def escape_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
 
 
-def format_record(record: PromptRecord, text: str, metrics: dict, jsonl: bool) -> str:
-    if not jsonl:
-        return escape_line(text)
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """'\\n', '\\t', '\\r' and '\\\\' as the characters they name; any other backslash stays."""
+    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How results are written. `escaped`: one line per prompt (escape_line); `raw`: the text as
+    it is, `separator` between results and a newline after the last; `jsonl`: one record per
+    prompt (format_record). `echo`: each prompt written before its continuation (escaped, raw).
+    A result is head + text pieces + tail, so that streamed output equals the whole result."""
+
+    mode: str = "escaped"
+    separator: str = "\n\n"
+    echo: bool = False
+
+    def head(self, index: int, record: PromptRecord) -> str:
+        between = self.separator if self.mode == "raw" and index else ""
+        return between + (self.text(record.prompt) if self.echo else "")
+
+    def text(self, piece: str) -> str:
+        return piece if self.mode == "raw" else escape_line(piece)
+
+    def tail(self) -> str:
+        return "\n" if self.mode == "escaped" else ""
+
+    def end(self) -> str:
+        """After the last result."""
+        return "\n" if self.mode == "raw" else ""
+
+    def result(self, index: int, record: PromptRecord, text: str, metrics: dict) -> str:
+        if self.mode == "jsonl":
+            return format_record(record, text, metrics) + "\n"
+        return self.head(index, record) + self.text(text) + self.tail()
+
+
+def format_record(record: PromptRecord, text: str, metrics: dict) -> str:
+    """The input's fields (a plain-text prompt: just "prompt"), `text` and `metrics` as JSON."""
+    fields = record.fields or {"prompt": record.prompt}
     try:
-        return json.dumps({**record.fields, "text": text, "metrics": metrics}, ensure_ascii=False,
+        return json.dumps({**fields, "text": text, "metrics": metrics}, ensure_ascii=False,
                           allow_nan=False)
     except (ValueError, RecursionError) as e:  # NaN / inf have no JSON spelling
         raise SpecdiffError(f"cannot write a result as JSON: {e}") from e
-

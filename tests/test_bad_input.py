@@ -12,6 +12,8 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoTokenizer
 
+import specdiff
+from specdiff.errors import ContextWindowWarning
 from specdiff.tools.drafter_init import init_drafter
 from specdiff_cli.main import cli
 
@@ -183,8 +185,13 @@ def test_exact_schedule_acceptance_combinations_are_allowed(models, case):
 PROMPTS = {  # (args, stdin, fragments)
     "empty --prompt": (["--prompt", ""], None, ["--prompt 1 is empty"]),
     "blank second --prompt": (["--prompt", "a", "--prompt", "   "], None, ["--prompt 2 is empty"]),
-    "empty line": ([], "a\n\nb\n", ["stdin line 2: empty prompt"]),
     "no prompts on stdin": ([], "", ["stdin holds no prompts"]),
+    "only blank lines": ([], "\n  \n\r\n", ["stdin holds no prompts"]),
+    "--whole, blank": (["--whole"], " \n", ["stdin holds no prompts"]),
+    "--whole and --prompt": (["--whole", "--prompt", "a"], None, ["--whole reads", "each --prompt already is one"]),
+    "--whole as JSONL": (["--whole", "--input-format", "jsonl"], "a\n", ["not go with --input-format jsonl"]),
+    "--raw and --jsonl": (["--raw", "--jsonl"], "a\n", ["--raw and --separator write plain text"]),
+    "--separator and --jsonl": (["--separator", "--", "--jsonl"], "a\n", ["not go with --jsonl"]),
     "empty JSONL prompt": ([], '{"prompt": "a"}\n{"prompt": ""}\n', ["stdin line 2: empty prompt"]),
     "malformed JSONL line": ([], '{"id": 1, "prompt": "a"}\n\n{"id": 2, "prompt": "b"\n{"prompt": "c"}\n',
                              ["stdin line 3: malformed JSON"]),
@@ -223,6 +230,24 @@ def test_prompt_over_the_context_window(tmp_path, tiny, models):
                      "--max-new-tokens", "5", "--jsonl"])
     assert result.exit_code == 0 and result.stderr == ""
     assert json.loads(result.stdout)["metrics"]["new_tokens"] == 5
+
+
+def test_max_new_tokens_past_the_context_window_warns_once(tiny, models):
+    """Past the window, generation still runs and stops there; the CLI says so in one line, once
+    for all prompts; the library warns with its own category."""
+    args = ["generate", "--target", models["gpt2"], "--prompt", "Hello", "--prompt", "The sea", "--jsonl"]
+    result = invoke([*args, "--max-new-tokens", "200"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.startswith("specdiff: warning: --max-new-tokens 200 does not fit in the target's "
+                                    "context window (128 tokens) after 2 of 2 prompt(s)")
+    assert result.stderr.count("\n") == 1
+    for line in result.stdout.splitlines():
+        metrics, prompt = json.loads(line)["metrics"], json.loads(line)["prompt"]
+        assert metrics["stop_reason"] == "context"
+        assert metrics["new_tokens"] == 128 - len(tiny.tokenizer.encode(prompt))
+    assert invoke([*args, "--max-new-tokens", "100"]).stderr == ""  # "Hello" + 100 fits in 128
+    with pytest.warns(ContextWindowWarning, match="after 1 of 1 prompt"):
+        specdiff.generate("Hello", target=models["gpt2"], max_new_tokens=200)
 
 
 def test_error_after_the_output_file_opened_keeps_the_old_file(tmp_path, tiny, models):

@@ -20,7 +20,7 @@ import specdiff
 from specdiff.loading import load_drafter
 from specdiff_cli.main import cli
 from specdiff_cli.output import AtomicWriter
-from specdiff_cli.prompts import escape_line
+from specdiff_cli.prompts import escape_line, unescape
 
 PROMPTS = ["The sea", "To be, or not", "Call me"]
 PROMPT_OPTIONS = [word for p in PROMPTS for word in ("--prompt", p)]
@@ -79,8 +79,9 @@ def test_jsonl_passes_fields_through(tiny, expected):
     result = invoke(["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "6", "--jsonl"],
                     input="\n".join(lines) + "\n")
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [list(r) for r in records] == [["id", "meta", "text", "metrics"]] * 3
+    assert [list(r) for r in records] == [["id", "prompt", "meta", "text", "metrics"]] * 3
     assert [r["id"] for r in records] == ["q0", "q1", "q2"] and records[0]["meta"] == {"lang": "en"}
+    assert [r["prompt"] for r in records] == PROMPTS
     assert [r["text"] for r in records] == expected  # the continuation only, not the prompt
     assert all(r["metrics"]["new_tokens"] == 6 and r["metrics"]["tau"] == 1.0 for r in records)
     as_text = invoke(["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "6", "--input-format", "text"],
@@ -88,10 +89,71 @@ def test_jsonl_passes_fields_through(tiny, expected):
     assert as_text.stdout.count("\n") == 1  # the JSON line itself was the prompt
 
 
+def test_jsonl_of_plain_prompts_holds_the_prompt(tiny, expected):
+    args = ["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "6", "--jsonl", "--echo"]
+    for how in (PROMPT_OPTIONS, ["--prompt-file", "-"]):  # --echo changes nothing: records hold the prompt
+        result = invoke([*args, *how], input="\n".join(PROMPTS))
+        records = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [list(r) for r in records] == [["prompt", "text", "metrics"]] * 3
+        assert [(r["prompt"], r["text"]) for r in records] == list(zip(PROMPTS, expected))
+
+
+MODES = {"escaped": [], "escaped, echo": ["--echo"], "raw": ["--raw"], "raw, echo": ["--raw", "--echo"],
+         "separator": ["--separator", "\\n--\\t\\\\n\\q"]}
+
+
+def laid_out(mode: str, prompts: list[str], texts: list[str]) -> str:
+    """What MODES[mode] should write, built from the library's prompts and continuations."""
+    results = [p + t if "echo" in mode else t for p, t in zip(prompts, texts)]
+    if mode.startswith("escaped"):
+        return "".join(escape_line(r) + "\n" for r in results)
+    return ("\n--\t\\n\\q" if mode == "separator" else "\n\n").join(results) + "\n"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_output_modes_streamed_or_not(newline_target, mode):
+    """Each layout, with the newline target's "\n"-only continuations: streamed, whole and
+    written with -o give the same text."""
+    texts = specdiff.generate(PROMPTS[:2], target=newline_target, max_new_tokens=3).texts
+    assert texts == ["\n\n\n"] * 2
+    args = ["generate", "--target", newline_target, "--max-new-tokens", "3", *PROMPT_OPTIONS[:4], *MODES[mode]]
+    whole = invoke([*args, "--no-stream"]).stdout
+    assert whole == laid_out(mode, PROMPTS[:2], texts)
+    assert invoke([*args, "--stream"]).stdout == whole
+
+
+def test_raw_output_to_a_file(tiny, expected, tmp_path):
+    out = tmp_path / "out.txt"
+    args = ["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "6", "--raw", "--echo", "-o", str(out)]
+    assert invoke(args, input="\n".join(PROMPTS)).stdout == ""
+    assert out.read_text(encoding="utf-8") == laid_out("raw, echo", PROMPTS, expected)
+
+
+def test_whole_input_is_one_prompt(tiny):
+    text = "The sea\n\nTo be, or not\n"
+    library = specdiff.generate(text.removesuffix("\n"), target=str(tiny.gpt2), max_new_tokens=6).texts[0]
+    args = ["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "6", "--whole", "--jsonl"]
+    for stdin in (text, text.replace("\n", "\r\n")):
+        record = json.loads(invoke(args, input=stdin).stdout)
+        assert record["prompt"] == stdin[:-2 if stdin.endswith("\r\n") else -1]  # one final line end dropped
+    assert json.loads(invoke(args, input=text).stdout)["text"] == library
+    assert json.loads(invoke(args, input=text + "\n").stdout)["prompt"] == text  # only one
+
+
+def test_blank_lines_between_prompts_are_skipped(tiny, expected):
+    args = ["generate", "--target", str(tiny.gpt2), "--max-new-tokens", "6"]
+    stdin = f"\n{PROMPTS[0]}\n\n  \n{PROMPTS[1]}\r\n\r\n{PROMPTS[2]}\n"
+    assert invoke(args, input=stdin).stdout == "".join(escape_line(t) + "\n" for t in expected)
+
+
 def test_newlines_in_text_are_escaped(newline_target):
     args = ["generate", "--target", newline_target, "--max-new-tokens", "3", "--prompt", "The sea", "--prompt", "Call"]
     assert invoke(args).stdout == "\\n\\n\\n\n\\n\\n\\n\n"  # one line per prompt
     assert [json.loads(line)["text"] for line in invoke([*args, "--jsonl"]).stdout.splitlines()] == ["\n\n\n"] * 2
+
+
+def test_unescape_knows_four_escapes():
+    assert unescape("a\\nb\\tc\\rd\\\\n\\x\\") == "a\nb\tc\rd\\n\\x\\"
 
 
 def test_escape_line_is_reversible():
@@ -146,13 +208,13 @@ def test_output_file_is_written_whole(tiny, tmp_path):
 def test_atomic_writer_commit_and_discard(tmp_path):
     path = tmp_path / "out.txt"
     writer = AtomicWriter(str(path))
-    writer.write("first")
+    writer.write("first\n")
     assert not path.exists() and [p.name for p in tmp_path.iterdir()] == [writer.tmp.name]
     writer.discard()
     assert list(tmp_path.iterdir()) == []
     writer = AtomicWriter(str(path))
-    writer.write("first")
-    writer.write("second")
+    writer.write("first\n")
+    writer.write("second\n")
     writer.commit()
     writer.discard()  # what `finally` does: a no-op once committed
     assert path.read_text(encoding="utf-8") == "first\nsecond\n" and list(tmp_path.iterdir()) == [path]
@@ -201,6 +263,14 @@ def test_drafter_init_refusals(tiny, tmp_path, args, message):
     assert result.stderr.startswith("specdiff: error: ") and message in result.stderr, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["existing"]
     assert [p.name for p in existing.iterdir()] == ["notes.txt"]
+
+
+def test_bare_specdiff_prints_the_help():
+    result = CliRunner().invoke(cli, [], prog_name="specdiff")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("Usage: specdiff [OPTIONS] COMMAND [ARGS]...\n")
+    assert "\nCommands:\n" in result.stderr and "  generate  " in result.stderr
+    assert "error" not in result.stderr
 
 
 def test_version():

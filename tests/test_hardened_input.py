@@ -160,7 +160,7 @@ def test_jsonl_fields_are_written_back_as_valid_json(tiny):
 
 def test_format_record_never_writes_nan():
     with pytest.raises(SpecdiffError, match="cannot write a result as JSON"):
-        format_record(PromptRecord("a"), "b", {"tau": float("nan")}, jsonl=True)
+        format_record(PromptRecord("a"), "b", {"tau": float("nan")})
 
 
 # 7. malformed models.yaml and export manifests
