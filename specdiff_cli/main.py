@@ -6,6 +6,7 @@ become an exception, so that every `finally` removes its temporary files, and ex
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -40,6 +41,24 @@ def _quiet_libraries() -> None:
     hub_utils.logging.set_verbosity_error()
     if sys.stderr.isatty():
         hub_utils.enable_progress_bars()
+
+
+def _quiet_when_run(command: click.Command) -> click.Command:
+    """Quiet the libraries when a command runs, not when it only prints its help or refuses its
+    arguments: those then import neither transformers nor huggingface_hub (about a second)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _quiet_when_run(sub)
+    elif command.callback is not None:
+        run = command.callback
+
+        @functools.wraps(run)
+        def quiet_run(*args, **kwargs):
+            _quiet_libraries()
+            return run(*args, **kwargs)
+
+        command.callback = quiet_run
+    return command
 
 
 def _fail(message: str, code: int):
@@ -84,7 +103,6 @@ class SpecdiffGroup(click.Group):
     this same main(), so tests see exactly what a shell user sees."""
 
     def invoke(self, ctx):
-        _quiet_libraries()
         try:
             with guarded_stdout():
                 return super().invoke(ctx)
@@ -127,12 +145,9 @@ def cli():
     """
 
 
-cli.add_command(generate)
-cli.add_command(models)
-cli.add_command(drafter)
-cli.add_command(export)
-cli.add_command(bench)
-cli.add_command(distill)
+for command in (generate, drafter, export, bench, distill):
+    cli.add_command(_quiet_when_run(command))
+cli.add_command(models)  # reads models.yaml only: loads no model, imports no transformers
 
 
 def main() -> None:
