@@ -8,6 +8,7 @@ help (on stderr, exit 2).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -64,6 +65,24 @@ def _warnings_as_lines() -> Iterator[None]:
         yield
 
 
+def _quiet_when_run(command: click.Command) -> click.Command:
+    """Quiet the libraries when a command runs, not when it only prints its help or refuses its
+    arguments: those then import neither transformers nor huggingface_hub (about a second)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _quiet_when_run(sub)
+    elif command.callback is not None:
+        run = command.callback
+
+        @functools.wraps(run)
+        def quiet_run(*args, **kwargs):
+            _quiet_libraries()
+            return run(*args, **kwargs)
+
+        command.callback = quiet_run
+    return command
+
+
 def _fail(message: str, code: int):
     click.echo(f"specdiff: error: {message}", err=True)
     sys.exit(code)
@@ -114,7 +133,6 @@ class SpecdiffGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
-        _quiet_libraries()
         try:
             with guarded_stdout(), _warnings_as_lines():
                 return super().invoke(ctx)
@@ -157,12 +175,9 @@ def cli():
     """
 
 
-cli.add_command(generate)
-cli.add_command(models)
-cli.add_command(drafter)
-cli.add_command(export)
-cli.add_command(bench)
-cli.add_command(distill)
+for command in (generate, drafter, export, bench, distill):
+    cli.add_command(_quiet_when_run(command))
+cli.add_command(models)  # reads models.yaml only: loads no model, imports no transformers
 
 
 def main() -> None:

@@ -304,16 +304,20 @@ def test_only_the_cli_silences_transformers(tiny):
 
 
 def test_help_does_not_import_torch():
-    """`specdiff --help` and `--version` must stay fast: no torch, no heavy backends (checked in a fresh interpreter)."""
+    """`specdiff --help`, `--version`, every command's --help and `specdiff models` must stay fast:
+    no torch, no transformers or huggingface_hub (the CLI quiets them only when a command runs),
+    no heavy backends (checked in a fresh interpreter)."""
     code = (
         "import json, sys\n"
         "from specdiff_cli.main import cli\n"
-        "for args in (['--help'], ['--version'], ['generate', '--help'], ['models', '--help'], ['drafter', '--help']):\n"
+        "helps = [[*c, '--help'] for c in ([], ['generate'], ['bench'], ['distill'], ['export'], ['models'],\n"
+        "                                  ['drafter'], ['drafter', 'init'], ['drafter', 'convert'])]\n"
+        "for args in (*helps, ['--version'], ['models']):\n"
         "    try:\n"
         "        cli.main(args, prog_name='specdiff')\n"
         "    except SystemExit as e:\n"
         "        assert e.code == 0, (args, e.code)\n"
-        "heavy = ('torch', 'onnxruntime', 'tensorrt', 'onnx')\n"
+        "heavy = ('torch', 'transformers', 'huggingface_hub', 'onnxruntime', 'tensorrt', 'onnx')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

