@@ -5,6 +5,7 @@ PNGs, and a deliberately wrong acceptance rule is caught by the greedy check."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -133,6 +134,19 @@ def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
                  "tokens_per_s_vs_steps"):
         data = (out / f"{name}.png").read_bytes()
         assert data.startswith(PNG) and len(data) > 1000, name
+
+
+def test_cli_without_matplotlib_skips_the_plots_with_a_note(tiny, tmp_path, monkeypatch):
+    for module in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, module, None)  # import matplotlib now fails
+    result = _cli(tiny, tmp_path, "--methods", "ar,specdiff", "--gamma", "2")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("specdiff: note: plots need matplotlib: pip install 'matplotlib")
+    assert "skipping the plots" in result.stderr and "Traceback" not in result.output
+    assert result.stdout.startswith("method") and json.loads(result.stdout.strip().splitlines()[-1])["check"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bench.json"]
+    quiet = _cli(tiny, tmp_path, "--methods", "ar", "--no-plots")
+    assert quiet.exit_code == 0 and "note" not in quiet.stderr
 
 
 def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, broken_rule):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..atomic import new_file, write_error
 from ..errors import LoadError, UsageError
+from ..extras import install_hint
 
 PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
          "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png")
@@ -82,7 +83,7 @@ def require_matplotlib():
     try:
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise LoadError("plots need matplotlib (pip install matplotlib), or pass `no_plots`") from e
+        raise LoadError(f"plots need matplotlib: {install_hint('bench')}") from e
     return Figure
 
 
