@@ -43,7 +43,8 @@ def summary(report: dict, out_dir: Path | None = None) -> dict:
     return {"bench_json": str(out_dir / "bench.json") if out_dir else None, "device": env["device"],
             "threads": env["threads"], "prompts": report["config"]["prompts"],
             "max_new_tokens": report["config"]["max_new_tokens"], "check": report["check"]["passed"],
-            "best": best["label"], "speedup": {r["label"]: round(r["speedup"], 3) for r in rows},
+            "best": best["label"], "unreliable": report["reliability"]["unreliable"],
+            "speedup": {r["label"]: round(r["speedup"], 3) for r in rows},
             "tokens_per_s": {r["label"]: round(r["tokens_per_s"]["median"], 2) for r in rows}}
 
 
