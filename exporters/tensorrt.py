@@ -20,6 +20,7 @@ from pathlib import Path
 from specdiff.graphs import GraphSpec, Limits, spec_from_model
 from specdiff.artifacts import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
+from specdiff.extras import install_hint
 
 MAX_OPSET = 20
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -47,7 +48,7 @@ def network_settings(trt, onnx_dtype: str, engine_dtype: str) -> tuple[int, list
     major = version_major(trt.__version__)
     if major < 10:
         raise LoadError(f"TensorRT {trt.__version__} is too old: specdiff builds with TensorRT 10 or 11 "
-                        "(pip install 'specdiff[tensorrt]')")
+                        f"({install_hint('tensorrt')})")
     if onnx_dtype == engine_dtype:
         strong = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)  # 11.x: ignored, may go
         return (0 if strong is None else 1 << int(strong)), []

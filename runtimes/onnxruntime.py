@@ -13,7 +13,7 @@ import torch
 
 from specdiff.errors import LoadError, UsageError
 
-from specdiff.extras import require
+from specdiff.extras import install_hint, require
 from specdiff.graphs import check_step_inputs
 
 # ONNX TensorProto element types, as IOBinding.bind_input accepts them.
@@ -28,7 +28,8 @@ def providers(ort, device: torch.device) -> list:
     if device.type != "cuda":
         raise UsageError(f"onnxruntime runs on cpu or cuda, not {device.type}")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise LoadError("this onnxruntime has no CUDA provider (CPU build): pip install 'specdiff[gpu]'")
+        raise LoadError(f"this onnxruntime has no CUDA provider (CPU build): {install_hint('gpu')}, "
+                        "in place of onnxruntime")
     return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
 
 

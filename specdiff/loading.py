@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from huggingface_hub import snapshot_download
+from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
+from huggingface_hub.utils import get_session
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -31,6 +33,7 @@ from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
 from .registry import ModelEntry, Registry, load_registry
 from .targets.causal import CausalLMTarget
 
+HUB_PROBE_TIMEOUT_S = 3.0  # one request to the hub's endpoint before transformers' retries (a minute offline)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
@@ -84,12 +87,38 @@ def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry)
 
 def _hub_call(what: str, source: str, fn, *args, **kwargs):
     """Run a from_pretrained call, turning its many failure types into one LoadError line."""
+    if not Path(source).exists():
+        check_hub(source)
     try:
         return fn(source, *args, **kwargs)
     except Exception as e:  # transformers raises OSError, ValueError, SafetensorError, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = "" if Path(source).exists() else " (not a local directory; the hub needs network access)"
         raise LoadError(f"cannot load {what} from '{source}'{hint}: {first}") from e
+
+
+def check_hub(repo_id: str) -> None:
+    """Fail in seconds, not after a minute of retries, when a hub id is not in the local Hugging
+    Face cache and the hub does not answer. Not asked with HF_HUB_OFFLINE set (the hub library then
+    reads the cache only) or when the id is cached."""
+    if hub_constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    failure = _hub_unreachable(hub_constants.ENDPOINT)
+    if failure:
+        raise LoadError(f"'{repo_id}' is not in the local Hugging Face cache and the hub ({hub_constants.ENDPOINT}) "
+                        f"does not answer ({failure}); name a local directory, or set HF_HUB_OFFLINE=1 to use "
+                        "cached models only")
+
+
+@lru_cache(maxsize=None)
+def _hub_unreachable(endpoint: str) -> str | None:
+    """None if the endpoint answers one HEAD request within HUB_PROBE_TIMEOUT_S (any HTTP status:
+    it is there), else why not. Through the hub library's session: its proxies and certificates."""
+    try:
+        get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as e:  # the session's transport errors (httpx or requests, by hub version)
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return None
 
 
 def load_tokenizer(source: str):

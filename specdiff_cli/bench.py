@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -11,7 +10,9 @@ import click
 
 from specdiff import names
 
+from .flags import to_flags
 from .prompts import read_prompts
+from .threads import default_threads, threads_option
 
 
 def _list(kind):
@@ -40,10 +41,6 @@ def _report_dir(ctx, param, value):
     return value
 
 
-def _usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @click.command()
 @click.option("--pair", help="A models.yaml pair [default: demo, if models.yaml has it].")
 @click.option("--target", help="Target model: models.yaml name, directory or hub id.")
@@ -69,11 +66,11 @@ def _usable_cpus() -> int:
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
 @click.option("--check", is_flag=True, help="Exit 1 if any method's greedy output differs from ar's.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: the usable CPUs].")
+@threads_option
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto", show_default=True)
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
-@click.option("--no-plots", is_flag=True, help="Skip the PNG plots (no matplotlib needed).")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
           repeats, warmup, gammas, steps, schedules, acceptance, temperature, seed, out, check, threads, device,
           dtype, truncate_prompt, no_plots):
@@ -93,8 +90,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     from specdiff.requests import check_seed
 
     check_seed(seed)  # before minutes of loading and timing, not at the first plan()
-    if not no_plots:
-        require_matplotlib()  # fail before the long run, not after it
+    plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.DEFAULT_PROMPTS), sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
     models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter,
@@ -103,19 +99,43 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     settings = lib.Settings(
         max_new_tokens=max_new_tokens or pick["max_new_tokens"], repeats=repeats, warmup=warmup,
         temperature=pick["temperature"] if temperature is None else temperature,
-        acceptance=acceptance or pick.get("acceptance"), seed=seed, threads=threads or _usable_cpus(),
+        acceptance=acceptance or pick.get("acceptance"), seed=seed, threads=threads or default_threads(),
         truncate_prompt=truncate_prompt)
     if check and settings.temperature > 0:
         raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
     rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
                         steps or (pick["steps"],), schedules or (pick["schedule"],))
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
-    write_report(report, out, plots=not no_plots)
+    write_report(report, out, plots=plots)
     click.echo(format_table(report))
     _warn_mismatches(report)
+    _warn_unreliable(report)
     click.echo(json.dumps(summary(report, Path(out))))
     if check and report["check"]["passed"] is False:
         raise click.ClickException(f"greedy outputs differ from ar: {', '.join(report['check']['mismatched'])}")
+
+
+def _can_plot(require_matplotlib) -> bool:
+    """Without matplotlib the plots are skipped with a note: the figures are in bench.json anyway."""
+    from specdiff.errors import LoadError
+
+    try:
+        require_matplotlib()
+    except LoadError as e:
+        click.echo(f"specdiff: note: {e}; skipping the plots (the table and bench.json are still written; "
+                   "--no-plots silences this note)", err=True)
+        return False
+    return True
+
+
+def _warn_unreliable(report: dict) -> None:
+    """A speed-up the rounds disagree on is said so on stderr, with what to do about it."""
+    for row in report["rows"]:
+        if row["unreliable"]:
+            click.echo(f"specdiff: warning: {row['label']}: speed-up {row['speedup']:.2f}x is unreliable: "
+                       f"{'; '.join(row['unreliable'])}", err=True)
+    if report["reliability"]["advice"]:
+        click.echo(f"specdiff: warning: {to_flags(report['reliability']['advice'])}", err=True)
 
 
 def _warn_mismatches(report: dict) -> None:

@@ -11,6 +11,7 @@ from specdiff import names
 
 from .output import check_output, open_output
 from .prompts import Layout, read_prompts, unescape
+from .threads import set_threads, threads_option
 
 
 @click.command()
@@ -42,6 +43,7 @@ from .prompts import Layout, read_prompts, unescape
 @click.option("--system", metavar="TEXT", help="A system message for --chat.")
 @click.option("--max-new-tokens", type=int, help="Tokens to generate per prompt [default: 64].")
 @click.option("--seed", type=int, default=0, show_default=True)
+@threads_option
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
               show_default=True, help="auto: fp32 on CPU, fp16 on CUDA.")
@@ -79,6 +81,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     stream = _check_stream(stream, jsonl, output)
     records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None),
                            _input_format(whole, input_format))
+    set_threads(options.pop("threads"))
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     if stream:

@@ -5,6 +5,7 @@ PNGs, and a deliberately wrong acceptance rule is caught by the greedy check."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -135,6 +136,19 @@ def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
         assert data.startswith(PNG) and len(data) > 1000, name
 
 
+def test_cli_without_matplotlib_skips_the_plots_with_a_note(tiny, tmp_path, monkeypatch):
+    for module in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, module, None)  # import matplotlib now fails
+    result = _cli(tiny, tmp_path, "--methods", "ar,specdiff", "--gamma", "2")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("specdiff: note: plots need matplotlib: pip install 'matplotlib")
+    assert "skipping the plots" in result.stderr and "Traceback" not in result.output
+    assert result.stdout.startswith("method") and json.loads(result.stdout.strip().splitlines()[-1])["check"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bench.json"]
+    quiet = _cli(tiny, tmp_path, "--methods", "ar", "--no-plots")
+    assert quiet.exit_code == 0 and "note" not in quiet.stderr
+
+
 def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, broken_rule):
     result = _cli(tiny, tmp_path, "--methods", "specdiff", "--gamma", "3", "--acceptance", "accept-all",
                   "--check", "--no-plots")
@@ -216,3 +230,49 @@ def test_pair_names_its_ar_drafter(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert [r["method"] for r in report["rows"]] == ["ar", "spec-ar", "hf-assisted"]
+
+
+def test_unreliable_speedups_are_named_with_their_reasons():
+    """Synthetic per-round tokens/s: a steady row passes; ar's or the row's own spread above the
+    limit, or per-round speed-ups on both sides of 1.0, each give their reason; one round none."""
+    from specdiff.tools.bench import SPREAD_LIMIT, unreliable
+
+    assert unreliable([100, 105, 110], [50, 52, 51], [1.9, 2.1]) == []
+    assert unreliable([100, 125, 150], [50, 52, 51], [1.9, 2.1]) == []  # (150 - 100) / 125 = 0.4
+    assert SPREAD_LIMIT == 0.5
+    assert unreliable([95, 100, 101], [12.2, 20.0, 32.9], [2.9, 7.8]) == [
+        "ar's tokens/s varied by 103% of the median across rounds (limit 50%)"]  # the issue's bogus 5.8x
+    assert unreliable([60, 100, 130], [90, 92, 91], [0.7, 1.4]) == [
+        "its tokens/s varied by 70% of the median across rounds (limit 50%)",
+        "its per-round speed-ups [0.70, 1.40] lie on both sides of 1.0"]
+    assert unreliable([100, 110, 104], [100, 101, 102], [0.98, 1.08]) == [
+        "its per-round speed-ups [0.98, 1.08] lie on both sides of 1.0"]
+    assert unreliable([100], [10], [10.0, 10.0]) == []  # one round: no spread to judge
+
+
+def test_cli_warns_when_rounds_disagree(tiny, tmp_path, monkeypatch):
+    """Fake passes (as in the round-robin test): ar's rounds take 1, 3 and 1.5 s, so every
+    speed-up over it is unreliable; the warning, its advice and bench.json say so."""
+    from specdiff.tools import bench
+
+    seconds = {"ar": [1.0, 3.0, 1.5], "spec-ar": [0.5, 0.5, 0.5]}
+
+    def fake_pass(models, v, s):
+        done = []
+
+        def one_pass(prompts, encoded):
+            done.append(1)
+            yield [1, 2, 3], seconds[v.method][len(done) - 1]
+        return one_pass
+
+    monkeypatch.setattr(bench, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
+    result = _cli(tiny, tmp_path, "--methods", "spec-ar", "--gamma", "2", "--repeats", "3", "--no-plots")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("specdiff: warning:")]
+    assert warnings == [
+        "specdiff: warning: spec-ar g=2: speed-up 3.00x is unreliable: ar's tokens/s varied by 100% of the "
+        "median across rounds (limit 50%)",
+        "specdiff: warning: for a reliable speed-up: more --repeats, fewer --threads, or a quiet machine"]
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["reliability"]["unreliable"] == ["spec-ar g=2"] and report["rows"][0]["unreliable"] == []
+    assert json.loads(result.stdout.strip().splitlines()[-1])["unreliable"] == ["spec-ar g=2"]

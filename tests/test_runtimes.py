@@ -102,12 +102,25 @@ def test_runtime_refuses_a_mask_that_does_not_span_past_and_new(onnx_pair):
 
 
 def test_missing_backends_name_their_extra(onnx_pair, monkeypatch):
-    with pytest.raises(LoadError, match=r"this onnxruntime has no CUDA provider .*specdiff\[gpu\]"):
+    with pytest.raises(LoadError, match=r"this onnxruntime has no CUDA provider .*'onnxruntime-gpu>=.*-e '\.\[gpu\]'"):
         OrtRuntime(onnx_pair / "target.onnx", "cuda")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now fails
     result = run_cli(["generate", "--runtime", "onnxruntime", "--artifacts", str(onnx_pair), "--prompt", "x"])
     assert result.exit_code == 1
-    assert result.stderr == "specdiff: error: onnxruntime is not installed: pip install 'specdiff[onnx]'\n"
+    assert result.stderr == ("specdiff: error: onnxruntime is not installed: pip install 'onnx>=1.17' "
+                             "'onnxruntime>=1.20' 'onnxscript>=0.2' (or pip install -e '.[onnx]' from a checkout)\n")
+
+
+def test_install_hint_outside_an_installed_specdiff_is_the_checkout_form(monkeypatch):
+    from importlib import metadata
+
+    from specdiff import extras
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(extras.metadata, "requires", not_installed)
+    assert extras.install_hint("onnx") == "pip install -e '.[onnx]' from a checkout"
 
 
 @pytest.fixture

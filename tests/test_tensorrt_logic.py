@@ -313,7 +313,8 @@ def test_shapes_outside_the_profile_are_refused(engines):
 def test_missing_tensorrt_names_its_extra(tiny, onnx_pair, tmp_path, monkeypatch):
     runner = CliRunner()
     monkeypatch.setitem(sys.modules, "tensorrt", None)
-    line = "specdiff: error: tensorrt is not installed: pip install 'specdiff[tensorrt]'\n"
+    line = ("specdiff: error: tensorrt is not installed: pip install 'onnx>=1.17' 'onnxscript>=0.2' 'tensorrt>=10' "
+            "(or pip install -e '.[tensorrt]' from a checkout)\n")
     result = runner.invoke(cli, ["export", "--target", str(tiny.gpt2), "--format", "tensorrt", "--out", str(tmp_path / "e")])
     assert (result.exit_code, result.stderr) == (1, line) and list(tmp_path.iterdir()) == []
     result = runner.invoke(cli, ["generate", "--runtime", "tensorrt", "--device", "cuda", "--artifacts",

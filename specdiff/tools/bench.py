@@ -406,6 +406,29 @@ def _check_room(target: CausalLMTarget, rows: list[Variant], encoded: list[list[
             "drafts there); use shorter prompts, a lower `max_new_tokens`, or leave hf-prompt-lookup out")
 
 
+SPREAD_LIMIT = 0.5  # (max - min) / median of tokens/s over rounds; README, Benchmark, says why
+ADVICE = "for a reliable speed-up: more `repeats`, fewer `threads`, or a quiet machine"
+
+
+def _relative_spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def unreliable(runs: list[float], ar_runs: list[float], speedup_range: list[float]) -> list[str]:
+    """Why a row's speed-up cannot be trusted ([]: no reason; fewer than 2 rounds: none can be
+    seen): its own or ar's tokens/s moved by more than SPREAD_LIMIT of the median across rounds
+    (the machine's speed changed by as much as the speed-ups measured), or the per-round ratios
+    fall on both sides of 1.0 (faster in one round, slower in another)."""
+    if len(runs) < 2:
+        return []
+    why = [f"{who} tokens/s varied by {_relative_spread(xs):.0%} of the median across rounds (limit {SPREAD_LIMIT:.0%})"
+           for who, xs in (("its", runs), ("ar's", ar_runs)) if _relative_spread(xs) > SPREAD_LIMIT]
+    low, high = speedup_range
+    if low < 1.0 < high:
+        why.append(f"its per-round speed-ups [{low:.2f}, {high:.2f}] lie on both sides of 1.0")
+    return why
+
+
 def _report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, context: dict) -> dict:
     """Speed-up: per round of passes, a variant's tokens/s over ar's in the same round; the
     median over rounds, and its range."""
@@ -417,10 +440,15 @@ def _report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, contex
         row["speedup"] = statistics.median(ratios)
         row["speedup_range"] = [min(ratios), max(ratios)]
         row["ideal"] = _ideal(row, c_1)
+        row["unreliable"] = [] if row is ar else unreliable(
+            row["tokens_per_s"]["runs"], ar["tokens_per_s"]["runs"], row["speedup_range"])
         row["mismatches"] = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
         row["matches_ar"] = not row["mismatches"] if greedy else None
         if row["mismatches"]:
             failed.append(row["label"])
     check = {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed}
     config = {**asdict(s), **context}
-    return {"config": config, "environment": env, "check": check, "rows": [row for row, _ in out]}
+    noisy = [row["label"] for row, _ in out if row["unreliable"]]
+    reliability = {"spread_limit": SPREAD_LIMIT, "unreliable": noisy, "advice": ADVICE if noisy else None}
+    return {"config": config, "environment": env, "check": check, "reliability": reliability,
+            "rows": [row for row, _ in out]}

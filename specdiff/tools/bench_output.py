@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..atomic import new_file, write_error
 from ..errors import LoadError, UsageError
+from ..extras import install_hint
 
 PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
          "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png")
@@ -42,7 +43,8 @@ def summary(report: dict, out_dir: Path | None = None) -> dict:
     return {"bench_json": str(out_dir / "bench.json") if out_dir else None, "device": env["device"],
             "threads": env["threads"], "prompts": report["config"]["prompts"],
             "max_new_tokens": report["config"]["max_new_tokens"], "check": report["check"]["passed"],
-            "best": best["label"], "speedup": {r["label"]: round(r["speedup"], 3) for r in rows},
+            "best": best["label"], "unreliable": report["reliability"]["unreliable"],
+            "speedup": {r["label"]: round(r["speedup"], 3) for r in rows},
             "tokens_per_s": {r["label"]: round(r["tokens_per_s"]["median"], 2) for r in rows}}
 
 
@@ -82,7 +84,7 @@ def require_matplotlib():
     try:
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise LoadError("plots need matplotlib (pip install matplotlib), or pass `no_plots`") from e
+        raise LoadError(f"plots need matplotlib: {install_hint('bench')}") from e
     return Figure
 
 

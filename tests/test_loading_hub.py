@@ -1,0 +1,74 @@
+"""A hub id that is not cached, with no hub to answer, fails in seconds with one line that names
+HF_HUB_OFFLINE=1 (transformers' own retries took about a minute). Only local addresses are used:
+a closed port on 127.0.0.1 as the unreachable hub, a local HTTP server as a reachable one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import huggingface_hub.constants
+import pytest
+from click.testing import CliRunner
+
+from specdiff import loading
+from specdiff.errors import LoadError
+from specdiff_cli.main import cli
+
+CLOSED_PORT = "http://127.0.0.1:9"  # discard: nothing listens there
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """An empty Hugging Face cache, online mode, and a settable endpoint; the probe's memo cleared."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    loading._hub_unreachable.cache_clear()
+    yield lambda endpoint: monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    loading._hub_unreachable.cache_clear()
+
+
+def test_unreachable_hub_fails_fast_naming_hf_hub_offline(hub):
+    hub(CLOSED_PORT)
+    start = time.perf_counter()
+    result = CliRunner().invoke(cli, ["generate", "--target", "nobody/not-cached", "--prompt", "x"])
+    assert time.perf_counter() - start < 5
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("specdiff: error: 'nobody/not-cached' is not in the local Hugging Face cache "
+                                    f"and the hub ({CLOSED_PORT}) does not answer")
+    assert "HF_HUB_OFFLINE=1" in result.stderr
+
+
+def test_a_hub_that_answers_passes_the_probe(hub):
+    class NotFound(BaseHTTPRequestHandler):
+        def do_HEAD(self):  # any status means the hub is there
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hub(f"http://127.0.0.1:{server.server_port}")
+        loading.check_hub("nobody/not-cached")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_probe_when_offline_or_cached(hub, monkeypatch, tmp_path):
+    hub(CLOSED_PORT)
+    with pytest.raises(LoadError, match="HF_HUB_OFFLINE=1"):
+        loading.check_hub("someone/cached")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = tmp_path / "models--someone--cached"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "config.json").write_text("{}")
+    loading.check_hub("someone/cached")  # in the cache: the hub is not asked
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    loading.check_hub("nobody/not-cached")  # offline: the hub library reads the cache only

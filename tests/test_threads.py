@@ -1,0 +1,41 @@
+"""--threads: `generate` sets torch's thread count for the run; the default (shared with `bench`)
+leaves one usable CPU free, since one thread per core ran slower and erratically on a shared
+2-vCPU machine."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specdiff_cli import threads
+from specdiff_cli.main import cli
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("cpus, expected", [(1, 1), (2, 1), (16, 15)])
+def test_default_leaves_one_cpu_free(monkeypatch, cpus, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    assert threads.default_threads() == expected
+
+
+@pytest.mark.parametrize("extra, expected", [(("--threads", "3"), 3), ((), None)])
+def test_generate_sets_torch_threads(tiny, extra, expected):
+    torch.set_num_threads(5)
+    result = CliRunner().invoke(cli, ["generate", "--target", str(tiny.gpt2), "--prompt", "x",
+                                      "--max-new-tokens", "2", *extra])
+    assert result.exit_code == 0, result.output
+    assert torch.get_num_threads() == (expected or threads.default_threads())
+
+
+def test_threads_must_be_positive(tiny):
+    result = CliRunner().invoke(cli, ["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--threads", "0"])
+    assert result.exit_code == 2 and "--threads" in result.stderr
