@@ -3,9 +3,10 @@
 GraphTarget implements the specdiff.contracts.Target contract over a target step graph; its KV cache
 is 2L explicit tensors (B, H, P, D) fed back as the next call's past. rollback(n) slices them to
 n positions; the slice is not contiguous, so the runtime copies it before binding it by pointer.
-GraphDrafter exposes what DiffusionProposer uses of a DiffusionDrafter (x0_logits, mask_id,
-vocab_size, context_length, tokenizer) over a denoiser graph; the parameterisation and the noise
-level are computed in Python exactly as the PyTorch drafter does.
+GraphDrafter exposes what DiffusionProposer and plan use of a DiffusionDrafter (x0_logits,
+mask_id, vocab_size, context_length, tokenizer, the recorded draft `defaults`) over a denoiser
+graph; the parameterisation and the noise level are computed in Python exactly as the PyTorch
+drafter does.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class GraphDrafter:
         self.context_length = model["context_length"]
         self.parameterization = model["parameterization"]
         self.time_conditioning = model["time_conditioning"]
+        self.defaults = model.get("defaults", {})  # recorded draft settings (absent before they were exported)
         self.device = torch.device(device)
 
     @classmethod

@@ -2,7 +2,8 @@
 before anything in it is loaded.
 
     DIR/manifest.json            format, tools, dtype, opset, limits, per component its source
-                                 model, IO signature and validation, and the sha256 of every file
+                                 model, IO signature and validation (a drafter's also the draft
+                                 settings it records, `defaults`), and the sha256 of every file
     DIR/tokenizer/               the tokenizer the exported models share
     DIR/target.onnx (+ .data)    DIR/drafter.onnx (+ .data)    DIR/target.engine ... (TensorRT)
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .errors import LoadError
+from .requests import check_recorded
 
 FORMAT = "specdiff-export"
 FORMAT_VERSION = 1
@@ -31,8 +33,18 @@ ENGINE_MAGIC = b"specdiff-tensorrt-engine\n"
 NULL = type(None)
 JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer",
               float: "a number", bool: "a boolean", NULL: "null"}
+
+
+@dataclass(frozen=True)
+class Maybe:
+    """A key a manifest may lack (one written before the key existed)."""
+
+    schema: object
+
+
 # What the runtimes read from a manifest, with its JSON types: a dict is an object with these keys
-# (others are allowed), a list [schema] an array of such items, a type or tuple of types a value.
+# (others are allowed; a Maybe key may be absent), a list [schema] an array of such items, a type
+# or tuple of types a value.
 SCHEMA = {
     "dtype": str,
     "tokenizer": {"dir": str, "vocab_size": int, "vocab_sha256": str},
@@ -45,7 +57,8 @@ MODEL = {
     "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
                "layers": int, "kv_heads": int, "head_dim": int},
     "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
-                "parameterization": str, "time_conditioning": bool},
+                "parameterization": str, "time_conditioning": bool,
+                "defaults": Maybe(dict)},  # the draft settings it was trained for (check_recorded)
 }
 
 
@@ -137,6 +150,8 @@ def _check_manifest(manifest: dict) -> None:
         if kind not in MODEL:
             raise ValueError(f"components: unknown component {kind!r} (known: {', '.join(MODEL)})")
         _check(component, {**COMPONENT, "model": MODEL[kind]}, f"components.{kind}")
+        if "defaults" in component["model"]:
+            _recorded(component["model"]["defaults"], f"components.{kind}.model")
         if component["engine"] is not None:
             _check(component["engine"], {"file": str}, f"components.{kind}.engine")
 
@@ -146,8 +161,11 @@ def _check(value, schema, where: str) -> None:
     if isinstance(schema, dict):
         _check(value, dict, where)
         for key, sub in schema.items():
+            if isinstance(sub, Maybe) and key not in value:
+                continue
             if key not in value:
                 raise ValueError(f"{where + '.' if where else ''}{key} is missing")
+            sub = sub.schema if isinstance(sub, Maybe) else sub
             _check(value[key], sub, f"{where + '.' if where else ''}{key}")
     elif isinstance(schema, list):
         _check(value, list, where)
@@ -156,6 +174,13 @@ def _check(value, schema, where: str) -> None:
     elif not isinstance(value, schema) or (isinstance(value, bool) and bool not in _types(schema)):
         names = " or ".join(JSON_NAMES[t] for t in _types(schema))
         raise ValueError(f"{where} must be {names}, got {JSON_NAMES.get(type(value), type(value).__name__)}")
+
+
+def _recorded(settings, where: str) -> None:
+    try:
+        check_recorded(settings)
+    except ValueError as e:
+        raise ValueError(f"{where}.{e}") from e
 
 
 def _types(schema) -> tuple:

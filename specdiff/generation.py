@@ -8,8 +8,10 @@
 
 Methods are declared in `methods.py` (`ar`, the reference; `spec-ar`; `specdiff`). Prompts are
 decoded one after another (batch 1), each with its own generator seeded from `seed` and the
-prompt's index, so a prompt's output does not depend on the prompts around it. Every option is
-validated, and every prompt tokenized and checked, before the first token is generated.
+prompt's index, so a prompt's output does not depend on the prompts around it. A setting not
+given comes from the models.yaml pair's defaults, else from the drafter (the settings it records
+it was trained for), else DEFAULTS (`choose`). Every option is validated, and every prompt
+tokenized and checked, before the first token is generated.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tqdm import tqdm
 from .acceptance import get_rule
 from .contracts import Proposer, Target
 from .decoding import Row
-from .drafters.diffusion import get_schedule
+from .drafters.diffusion import block_sizes, get_schedule
 from .errors import ContextWindowWarning, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method
@@ -36,7 +38,36 @@ from .text import StopStrings
 
 DEFAULT_STEPS = 4
 DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
-                            "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+                                        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    source: str  # one of SOURCES
+
+
+def choose(options: dict, pair: dict | None = None, drafter: Any = None) -> dict[str, Setting]:
+    """method, acceptance and each of DEFAULTS with where it came from, first found: an option
+    given (not None) > the models.yaml pair's `defaults` > the settings the drafter records
+    (what it was trained for: its `defaults`; None, a name or a drafter without them: none) >
+    DEFAULTS. `steps` set nowhere: DEFAULT_STEPS; a schedule with a fixed step count (oneshot)
+    sets steps unless they are an option."""
+    layers = list(zip(SOURCES, (options, pair or {}, getattr(drafter, "defaults", None) or {})))
+    chosen = {key: next((Setting(layer[key], source) for source, layer in layers if layer.get(key) is not None),
+                        Setting(default, "default"))
+              for key, default in {"method": None, "acceptance": None, **DEFAULTS}.items()}
+    fixed = get_schedule(chosen["schedule"].value).fixed_steps
+    if fixed and chosen["steps"].source != "option":
+        chosen["steps"] = Setting(fixed, chosen["schedule"].source)
+    elif chosen["steps"].value is None:
+        chosen["steps"] = Setting(DEFAULT_STEPS, "default")
+    return chosen
+
+
+def values(chosen: dict[str, Setting]) -> dict[str, Any]:
+    return {key: setting.value for key, setting in chosen.items()}
 
 
 @dataclass
@@ -97,36 +128,55 @@ class Plan:
     seed: int
     proposer: Proposer | None = None  # the drafting algorithm around `drafter`
     text: TextOptions = TextOptions()
+    sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from (SOURCES)
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the
+        method, the draft settings it reads, the acceptance rule, sampling and max_new_tokens."""
+        draft = {k: getattr(self.draft, k) for k in self.method.settings}
+        if "steps" in draft:  # what runs: at most one step per draft slot
+            draft["steps"] = len(block_sizes(self.draft.gamma, self.draft.steps))
+        ran = {"method": self.method.name, **draft, "acceptance": self.rule_name, "temperature": self.sampling.temperature,
+               "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
+               "repetition_penalty": self.sampling.repetition_penalty, "max_new_tokens": self.max_new_tokens}
+        return {k: {"value": v, "from": self.sources.get(k, "default")} for k, v in ran.items() if v is not None}
 
 
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
          device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
          chat: bool = False, system: str | None = None, stop: Iterable[str] | str | None = None,
          registry: Registry | None = None, **options: Any) -> Plan:
-    """Load models (names, paths or loaded objects), fill pair and global defaults, validate.
-    With neither pair nor target: the `demo` pair, if models.yaml has one."""
+    """Load models (names, paths or loaded objects), fill the settings not given (see `choose`:
+    option > pair > drafter > DEFAULTS), validate. With neither pair nor target: the `demo` pair,
+    if models.yaml has one."""
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
-    options = {**defaults, **{k: v for k, v in options.items() if v is not None}}
-    method, acceptance = method or defaults.get("method"), acceptance or defaults.get("acceptance")
-    opts: dict[str, Any] = {k: options.get(k) if options.get(k) is not None else v for k, v in DEFAULTS.items()}
-    sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
-                        float(opts["repetition_penalty"]))
-    if opts["steps"] is None:
-        opts["steps"] = get_schedule(opts["schedule"]).fixed_steps or DEFAULT_STEPS
-    _check_counts(opts)
-    chosen = get_method(method) if method else None
+    given = {**options, "method": method, "acceptance": acceptance}
+    named = _check_settings(choose(given, defaults))  # every option, before anything loads
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype, registry=registry)
-    if isinstance(drafter, str) and not (chosen and chosen.build is None):
+    if isinstance(drafter, str) and not (named and named.build is None):
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
-    chosen = chosen or default_method(drafter)
-    settings = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"])
-    proposer = _proposer(chosen, target, drafter, settings)
-    rule_name = _rule_name(acceptance, sampling, chosen, proposer) if proposer else None
-    return Plan(target, drafter if proposer else None, chosen, sampling, rule_name, settings,
-                opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop))
+    settings = choose(given, defaults, drafter)
+    chosen = _check_settings(settings) or default_method(drafter)
+    opts = values(settings)
+    sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
+                        float(opts["repetition_penalty"]))
+    draft = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"])
+    proposer = _proposer(chosen, target, drafter, draft)
+    rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer) if proposer else None
+    return Plan(target, drafter if proposer else None, chosen, sampling, rule_name, draft,
+                opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop),
+                _sources(settings, chosen, drafter))
+
+
+def _sources(settings: dict[str, Setting], method: Method, drafter: Any) -> dict[str, str]:
+    """Where each setting came from; a method set nowhere is the drafter's kind's (or ar)."""
+    sources = {key: s.source for key, s in settings.items()}
+    if settings["method"].value is None:
+        sources["method"] = "drafter" if method.accepts(drafter) else "default"
+    return sources
 
 
 def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[str] | str | None) -> TextOptions:
@@ -150,11 +200,14 @@ def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSetti
     return method.build(drafter, settings)
 
 
-def _check_counts(opts: dict) -> None:
+def _check_settings(settings: dict[str, Setting]) -> Method | None:
+    """Check the counts, the schedule and the method's name; -> the method set (None: none)."""
+    opts = values(settings)
     for key, low in (("gamma", 1), ("steps", 1), ("max_new_tokens", 1)):
         if not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < low:
             raise UsageError(f"`{key}` must be an integer >= {low}, got {opts[key]!r}")
     get_schedule(opts["schedule"])
+    return get_method(opts["method"]) if opts["method"] else None
 
 
 def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, proposer: Proposer) -> str:

@@ -17,9 +17,11 @@ import sys
 from collections.abc import Iterable
 
 from .errors import InputError, UsageError
+from .names import SCHEDULES
 
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
 COUNTS = ("max_new_tokens", "gamma", "steps")  # integers >= 1 when given
+RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
 
 
 def check_prompts(prompts) -> list[str]:
@@ -80,6 +82,23 @@ def check_request(target, drafter, *, seed, device, temperature=None, top_k=None
     if not _is_device(device):
         raise UsageError(f"device must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
     return _name(target), _name(drafter)
+
+
+def check_recorded(settings) -> dict:
+    """A drafter's recorded draft settings (`defaults` in its config.json or an export manifest):
+    an object with some of gamma and steps (integers >= 1) and schedule (a known name). -> a copy;
+    ValueError naming the first problem (the reader says in which file)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"defaults must be an object, got {_kind(settings)}")
+    unknown = [k for k in settings if k not in RECORDED]
+    if unknown:
+        raise ValueError(f"defaults: unknown setting {_short(unknown[0])} (known: {', '.join(RECORDED)})")
+    for key in ("gamma", "steps"):
+        if key in settings and not (_is_int(settings[key]) and settings[key] >= 1):
+            raise ValueError(f"defaults: {key} must be an integer >= 1, got {_short(settings[key])}")
+    if "schedule" in settings and settings["schedule"] not in SCHEDULES:
+        raise ValueError(f"defaults: unknown schedule {_short(settings['schedule'])} (known: {', '.join(SCHEDULES)})")
+    return dict(settings)
 
 
 def _name(model):

@@ -55,11 +55,13 @@ def _report_dir(ctx, param, value):
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed passes per method.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed passes first.")
-@click.option("--gamma", "gammas", callback=_list(int), metavar="LIST", help="Draft lengths to sweep [default: 8].")
+@click.option("--gamma", "gammas", callback=_list(int), metavar="LIST",
+              help="Draft lengths to sweep [default: the pair's, else the drafter's, else 8].")
 @click.option("--steps", callback=_list(int), metavar="LIST",
-              help="Denoising steps T to sweep (specdiff) [default: 4].")
+              help="Denoising steps T to sweep (specdiff) [default: the pair's, else the drafter's, else 4].")
 @click.option("--schedule", "schedules", callback=_list(str), metavar="LIST",
-              help="Schedules to sweep (specdiff): l2r, oneshot, confidence [default: l2r].")
+              help="Schedules to sweep (specdiff): l2r, oneshot, confidence [default: the pair's, "
+                   "else the drafter's, else l2r].")
 @click.option("--acceptance", help="Acceptance rule for spec-ar / specdiff [default: greedy at temperature 0].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -84,6 +86,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
       specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
     """
+    from specdiff.generation import choose, values
     from specdiff.tools import bench as lib
     from specdiff.tools.bench_output import format_table, require_matplotlib, summary, write_report
     from specdiff.errors import UsageError
@@ -95,7 +98,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     prompts = [r.prompt for r in records][:num_prompts]
     models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter,
                                        methods=methods or (), device=device, dtype=dtype)
-    pick = {**lib.DEFAULTS, **defaults}  # the pair's defaults, then the global ones
+    pick = values(choose({}, defaults, models.drafter))  # the pair's, the drafter's, then the global ones
     settings = lib.Settings(
         max_new_tokens=max_new_tokens or pick["max_new_tokens"], repeats=repeats, warmup=warmup,
         temperature=pick["temperature"] if temperature is None else temperature,

@@ -26,10 +26,11 @@ from .threads import set_threads, threads_option
 @click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
 @click.option("--method", type=click.Choice(names.METHODS),
               help="Decoding method [default: the pair's, else from the drafter, else ar].")
-@click.option("--gamma", type=int, help="Draft length [default: the pair's, else 8].")
-@click.option("--steps", type=int, help="Denoising steps T per draft [default: the pair's, else 4; oneshot: 1].")
+@click.option("--gamma", type=int, help="Draft length [default: the pair's, else the drafter's, else 8].")
+@click.option("--steps", type=int,
+              help="Denoising steps T per draft [default: the pair's, else the drafter's, else 4; oneshot: 1].")
 @click.option("--schedule", type=click.Choice(names.SCHEDULES),
-              help="Order in which draft slots are committed [default: l2r].")
+              help="Order in which draft slots are committed [default: the pair's, else the drafter's, else l2r].")
 @click.option("--acceptance", type=click.Choice(names.RULES),
               help="Verification rule [default: greedy at temperature 0, else standard].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
@@ -60,7 +61,8 @@ from .threads import set_threads, threads_option
               help="Write each prompt before its continuation (--jsonl records always hold it).")
 @click.option("-o", "--output", metavar="PATH", callback=check_output,
               help="Write results here (a file: complete or not at all).")
-@click.option("--stats", is_flag=True, help="Print aggregate metrics as JSON on stderr.")
+@click.option("--stats", is_flag=True,
+              help="Print the settings that ran (and where each came from) and aggregate metrics as JSON on stderr.")
 @click.option("--stream/--no-stream", default=None,
               help="Print each continuation as it is produced [default: when stdout is a terminal].")
 def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, echo, output, stats,
@@ -87,7 +89,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     if stream:
         total = _stream(records, p, truncate_prompt, layout)
         if stats and total is not None:
-            click.echo(json.dumps({"method": p.method.name, **total.to_dict()}), err=True)
+            click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict()}), err=True)
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
@@ -105,7 +107,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
         if writer:
             writer.discard()
     if stats and total is not None:
-        click.echo(json.dumps({"method": p.method.name, **total.to_dict()}), err=True)
+        click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict()}), err=True)
 
 
 def _layout(jsonl: bool, raw: bool, separator: str | None, echo: bool) -> Layout:

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import specdiff
 from specdiff.generation import plan
+from specdiff.methods import DraftSettings
 from specdiff.resources import data_path
 from specdiff.tools.bench import DEFAULT_PROMPTS
 from specdiff_cli.main import cli
@@ -45,6 +46,14 @@ def test_the_demo_pair_is_the_default():
     assert (p.method.name, p.draft.gamma, p.draft.steps, p.draft.schedule) == ("specdiff", 8, 1, "l2r")
     assert p.target.name == "demo-target"
     assert p.drafter.mask_id == 4095 and p.drafter.vocab_size == 4096
+
+
+def test_the_demo_models_by_name_plan_what_the_demo_pair_plans():
+    """The drafter records what it was trained for (gamma 8, T = 1, l2r): naming the models
+    instead of the pair keeps those settings."""
+    by_names, by_pair = plan(target="demo-target", drafter="demo-drafter"), plan(pair="demo")
+    assert by_names.draft == by_pair.draft == DraftSettings(8, 1, "l2r") and by_names.method.name == "specdiff"
+    assert by_names.sources["steps"] == "drafter" and by_pair.sources["steps"] == "pair"
 
 
 def test_greedy_specdiff_equals_ar_on_the_demo_pair(demo_target):
@@ -83,3 +92,8 @@ def test_demo_pair_on_onnxruntime_is_token_identical_to_torch(tmp_path):
     ort = _generate(["--runtime", "onnxruntime", "--artifacts", str(tmp_path / "demo-onnx"),
                      "--method", "specdiff", "--gamma", "8", "--steps", "1"])
     assert ort == _generate(["--method", "ar"]) == _generate([])
+    stats = CliRunner().invoke(cli, ["generate", "--runtime", "onnxruntime", "--artifacts", str(tmp_path / "demo-onnx"),
+                                     "--prompt", PROMPT, "--max-new-tokens", "4", "--stats"])
+    settings = json.loads(stats.stderr)["settings"]  # the manifest carries the drafter's settings
+    assert {k: settings[k]["value"] for k in ("gamma", "steps", "schedule")} == {"gamma": 8, "steps": 1, "schedule": "l2r"}
+    assert settings["steps"]["from"] == "drafter"

@@ -17,7 +17,9 @@ from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_
 from specdiff.tools.distill_data import Pattern, make_batch
 from specdiff.errors import DivergedError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
+from specdiff.generation import plan
 from specdiff.loading import load_drafter, load_target
+from specdiff.methods import DraftSettings
 from specdiff.nets.parameterization import x0_logits
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
@@ -71,6 +73,13 @@ def test_result_loads_and_greedy_specdiff_equals_ar(trained, tiny):
     untrained = specdiff.generate(PROMPTS, target=target, drafter=str(tiny.drafter), gamma=4, steps=2,
                                   max_new_tokens=24)
     assert spec.metrics.tau > untrained.metrics.tau, (spec.metrics.tau, untrained.metrics.tau)
+
+
+def test_the_drafter_records_what_it_was_trained_for(trained, tiny):
+    """gamma 4 at T = 2 (SMALL), l2r: what generate and bench run with it unless told otherwise."""
+    out, _ = trained
+    assert json.loads((out / "config.json").read_text())["defaults"] == {"gamma": 4, "steps": 2, "schedule": "l2r"}
+    assert plan(target=str(tiny.gpt2), drafter=str(out)).draft == DraftSettings(4, 2, "l2r")
 
 
 def test_resume_continues_exactly(tiny, prompts, tmp_path):

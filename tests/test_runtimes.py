@@ -20,7 +20,9 @@ from specdiff.errors import LoadError, UsageError
 from specdiff.loading import load_drafter, load_target
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
-from tiny import make_tokenizer
+from specdiff.generation import plan
+from specdiff.methods import DraftSettings
+from tiny import make_tokenizer, with_defaults
 
 pytest_plugins = ["exported"]  # fixtures onnx_pair, onnx_neo: each tiny export once per session
 
@@ -144,6 +146,12 @@ def _corrupt(d):
     (d / "target.onnx.data").write_bytes(bytes(data))
 
 
+def _bad_defaults(d):
+    m = json.loads((d / "manifest.json").read_text())
+    m["components"]["drafter"]["model"]["defaults"] = {"gamma": 0}
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
 def _other_tokenizer(d):
     shutil.rmtree(d / "tokenizer")
     make_tokenizer(d / "tokenizer", vocab_size=290)
@@ -156,6 +164,7 @@ def _other_tokenizer(d):
     (_corrupt, "sha256 of target.onnx.data does not match manifest.json (corrupt or modified file"),
     (lambda d: (d / "drafter.onnx").unlink(), "file(s) listed in manifest.json are missing: drafter.onnx"),
     (_other_tokenizer, "this tokenizer is not the one the models were exported with"),
+    (_bad_defaults, "malformed manifest: components.drafter.model.defaults: gamma must be an integer >= 1, got 0"),
 ])
 def test_bad_artefacts_are_refused_with_one_line(broken, damage, message):
     damage(broken)
@@ -163,6 +172,28 @@ def test_bad_artefacts_are_refused_with_one_line(broken, damage, message):
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr.startswith("specdiff: error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr, result.stderr
+
+
+def test_a_manifest_without_recorded_settings_still_loads(broken):
+    """Exports made before drafters recorded their draft settings have no `defaults`."""
+    m = json.loads((broken / "manifest.json").read_text())
+    assert m["components"]["drafter"]["model"].pop("defaults") == {}  # tiny.drafter records none
+    (broken / "manifest.json").write_text(json.dumps(m))
+    assert load_models("onnxruntime", broken)["drafter"].defaults == {}
+
+
+def test_recorded_settings_travel_through_the_manifest_to_the_graph_drafter(tiny, tmp_path):
+    recorded = {"gamma": 3, "steps": 2, "schedule": "l2r"}
+    out = tmp_path / "export"
+    export = run_cli(["export", "--drafter", with_defaults(tiny.drafter, tmp_path / "d", recorded), "--out", str(out)])
+    assert export.exit_code == 0, export.output
+    assert json.loads((out / "manifest.json").read_text())["components"]["drafter"]["model"]["defaults"] == recorded
+    graph = load_models("onnxruntime", out)["drafter"]
+    assert plan(target=str(tiny.gpt2), drafter=graph).draft == DraftSettings(**recorded)
+    result = run_cli(["generate", "--runtime", "onnxruntime", "--artifacts", str(out), "--target", str(tiny.gpt2),
+                      "--prompt", "The sea", "--max-new-tokens", "4", "--stats"])
+    settings = json.loads(result.stderr)["settings"]
+    assert {k: settings[k] for k in recorded} == {k: {"value": v, "from": "drafter"} for k, v in recorded.items()}
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,6 +3,8 @@ them through the same code path as real checkpoints."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -61,3 +63,11 @@ def make_gpt_neo(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, he
                        max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos,
                        initializer_range=0.02 * scale)
     return _save(GPTNeoForCausalLM(cfg), tokenizer, directory)
+
+
+def with_defaults(drafter: Path, out: Path, defaults) -> str:
+    """A copy of the drafter directory whose config.json records these draft `defaults`."""
+    shutil.copytree(drafter, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "defaults": defaults}))
+    return str(out)

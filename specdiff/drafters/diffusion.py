@@ -46,7 +46,7 @@ class DiffusionDrafter(nn.Module):
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
                  parameterization: str = "subs", tokenizer: Any = None, source: str = "",
-                 length: int | None = None):
+                 length: int | None = None, defaults: dict | None = None):
         super().__init__()
         self.backbone = backbone
         self.vocab_size = vocab_size  # real vocabulary shared with the target (no mask id)
@@ -56,6 +56,7 @@ class DiffusionDrafter(nn.Module):
         self.parameterization = parameterization
         self.tokenizer = tokenizer
         self.source = source
+        self.defaults = dict(defaults or {})  # draft settings it was trained for (gamma, steps, schedule)
 
     @property
     def config(self):

@@ -3,7 +3,11 @@
 A drafter directory holds:
     config.json        {"specdiff_format": "ddit-drafter", "format_version": 1,
                         "backbone": DiTConfig fields, "vocab_size": V (real, shared with the target),
-                        "mask_id": id, "context_length": N, "parameterization": "subs" | "sedd"}
+                        "mask_id": id, "context_length": N, "parameterization": "subs" | "sedd",
+                        "defaults": {"gamma": 8, "steps": 1, "schedule": "l2r"}}
+                       defaults (optional): the draft settings it was trained for, which generate
+                       and bench use when neither an option nor a models.yaml pair sets them
+                       (written by `specdiff distill`; absent from older and untrained drafters)
     model.safetensors  the DDiT state dict under the SEDD parameter names
     tokenizer files    the tokenizer shared with the target (tokenizer.json, ...)
 """
@@ -20,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..errors import LoadError
+from ..requests import check_recorded
 from .dit import DDiT, DiTConfig
 
 FORMAT = "ddit-drafter"
@@ -74,12 +79,15 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
-             parameterization: str, tokenizer=None, dtype: torch.dtype | None = None) -> None:
-    """Write a drafter in the project's format (tokenizer files too, when given)."""
+             parameterization: str, tokenizer=None, dtype: torch.dtype | None = None,
+             defaults: dict | None = None) -> None:
+    """Write a drafter in the project's format (tokenizer files and recorded `defaults` too, when
+    given)."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {"specdiff_format": FORMAT, "format_version": FORMAT_VERSION,
               "backbone": backbone.config.to_dict(), "vocab_size": vocab_size, "mask_id": mask_id,
-              "context_length": context_length, "parameterization": parameterization}
+              "context_length": context_length, "parameterization": parameterization,
+              **({"defaults": check_recorded(defaults)} if defaults else {})}
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in backbone.state_dict().items()}
     save_tensors(state, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -88,10 +96,12 @@ def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, 
 
 
 def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
-    """-> (backbone with weights, drafting fields of the config)."""
+    """-> (backbone with weights, drafting fields of the config, its recorded `defaults` included:
+    {} when it has none)."""
     try:
         dit = DiTConfig(**config["backbone"])
         fields = {k: config[k] for k in ("vocab_size", "mask_id", "context_length", "parameterization")}
+        fields["defaults"] = check_recorded(config.get("defaults", {}))
     except (KeyError, TypeError, ValueError) as e:
         raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from e
     weights = directory / "model.safetensors"

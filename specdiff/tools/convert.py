@@ -1,7 +1,7 @@
 """A diffusion drafter in any readable format (SEDD hub, MDLM HF, the project's own) -> the
 project's own format (nets/checkpoint.py): the same tensors under the same names, the
-parameterisation, mask id, real vocabulary and context length N, and the tokenizer when one is
-known. At fp32 the conversion is lossless; fp16 halves the size (`rotary_emb.inv_freq` stays
+parameterisation, mask id, real vocabulary and context length N, the tokenizer when one is
+known, and the draft settings the source records (`defaults`; hub formats record none). At fp32 the conversion is lossless; fp16 halves the size (`rotary_emb.inv_freq` stays
 fp32). The output directory appears complete or not at all.
 """
 
@@ -35,5 +35,6 @@ def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", contex
     with new_directory(out) as tmp:
         save_own(tmp, backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
                  context_length=context or drafter.context_length,
-                 parameterization=drafter.parameterization, tokenizer=drafter.tokenizer)
+                 parameterization=drafter.parameterization, tokenizer=drafter.tokenizer,
+                 defaults=drafter.defaults)
     return out

@@ -19,7 +19,8 @@ Loop: AdamW, linear warmup then cosine decay to MIN_LR of the peak, gradient nor
 A checkpoint (weights, optimizer, step, batch RNG state = data position, validation history)
 is written every K steps to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; --resume
 continues from the newest. At the end the drafter is written to DIR in the project's format
-(config.json last: DIR is a drafter once config.json exists), then tau and alpha of greedy
+(config.json last: DIR is a drafter once config.json exists; it records gamma, T and the l2r
+schedule as the drafter's defaults, which generate and bench use), then tau and alpha of greedy
 specdiff against the target are measured on held-out prompts and DIR/report.json is written.
 A run whose loss or weights stop being finite raises DivergedError and writes no drafter: a
 new run removes what it wrote to DIR, a resumed one keeps the earlier checkpoints.
@@ -262,7 +263,13 @@ def _load_checkpoint(path: Path, target) -> tuple[DiffusionDrafter, dict, TrainS
 def _save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer) -> None:
     save_own(directory, drafter.backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
              context_length=drafter.context_length, parameterization=drafter.parameterization,
-             tokenizer=tokenizer)
+             tokenizer=tokenizer, defaults=drafter.defaults)
+
+
+def trained_for(cfg: DistillConfig) -> dict:
+    """The draft settings a run trains for, recorded in the drafter's config.json: its examples
+    are gamma slots masked as the l2r schedule with T = steps_per_draft masks them."""
+    return {"gamma": cfg.gamma, "steps": cfg.steps_per_draft, "schedule": "l2r"}
 
 
 def _publish(out: Path, drafter: DiffusionDrafter, tokenizer) -> None:
@@ -388,6 +395,7 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     drafter, opt_state, state = (_load_checkpoint(latest, target) if latest
                                  else (_initial_drafter(cfg, target), None, TrainState()))
     drafter.to(cfg.device)
+    drafter.defaults = trained_for(cfg)
     with _undone_if_diverged(out):
         data = _prepare(cfg, target, drafter, progress)
         opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)

@@ -1,6 +1,6 @@
 """A randomly initialised diffusion drafter for a target: its vocabulary is the target
 tokenizer's plus one mask id. Training comes from `specdiff distill`; tests and users need
-drafters before that.
+drafters before that. It records no draft settings (`defaults`): it was trained for none.
 """
 
 from __future__ import annotations
