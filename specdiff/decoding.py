@@ -120,12 +120,12 @@ def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: S
     while not row.stop_reason:
         clock.resume()
         g = min(gamma, row.room() - 1)  # a step emits at most g + 1 tokens
-        n_row = len(row.ids)
+        n_row, context = len(row.ids), row.tensor()  # (1, L)
         with m.timed("draft", target.sync):
-            draft = proposer.propose(row.tensor(), g, sampling, row.generator) if g else _empty(target, row)
+            draft = proposer.propose(context, g, sampling, row.generator) if g else _empty(target, row)
         with m.timed("verify", target.sync):
             fed = torch.cat([torch.tensor([[x]], device=row.device), draft.tokens], dim=1)  # (1, g + 1)
-            p = sampling.target_probs(target.extend(fed), row.tensor(), draft.tokens)  # (1, g + 1, V)
+            p = sampling.target_probs(target.extend(fed), context, draft.tokens)  # (1, g + 1, V)
             n_t, y = rule(draft.tokens, draft.q, p, row.generator)
             n, x = int(n_t[0]), int(y[0])
             target.rollback(n_row + n)
