@@ -87,9 +87,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     if stream:
-        total = _stream(records, p, truncate_prompt, layout)
-        if stats and total is not None:
-            click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict()}), err=True)
+        _stats(stats, p, _stream(records, p, truncate_prompt, layout))
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
@@ -106,7 +104,12 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     finally:
         if writer:
             writer.discard()
-    if stats and total is not None:
+    _stats(stats, p, total)
+
+
+def _stats(wanted: bool, p, total) -> None:
+    """--stats: the settings that ran and the aggregate metrics, one JSON line on stderr."""
+    if wanted and total is not None:
         click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict()}), err=True)
 
 
