@@ -32,7 +32,7 @@ from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method
 from .metrics import Metrics
 from .registry import Registry, load_registry
-from .requests import check_prompts, check_request
+from .requests import check_counts, check_prompts, check_request
 from .sampling import Sampling
 from .text import StopStrings
 
@@ -203,9 +203,7 @@ def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSetti
 def _check_settings(settings: dict[str, Setting]) -> Method | None:
     """Check the counts, the schedule and the method's name; -> the method set (None: none)."""
     opts = values(settings)
-    for key, low in (("gamma", 1), ("steps", 1), ("max_new_tokens", 1)):
-        if not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < low:
-            raise UsageError(f"`{key}` must be an integer >= {low}, got {opts[key]!r}")
+    check_counts(opts)  # a pair's defaults are typed by the registry, not bounded
     get_schedule(opts["schedule"])
     return get_method(opts["method"]) if opts["method"] else None
 

@@ -69,16 +69,21 @@ def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=
         raise UsageError(f"repetition_penalty must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
 
 
+def check_counts(values: dict) -> None:
+    """Each of COUNTS that `values` holds (not None) is an integer >= 1."""
+    for key in COUNTS:
+        value = values.get(key)
+        if value is not None and not (_is_int(value) and value >= 1):
+            raise UsageError(f"{key} must be an integer >= 1, got {_short(value)}")
+
+
 def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
                   repetition_penalty=None, **options) -> tuple:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
     (os.PathLike) turned into the string that names it, anything else as given."""
     check_seed(seed)
     check_sampling(temperature, top_k, top_p, repetition_penalty)
-    for key in COUNTS:
-        value = options.get(key)
-        if value is not None and not (_is_int(value) and value >= 1):
-            raise UsageError(f"{key} must be an integer >= 1, got {_short(value)}")
+    check_counts(options)
     if not _is_device(device):
         raise UsageError(f"device must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
     return _name(target), _name(drafter)
