@@ -141,14 +141,13 @@ def _stream(records, p, truncate_prompt: bool, layout: Layout):
 
     total, text, current = None, IncrementalText(p.target.tokenizer, p.text.stop), -1
     for event in stream([r.prompt for r in records], p, truncate_prompt=truncate_prompt):
-        if event.index != current:
-            current = event.index
+        if event.index != current:  # a new prompt: its head, and a fresh text
+            current, text = event.index, IncrementalText(p.target.tokenizer, p.text.stop)
             _write(layout.head(current, records[current]))
         if event.output is None:
             _write(layout.text(text.push(event.tokens)))
             continue
         _write(layout.text(text.finish(event.output.text)) + layout.tail())
-        text = IncrementalText(p.target.tokenizer, p.text.stop)
         total = event.output.metrics if total is None else total.merge(event.output.metrics)
     _write(layout.end())
     return total
