@@ -41,7 +41,7 @@ def parse_prompts(text: str, fmt: str, where: str) -> list[PromptRecord]:
     if fmt == "auto":
         first = next((line for line in lines if line.strip()), "")
         fmt = "jsonl" if first.lstrip().startswith("{") else "text"
-    records = _parse_jsonl(lines, where) if fmt == "jsonl" else _parse_text(lines, where)
+    records = _parse_jsonl(lines, where) if fmt == "jsonl" else _parse_text(lines)
     if not records:
         raise InputError(f"{where} holds no prompts")
     return records
@@ -55,7 +55,7 @@ def _parse_whole(text: str, where: str) -> list[PromptRecord]:
     return [PromptRecord(prompt)]
 
 
-def _parse_text(lines: list[str], where: str) -> list[PromptRecord]:
+def _parse_text(lines: list[str]) -> list[PromptRecord]:
     return [PromptRecord(line) for line in lines if line.strip()]
 
 
