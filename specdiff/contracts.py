@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .sampling import Sampling
+from .sampling import Generators, Sampling
 
 
 @dataclass
@@ -32,11 +32,15 @@ class Draft:
 
 @runtime_checkable
 class Target(Protocol):
-    """A causal LM that owns its KV cache. Logits are float32 over the tokenizer's real vocabulary.
+    """A causal LM that owns a KV cache over B rows of different lengths (specdiff.targets.rows).
+    Logits are float32 over the tokenizer's real vocabulary.
 
-        prefill(ids (1, S)) -> logits (1, S, V)   start a new sequence
-        extend(ids (1, S))  -> logits (1, S, V)   append S tokens to the cached sequence
-        rollback(length)                          keep only the first `length` cached tokens
+        prefill(ids (B, S)) -> logits (B, S, V)      start over with B rows
+        join(ids (1, S)) -> logits (1, S, V)         prefill a new row alone; it becomes the last row
+        extend(ids (B, S), new (B,) = S) -> logits   row b appends ids[b, :new[b]]
+        rollback(lengths (B,) or int)                keep only the first lengths[b] tokens of row b
+        keep(index (B',))                            keep (reorder, repeat) the rows at index
+    Each row's cache is exactly what decoding it alone would hold.
     """
 
     tokenizer: Any
@@ -51,11 +55,18 @@ class Target(Protocol):
     @property
     def length(self) -> int: ...
 
+    @property
+    def rows(self) -> int: ...
+
     def prefill(self, ids: torch.Tensor) -> torch.Tensor: ...
 
-    def extend(self, ids: torch.Tensor) -> torch.Tensor: ...
+    def join(self, ids: torch.Tensor) -> torch.Tensor: ...
 
-    def rollback(self, length: int) -> None: ...
+    def extend(self, ids: torch.Tensor, new: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def rollback(self, lengths: torch.Tensor | int) -> None: ...
+
+    def keep(self, index: torch.Tensor | list[int]) -> None: ...
 
     def sync(self) -> None: ...
 
@@ -64,8 +75,11 @@ class Target(Protocol):
 class Proposer(Protocol):
     """Drafts gamma tokens after a context.
 
-    propose(context (B, L) int64, gamma, sampling, generator) -> Draft
+    propose(context (B, L) int64, gamma, sampling, generator[, lengths (B,)]) -> Draft
         q[b, j] is warped by `sampling`, the same function that warps the target's p.
+        generator: one, or one per row (row b draws only from generator[b], as it would alone).
+        lengths: given when rows differ in length: row b is context[b, L - lengths[b]:], the
+        columns before it are padding.
     exact_rules: the acceptance rules (names in specdiff.acceptance.RULES) that keep the output
         exactly the target's when sampling with this proposer's drafts. `standard` belongs here
         only if x_j was drawn from q_j given x_<j (docs/lossless.md).
@@ -74,7 +88,7 @@ class Proposer(Protocol):
     exact_rules: frozenset[str]
 
     def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft: ...
+                generator: Generators) -> Draft: ...
 
 
 class Rule(Protocol):

@@ -1,20 +1,30 @@
 """The decoding loops: plain autoregressive decoding (the reference) and one speculative loop that
-serves every proposer. Both decode one row over the Target contract (prefill / extend / rollback)
-and know nothing about tokenization or runtimes. They are iterators: each step yields the tokens
-it appended (streaming); the row's metrics are complete once the iterator is exhausted.
+serves every proposer. Both decode a stream of rows over the Target contract, up to `batch_size`
+rows per forward pass, and know nothing about tokenization or runtimes. They are iterators: each
+step yields (row, the tokens it appended) for every row in the batch (streaming); a row's metrics
+are complete once it has a stop_reason.
 
-Speculative step (cache invariant: the target has cached every token but the last one, x):
-    draft   x_1..x_g ~ q                        proposer.propose(row, g)
-    verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call
+Batches (docs/lossless.md, "Batches of prompts"): rows join the batch as others finish
+(continuous refill: a new row is prefilled alone, `Target.join`, and joins the cache) and leave it
+when they stop (`Target.keep`). Every random draw of a row comes from its own generator, in the
+order it would come in batch 1, and every decision of a row uses only its own p, q and coins, so
+a row's output does not depend on the rows beside it. The target re-aligns its cache per row.
+
+Speculative step (cache invariant: the target has cached every token of a row but the last, x):
+    draft   x_1..x_g ~ q                        proposer.propose(context, g)
+    verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call for the batch
     accept  n, y = rule(draft, q, p)            n draft tokens kept, then y
-    roll back the target to len(row) + n, append x_1..x_n, y
-g = gamma, clipped so that neither max_new_tokens nor the context window is overshot.
+    roll back the row to len(row) + n, append x_1..x_n, y
+g = gamma, clipped per row so that neither max_new_tokens nor the context window is overshot;
+rows drafting the same g share a proposer call.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Generator, Iterator
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -22,15 +32,15 @@ from .contracts import Draft, Proposer, Rule, Target
 from .metrics import Metrics
 from .sampling import Sampling
 
-
 class Row:
     """One sequence being decoded: its tokens, stop conditions (EOS, max_new_tokens, context
     window, and `stop`: a test of the new tokens such as text.StopStrings), its own generator
-    and its metrics."""
+    and its metrics. `index`: the prompt's place in the input."""
 
     def __init__(self, prompt: list[int], max_new_tokens: int, max_length: int, eos: int | None,
                  device: torch.device, generator: torch.Generator | None = None,
-                 stop: Callable[[list[int]], bool] | None = None):
+                 stop: Callable[[list[int]], bool] | None = None, index: int = 0):
+        self.index = index  # the prompt's place in the whole input
         self.ids = list(prompt)
         self.n_prompt = len(prompt)
         self.limit = min(self.n_prompt + max_new_tokens, max_length)
@@ -68,73 +78,150 @@ class Row:
         return list(tokens)
 
 
-class _Clock:
-    """Decoding seconds of one row: time spent inside the loop, not in its consumer."""
-
-    def __init__(self, m: Metrics):
-        self.m = m
-        self.resume()
-
-    def resume(self) -> None:
-        self.t = time.perf_counter()
-
-    def pause(self, row: Row) -> None:
-        self.m.wall_s += time.perf_counter() - self.t
-        self.m.new_tokens = len(row.new_tokens)
-        self.m.stop_reason = row.stop_reason
+Step = Callable[[list[Row], "_Parts"], list[list[int]]]
 
 
-def _first(target: Target, row: Row, sampling: Sampling, clock: _Clock) -> Generator[list[int], None, int]:
-    """Prefill the prompt, push and yield the first new token; -> that token."""
-    with row.metrics.timed("verify", target.sync):
-        logits = target.prefill(row.tensor())  # (1, S, V)
-    row.metrics.target_calls += 1
+class _Parts:
+    """Seconds of one batched step spent drafting and verifying, shared out among its rows."""
+
+    def __init__(self, sync: Callable[[], None]):
+        self.sync, self.draft_s, self.verify_s = sync, 0.0, 0.0
+
+    @contextmanager
+    def timed(self, part: str):
+        start = time.perf_counter()
+        yield
+        self.sync()
+        setattr(self, f"{part}_s", getattr(self, f"{part}_s") + time.perf_counter() - start)
+
+    def charge(self, rows: list[Row], wall_s: float) -> None:
+        """Each row's share of the step: a prompt's wall_s sums to the decoding time it used."""
+        for row in rows:
+            m = row.metrics
+            m.wall_s += wall_s / len(rows)
+            m.draft_s += self.draft_s / len(rows)
+            m.verify_s += self.verify_s / len(rows)
+            m.target_calls += 1
+            m.new_tokens, m.stop_reason = len(row.new_tokens), row.stop_reason
+
+
+def _decode(target: Target, rows: Iterable[Row], sampling: Sampling, batch_size: int,
+            step: Step) -> Iterator[tuple[Row, list[int]]]:
+    """Run `step` over batches of up to batch_size rows, refilled from `rows` as rows finish."""
+    pending, active = iter(rows), []
+    target.keep([])
+    while True:
+        while len(active) < batch_size and (row := next(pending, None)) is not None:
+            yield row, _first(target, row, sampling)
+            if row.stop_reason:
+                target.keep(list(range(len(active))))
+            else:
+                active.append(row)
+        if not active:
+            return
+        parts, start = _Parts(target.sync), time.perf_counter()
+        pushed = step(active, parts)
+        parts.charge(active, time.perf_counter() - start)
+        yield from zip(active, pushed)
+        if any(row.stop_reason for row in active):
+            target.keep([b for b, row in enumerate(active) if not row.stop_reason])
+            active = [row for row in active if not row.stop_reason]
+
+
+def _first(target: Target, row: Row, sampling: Sampling) -> list[int]:
+    """Prefill the row alone into the batch, push the first new token; -> [that token]."""
+    parts, start = _Parts(target.sync), time.perf_counter()
+    with parts.timed("verify"):
+        logits = target.join(row.tensor())  # (1, S, V)
     x = int(sampling.sample(_next_p(sampling, logits[:, -1:], row), row.generator))
-    row.push([x])
-    clock.pause(row)
-    yield [x]
-    return x
+    pushed = row.push([x])
+    parts.charge([row], time.perf_counter() - start)
+    return pushed
 
 
-def decode_ar(target: Target, row: Row, sampling: Sampling) -> Iterator[list[int]]:
-    """Plain decoding, one target call per token: the reference every method must match."""
-    m, clock = row.metrics, _Clock(row.metrics)
-    x = yield from _first(target, row, sampling, clock)
-    while not row.stop_reason:
-        clock.resume()
-        with m.timed("verify", target.sync):
-            logits = target.extend(torch.tensor([[x]], device=row.device))  # (1, 1, V)
-        m.target_calls += 1
-        m.record(0, 0)
-        x = int(sampling.sample(_next_p(sampling, logits, row), row.generator))
-        pushed = row.push([x])
-        clock.pause(row)
-        yield pushed
+def decode_ar(target: Target, rows: Iterable[Row], sampling: Sampling,
+              batch_size: int = 1) -> Iterator[tuple[Row, list[int]]]:
+    """Plain decoding, one target call per token and batch: the reference every method must match."""
+
+    def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
+        x = torch.tensor([[row.ids[-1]] for row in batch], device=target.device)  # (B, 1)
+        with parts.timed("verify"):
+            logits = target.extend(x)  # (B, 1, V)
+        for row in batch:
+            row.metrics.record(0, 0)
+        return [row.push([int(sampling.sample(_next_p(sampling, logits[b:b + 1], row), row.generator))])
+                for b, row in enumerate(batch)]
+
+    return _decode(target, rows, sampling, batch_size, step)
 
 
-def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: Sampling, rule: Rule,
-                       gamma: int) -> Iterator[list[int]]:
+def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], sampling: Sampling,
+                       rule: Rule, gamma: int, batch_size: int = 1) -> Iterator[tuple[Row, list[int]]]:
     """Speculative decoding with any proposer and acceptance rule (see the module docstring)."""
-    m, clock = row.metrics, _Clock(row.metrics)
-    x = yield from _first(target, row, sampling, clock)
-    while not row.stop_reason:
-        clock.resume()
-        g = min(gamma, row.room() - 1)  # a step emits at most g + 1 tokens
-        n_row, context = len(row.ids), row.tensor()  # (1, L)
-        with m.timed("draft", target.sync):
-            draft = proposer.propose(context, g, sampling, row.generator) if g else _empty(target, row)
-        with m.timed("verify", target.sync):
-            fed = torch.cat([torch.tensor([[x]], device=row.device), draft.tokens], dim=1)  # (1, g + 1)
-            p = sampling.target_probs(target.extend(fed), context, draft.tokens)  # (1, g + 1, V)
-            n_t, y = rule(draft.tokens, draft.q, p, row.generator)
-            n, x = int(n_t[0]), int(y[0])
-            target.rollback(n_row + n)
-        m.target_calls += 1
-        m.drafter_calls += draft.calls
-        m.record(n, g)
-        pushed = row.push(draft.tokens[0, :n].tolist() + [x])
-        clock.pause(row)
-        yield pushed
+
+    def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
+        g = [min(gamma, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
+        with parts.timed("draft"):
+            drafts = _draft(proposer, batch, g, sampling, target)
+        with parts.timed("verify"):
+            logits = target.extend(_fed(batch, drafts, target.device), torch.tensor(g) + 1)  # (B, max g + 1, V)
+            accepted = [_accept(sampling, rule, row, d, logits[b:b + 1, :g[b] + 1])
+                        for b, (row, d) in enumerate(zip(batch, drafts))]
+            target.rollback(torch.tensor([len(row.ids) + n for row, (n, _) in zip(batch, accepted)]))
+        pushed = []
+        for row, d, g_b, (n, y) in zip(batch, drafts, g, accepted):
+            row.metrics.drafter_calls += d.calls
+            row.metrics.record(n, g_b)
+            pushed.append(row.push(d.tokens[0, :n].tolist() + [y]))
+        return pushed
+
+    return _decode(target, rows, sampling, batch_size, step)
+
+
+def _accept(sampling: Sampling, rule: Rule, row: Row, draft: Draft, logits: torch.Tensor) -> tuple[int, int]:
+    """One row's acceptance, with its own context, p and generator; -> (n, next token)."""
+    p = sampling.target_probs(logits, row.tensor(), draft.tokens)  # (1, g + 1, V)
+    n, y = rule(draft.tokens, draft.q, p, row.generator)
+    return int(n[0]), int(y[0])
+
+
+def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Sampling, target: Target) -> list[Draft]:
+    """One proposer call per distinct draft length among the rows; -> one Draft (1, g_b) per row.
+    Rows of different lengths go left-padded, with their `lengths`."""
+    groups = defaultdict(list)
+    for b, g_b in enumerate(g):
+        groups[g_b].append(b)
+    drafts: list[Draft] = [_empty(target)] * len(batch)
+    for g_b, members in groups.items():
+        if not g_b:
+            continue
+        rows = [batch[b] for b in members]
+        context, lengths = left_padded(rows, target.device)  # (B_g, L), (B_g,)
+        generators = rows[0].generator if len(rows) == 1 else [row.generator for row in rows]
+        ragged = {"lengths": lengths} if bool((lengths < context.shape[1]).any()) else {}
+        d = proposer.propose(context, g_b, sampling, generators, **ragged)
+        for i, b in enumerate(members):
+            drafts[b] = Draft(d.tokens[i:i + 1], d.q[i:i + 1], d.calls)
+    return drafts
+
+
+def left_padded(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' ids, left-padded with 0 -> ((B, L) int64, lengths (B,))."""
+    L = max(len(row.ids) for row in rows)
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, L - len(row.ids):] = torch.tensor(row.ids)
+    return ids.to(device), torch.tensor([len(row.ids) for row in rows], device=device)
+
+
+def _fed(batch: list[Row], drafts: list[Draft], device: torch.device) -> torch.Tensor:
+    """[x, x_1..x_g] per row, right-padded with 0 -> (B, max g + 1)."""
+    G = max(d.tokens.shape[1] for d in drafts)
+    fed = torch.zeros(len(batch), G + 1, dtype=torch.long)
+    for b, (row, d) in enumerate(zip(batch, drafts)):
+        fed[b, 0] = row.ids[-1]
+        fed[b, 1:1 + d.tokens.shape[1]] = d.tokens[0].cpu()
+    return fed.to(device)
 
 
 def _next_p(sampling: Sampling, logits: torch.Tensor, row: Row) -> torch.Tensor:
@@ -143,6 +230,6 @@ def _next_p(sampling: Sampling, logits: torch.Tensor, row: Row) -> torch.Tensor:
     return sampling.target_probs(logits, context, context[:, :0])[0, -1]
 
 
-def _empty(target: Target, row: Row) -> Draft:
-    return Draft(torch.zeros(1, 0, dtype=torch.long, device=row.device),
-                 torch.zeros(1, 0, target.vocab_size, device=row.device), calls=0)
+def _empty(target: Target) -> Draft:
+    return Draft(torch.zeros(1, 0, dtype=torch.long, device=target.device),
+                 torch.zeros(1, 0, target.vocab_size, device=target.device), calls=0)

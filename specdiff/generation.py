@@ -7,8 +7,9 @@
         print(event.index, event.tokens)
 
 Methods are declared in `methods.py` (`ar`, the reference; `spec-ar`; `specdiff`). Prompts are
-decoded one after another (batch 1), each with its own generator seeded from `seed` and the
-prompt's index, so a prompt's output does not depend on the prompts around it. A setting not
+decoded `batch_size` at a time (rows leave the batch as they finish and the next prompts take
+their place), each with its own generator seeded from `seed` and the prompt's index, so a
+prompt's output depends neither on the prompts around it nor on the batch size. A setting not
 given comes from the models.yaml pair's defaults, else from the drafter (the settings it records
 it was trained for), else DEFAULTS (`choose`). Every option is validated, and every prompt
 tokenized and checked, before the first token is generated.
@@ -38,7 +39,8 @@ from .text import StopStrings
 
 DEFAULT_STEPS = 4
 DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
-                                        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+                                        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0,
+                                        "batch_size": 8}
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
 
 
@@ -81,7 +83,7 @@ class Output:
 @dataclass
 class Event:
     """One decoding step of prompt `index`: the tokens it appended. The last event of a prompt
-    carries its finished `output` (and no tokens)."""
+    carries its finished `output` (and no tokens). Prompts decoded in one batch interleave."""
 
     index: int
     tokens: list[int]
@@ -129,6 +131,7 @@ class Plan:
     proposer: Proposer | None = None  # the drafting algorithm around `drafter`
     text: TextOptions = TextOptions()
     sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from (SOURCES)
+    batch_size: int = 1  # rows decoded together
 
     def settings(self) -> dict[str, dict[str, Any]]:
         """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the
@@ -138,7 +141,8 @@ class Plan:
             draft["steps"] = len(block_sizes(self.draft.gamma, self.draft.steps))
         ran = {"method": self.method.name, **draft, "acceptance": self.rule_name, "temperature": self.sampling.temperature,
                "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
-               "repetition_penalty": self.sampling.repetition_penalty, "max_new_tokens": self.max_new_tokens}
+               "repetition_penalty": self.sampling.repetition_penalty, "max_new_tokens": self.max_new_tokens,
+               "batch_size": self.batch_size}
         return {k: {"value": v, "from": self.sources.get(k, "default")} for k, v in ran.items() if v is not None}
 
 
@@ -168,7 +172,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer) if proposer else None
     return Plan(target, drafter if proposer else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop),
-                _sources(settings, chosen, drafter))
+                _sources(settings, chosen, drafter), opts["batch_size"])
 
 
 def _sources(settings: dict[str, Setting], method: Method, drafter: Any) -> dict[str, str]:
@@ -271,37 +275,51 @@ def _warn_past_context(encoded: list[list[int]], max_new_tokens: int, max_length
 
 def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
            progress: bool = False, **options: Any) -> Iterator[Event]:
-    """Decode the prompts in order, yielding an Event per decoding step (the tokens it appended)
-    and a final Event per prompt holding its Output. `p`: a Plan; else `options` (as for
+    """Decode the prompts, `p.batch_size` at a time, yielding an Event per decoding step of each
+    prompt (the tokens it appended; prompts of one batch interleave) and a final Event per prompt
+    holding its Output, as soon as it is finished. `p`: a Plan; else `options` (as for
     `generate`) make one."""
     prompts = check_prompts(prompts)
     p = p or plan(**options)
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
-    for i, (prompt, ids) in enumerate(tqdm(list(zip(prompts, encoded)), disable=not progress,
-                                           unit="prompt", leave=False)):
-        row = Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
-                  torch.Generator(p.target.device).manual_seed(p.seed + i), stop)
-        for tokens in _loop(p, row):
-            yield Event(i, tokens)
-        text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)
-        text = stop.cut(text) if stop else text
-        yield Event(i, [], Output(prompt, text, row.new_tokens, row.metrics))
+    rows = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
+                torch.Generator(p.target.device).manual_seed(p.seed + i), stop, index=i)
+            for i, ids in enumerate(encoded))
+    with tqdm(total=len(prompts), disable=not progress, unit="prompt", leave=False) as bar:
+        for row, tokens in _loop(p, rows):
+            yield Event(row.index, tokens)
+            if row.stop_reason:
+                text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)
+                text = stop.cut(text) if stop else text
+                bar.update()
+                yield Event(row.index, [], Output(prompts[row.index], text, row.new_tokens, row.metrics))
 
 
-def _loop(p: Plan, row: Row) -> Iterator[list[int]]:
-    """The method's decoding loop over one row."""
+def _loop(p: Plan, rows: Iterator[Row]) -> Iterator[tuple[Row, list[int]]]:
+    """The method's decoding loop over the rows."""
     if p.proposer is None or p.rule_name is None:
-        return p.method.loop(p.target, row, p.sampling)
-    return p.method.loop(p.target, p.proposer, row, p.sampling, get_rule(p.rule_name), p.draft.gamma)
+        return p.method.loop(p.target, rows, p.sampling, p.batch_size)
+    return p.method.loop(p.target, p.proposer, rows, p.sampling, get_rule(p.rule_name), p.draft.gamma,
+                         p.batch_size)
+
+
+def in_order(events: Iterable[Event]) -> Iterator[Output]:
+    """The Outputs of a stream's events in prompt order: a finished output waits for those before it."""
+    done: dict[int, Output] = {}
+    following = 0
+    for event in events:
+        if event.output is not None:
+            done[event.index] = event.output
+            while following in done:
+                yield done.pop(following)
+                following += 1
 
 
 def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
                   progress: bool = False) -> Iterator[Output]:
-    """Yield one Output per prompt, in order, as each is finished."""
-    for event in stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress):
-        if event.output is not None:
-            yield event.output
+    """Yield one Output per prompt, in order, as each is finished (and all before it)."""
+    return in_order(stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress))
 
 
 def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,
@@ -310,7 +328,8 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              max_new_tokens: int | None = None, seed: int = 0, device: str = "cpu", dtype: str = "auto",
              truncate_prompt: bool = False, progress: bool = False, chat: bool = False,
-             system: str | None = None, stop: Iterable[str] | str | None = None) -> GenerationResult:
+             system: str | None = None, stop: Iterable[str] | str | None = None,
+             batch_size: int | None = None) -> GenerationResult:
     """Generate a continuation of each prompt with the target, accelerated by the drafter.
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects
@@ -318,11 +337,12 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     chat / system: prompts go through the target tokenizer's chat template. stop: strings that
     end a continuation (the text ends before the first one; as vLLM / OpenAI).
     repetition_penalty: Hugging Face's, applied to the target's p exactly as plain decoding does.
+    batch_size: prompts decoded together (default 8); the output does not depend on it.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
     p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
              seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule,
              temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-             max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop)
+             max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size)
     return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))

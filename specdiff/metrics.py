@@ -10,8 +10,6 @@ The prefill call counts as a target call but not as an iteration.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,15 +47,6 @@ class Metrics:
             self.drafted_at[j] += 1
             self.accepted_at[j] += j < accepted
         self.histogram[accepted] += 1
-
-    @contextmanager
-    def timed(self, part: str, sync=None):
-        """Add the time spent in the block to `draft_s` or `verify_s`."""
-        start = time.perf_counter()
-        yield
-        if sync:
-            sync()
-        setattr(self, f"{part}_s", getattr(self, f"{part}_s") + time.perf_counter() - start)
 
     @property
     def tau(self) -> float:

@@ -20,7 +20,7 @@ from .errors import InputError, UsageError
 from .names import SCHEDULES
 
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
-COUNTS = ("max_new_tokens", "gamma", "steps")  # integers >= 1 when given
+COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
 
 

@@ -21,6 +21,7 @@ model and raises ModelOutputError.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,8 @@ from .errors import ModelOutputError
 from .requests import check_sampling
 
 F32 = torch.finfo(torch.float32)
+# one generator, or one per row of a batch (row b draws from generators[b] only)
+Generators = Union[torch.Generator, Sequence[torch.Generator], None]
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Sampling:
             logits = penalize(logits.float(), seen_tokens(context, draft, logits.shape[-1]), self.repetition_penalty)
         return self.probs(logits)
 
-    def sample(self, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    def sample(self, probs: torch.Tensor, generator: Generators) -> torch.Tensor:
         """probs (..., V), possibly unnormalised -> token ids (...). Greedy takes the argmax."""
         if self.greedy:
             return probs.argmax(-1)
@@ -93,8 +96,11 @@ def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.
     return torch.where(seen, penalised, logits)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one id per row of probs (..., V) (rows need not be normalised)."""
+def sample(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """Draw one id per row of probs (..., V) (rows need not be normalised). One generator per
+    row of a batch: probs[b] (..., V) is drawn from generator[b], exactly as for that row alone."""
+    if isinstance(generator, Sequence):
+        return torch.stack([sample(probs[b], g) for b, g in enumerate(generator)])
     flat = probs.reshape(-1, probs.shape[-1])
     ids = torch.multinomial(flat, 1, generator=generator)
     return ids.reshape(probs.shape[:-1])

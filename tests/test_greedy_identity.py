@@ -99,9 +99,9 @@ def test_partial_acceptance_and_rollback_keep_greedy_exact(models):
     for prompt in PROMPTS[:15]:
         ids = tok.encode(prompt)
         ref = Row(ids, 40, target.max_length, None, target.device)
-        list(decode_ar(target, ref, Sampling()))
+        list(decode_ar(target, [ref], Sampling()))
         row = Row(ids, 40, target.max_length, None, target.device)
-        steps = list(decode_speculative(target, NoisyOracle(target, 3), row, Sampling(), greedy, gamma=6))
+        steps = [t for _, t in decode_speculative(target, NoisyOracle(target, 3), [row], Sampling(), greedy, gamma=6)]
         assert row.new_tokens == ref.new_tokens == sum(steps, [])  # the steps stream every token once
         m = row.metrics
         hist = m.histogram if hist is None else [a + b for a, b in zip(hist, m.histogram)]
@@ -112,11 +112,11 @@ def test_stops_at_eos_and_context_window(models):
     target = models["gpt2"]
     ids = list(range(10, 20))
     row = Row(ids, 1000, target.max_length, None, target.device)
-    list(decode_ar(target, row, Sampling()))
+    list(decode_ar(target, [row], Sampling()))
     assert row.stop_reason == "context" and len(row.ids) == target.max_length
     eos = row.new_tokens[3]  # pretend the 4th generated token is EOS
     row2 = Row(ids, 50, target.max_length, eos, target.device)
-    streamed = list(decode_speculative(target, NoisyOracle(target, 2), row2, Sampling(), greedy, gamma=4))
+    streamed = [t for _, t in decode_speculative(target, NoisyOracle(target, 2), [row2], Sampling(), greedy, gamma=4)]
     assert row2.stop_reason == "eos" and row2.new_tokens[-1] == eos
     assert row2.new_tokens == row.new_tokens[: len(row2.new_tokens)] == sum(streamed, [])
 

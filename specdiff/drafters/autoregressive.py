@@ -1,7 +1,8 @@
 """An autoregressive drafter (Leviathan et al. 2023): a small causal LM that samples gamma tokens
 one by one from its warped distribution q. x_j ~ q_j given x_<j by construction, so the standard
 rule is exact. For a single row the drafter keeps its KV cache between calls and re-feeds only
-the tokens that changed since the last call. A drafter whose context window is shorter than the
+the tokens that changed since the last call; rows of a batch (left-padded, with their lengths)
+are drafted together from an empty cache, with per-row positions and an attention mask. A drafter whose context window is shorter than the
 target's sees only the last (window - gamma) tokens.
 """
 
@@ -12,7 +13,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..contracts import Draft
-from ..sampling import Sampling
+from ..sampling import Generators, Sampling
 from ..targets.causal import context_window, real_vocab_size
 
 
@@ -55,15 +56,16 @@ class ARProposer:
         return same
 
     @torch.no_grad()
-    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft:
+    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling, generator: Generators,
+                lengths: torch.Tensor | None = None) -> Draft:
+        """context (B, L), left-padded when `lengths` (B,) are given -> Draft (B, gamma)."""
         context = context[:, -(self.drafter.max_length - gamma):]  # a drafter with a shorter window
         keep = self._reuse(context)
         model, V = self.drafter.model, self.drafter.vocab_size
-        feed = context[:, keep:]
+        feed, ragged = context[:, keep:], _Ragged(context, lengths)
         tokens, qs = [], []
         for _ in range(gamma):
-            logits = model(input_ids=feed, past_key_values=self._cache, use_cache=True).logits
+            logits = model(input_ids=feed, past_key_values=self._cache, use_cache=True, **ragged.step(feed)).logits
             q = sampling.probs(logits[:, -1, :V])  # (B, V)
             feed = sampling.sample(q, generator)[:, None]  # (B, 1)
             tokens.append(feed)
@@ -72,3 +74,24 @@ class ARProposer:
         if context.shape[0] != 1:  # only a single row's cache is worth keeping
             self._cache = None
         return Draft(tokens=torch.cat(tokens, dim=1), q=torch.stack(qs, dim=1), calls=gamma)
+
+
+class _Ragged:
+    """The attention mask and positions of left-padded rows fed step by step (none without lengths)."""
+
+    def __init__(self, context: torch.Tensor, lengths: torch.Tensor | None):
+        self.mask, self.fed = None, False
+        if lengths is not None:
+            L = context.shape[1]
+            self.mask = (torch.arange(L, device=context.device) >= L - lengths.clamp_max(L)[:, None]).long()  # (B, L)
+
+    def step(self, feed: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Inputs for the next `feed` (B, S) tokens: {} or attention_mask (B, seen + S), position_ids (B, S)."""
+        if self.mask is None:
+            return {}
+        S = feed.shape[1]
+        if self.fed:  # after the context, every fed token is real
+            self.mask = torch.cat([self.mask, self.mask.new_ones(feed.shape[0], S)], dim=1)
+        self.fed = True
+        positions = (self.mask.cumsum(1) - 1).clamp_min(0)[:, -S:]
+        return {"attention_mask": self.mask, "position_ids": positions}

@@ -27,7 +27,7 @@ from ..contracts import Draft
 from ..errors import UsageError
 from ..nets.dit import DDiT
 from ..nets.parameterization import x0_logits
-from ..sampling import Sampling
+from ..sampling import Generators, Sampling
 
 NOISE_EPS = 1e-3  # log-linear schedule of SEDD and MDLM
 
@@ -40,8 +40,9 @@ def loglinear_sigma(t: torch.Tensor, eps: float = NOISE_EPS) -> torch.Tensor:
 class DiffusionDrafter(nn.Module):
     """A DDiT denoiser plus what drafting needs to know about its vocabulary.
 
-    forward(input_ids (B, L), sigma (B,), last=None) -> raw backbone logits (B, L, V_drafter),
-    or of the last `last` positions (B, last, V_drafter).
+    forward(input_ids (B, L), sigma (B,), last=None, pad=None) -> raw backbone logits
+    (B, L, V_drafter), or of the last `last` positions (B, last, V_drafter); pad (B,): padding
+    positions before each row, masked out of attention.
     """
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
@@ -62,18 +63,26 @@ class DiffusionDrafter(nn.Module):
     def config(self):
         return self.backbone.config
 
-    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None) -> torch.Tensor:
-        return self.backbone(input_ids, sigma, last)
+    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
+                pad: torch.Tensor | None = None) -> torch.Tensor:
+        return self.backbone(input_ids, sigma, last, pad)
 
-    def x0_logits(self, input_ids: torch.Tensor, last: int | None = None) -> torch.Tensor:
-        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary at the last `last`
-        positions (B, last, V) (default: all L), fp32, through the drafter's parameterisation
-        ("subs" | "sedd"). At masked slots their softmax is exactly softmax(raw[..., :V])."""
-        t = (input_ids == self.mask_id).float().mean(dim=1)  # fraction masked, (B,)
-        sigma = loglinear_sigma(t)
-        raw = self(input_ids, sigma, last)
+    def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
+                  pad: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L) ids with mask slots (after pad[b] padding positions in row b) -> logits of x0
+        over the real vocabulary at the last `last` positions (B, last, V) (default: all L), fp32,
+        through the drafter's parameterisation ("subs" | "sedd"). At masked slots their softmax
+        is exactly softmax(raw[..., :V])."""
+        sigma = loglinear_sigma(masked_fraction(input_ids, self.mask_id, pad))
+        raw = self(input_ids, sigma, last, pad)
         ids = input_ids[:, -(last or 0):]
         return x0_logits(self.parameterization, raw, ids, sigma, self.mask_id, self.vocab_size)
+
+
+def masked_fraction(input_ids: torch.Tensor, mask_id: int, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, L) ids -> the fraction t of each row's real positions (after pad (B,)) that are masked (B,)."""
+    real = input_ids.shape[1] - (0 if pad is None else pad.to(input_ids.device))
+    return (input_ids == mask_id).sum(dim=1) / real
 
 
 def context_window(drafter, gamma: int) -> int:
@@ -156,17 +165,19 @@ class DiffusionProposer:
         return f"DiffusionProposer(schedule={self.schedule.name}, steps={self.steps})"
 
     @torch.no_grad()
-    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling,
-                generator: torch.Generator | None) -> Draft:
+    def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling, generator: Generators,
+                lengths: torch.Tensor | None = None) -> Draft:
+        """context (B, L), left-padded when `lengths` (B,) are given -> Draft (B, gamma)."""
         d = self.drafter
         ctx = context[:, -context_window(d, gamma):]  # (B, n)
         B, n = ctx.shape
+        pad = None if lengths is None else (n - lengths).clamp_min(0)  # (B,) padding in the window
         x = torch.cat([ctx, ctx.new_full((B, gamma), d.mask_id)], dim=1)  # (B, n + gamma)
         q = torch.zeros(B, gamma, d.vocab_size, device=ctx.device)
         rows = torch.arange(B, device=ctx.device)[:, None]
         sizes = block_sizes(gamma, self.steps)
         for k in sizes:
-            probs = sampling.probs(d.x0_logits(x, gamma))  # (B, gamma, V)
+            probs = sampling.probs(d.x0_logits(x, gamma, pad))  # (B, gamma, V)
             slots = self.schedule.pick(probs, x[:, n:] == d.mask_id, k)  # (B, k)
             chosen = probs[rows, slots]  # (B, k, V)
             x[rows, n + slots] = sampling.sample(chosen, generator)

@@ -103,10 +103,15 @@ class Rotary(nn.Module):
         self.inv_freq = inv_freq.to(self.inv_freq.device)
         return self
 
-    def forward(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> cos, sin, each (L, head_dim), rebuilt per call (no stale cross-device cache)."""
+    def forward(self, length: int, device: torch.device,
+                pad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> cos, sin, each (L, head_dim), rebuilt per call (no stale cross-device cache); with
+        `pad` (B,), the padding before each row, (B, 1, L, head_dim): a row's first real token
+        is at position 0, as it would be alone."""
         pos = torch.arange(length, device=device, dtype=torch.float32)
-        theta = torch.outer(pos, self.inv_freq.float().to(device))  # (L, head_dim/2)
+        if pad is not None:
+            pos = (pos - pad[:, None, None].to(device)).clamp_min(0)  # (B, 1, L)
+        theta = pos[..., None] * self.inv_freq.float().to(device)  # (L or B, 1, L, head_dim/2)
         theta = torch.cat([theta, theta], dim=-1)
         return theta.cos(), theta.sin()
 
@@ -136,8 +141,9 @@ class DDiTBlock(nn.Module):
         )
         self.adaLN_modulation = nn.Linear(cfg.cond_dim, 6 * h)
 
-    def forward(self, x, c, cos, sin):
-        """x (B, L, h), c (B, cond), cos/sin (L, head_dim) -> (B, L, h)."""
+    def forward(self, x, c, cos, sin, keys=None):
+        """x (B, L, h), c (B, cond), cos/sin (L or B, 1, L, head_dim), keys (B, 1, 1, L) bool:
+        the positions attention may read (None: all) -> (B, L, h)."""
         B, L, h = x.shape
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.adaLN_modulation(c)[:, None].chunk(6, dim=2)  # each (B, 1, h)
@@ -145,7 +151,7 @@ class DDiTBlock(nn.Module):
         qkv = self.attn_qkv(modulate(self.norm1(x), shift_msa, scale_msa))
         q, k, v = qkv.view(B, L, 3, self.n_heads, h // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=False)  # (B, H, L, D)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, is_causal=False)  # (B, H, L, D)
         attn = attn.transpose(1, 2).reshape(B, L, h)
         x = x + gate_msa * self.attn_out(attn)
         return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
@@ -177,7 +183,8 @@ class Embedding(nn.Module):
 class DDiT(nn.Module):
     """The denoiser: forward(input_ids (B, L) int64, sigma (B,) float) -> raw logits (B, L, V);
     with `last`, logits of the last `last` positions only (B, last, V): drafting reads only the
-    gamma draft slots, and the output projection is the largest matmul of a small drafter."""
+    gamma draft slots, and the output projection is the largest matmul of a small drafter.
+    With `pad` (B,): row b starts after pad[b] padding positions, which no position attends to."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -188,14 +195,17 @@ class DDiT(nn.Module):
         self.blocks = nn.ModuleList(DDiTBlock(cfg) for _ in range(cfg.n_blocks))
         self.output_layer = FinalLayer(cfg)
 
-    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
+                pad: torch.Tensor | None = None) -> torch.Tensor:
         if not self.config.time_conditioning:
             sigma = torch.zeros_like(sigma)
+        L = input_ids.shape[1]
         x = self.vocab_embed(input_ids)  # (B, L, h)
         c = F.silu(self.sigma_map(sigma))  # (B, cond)
-        cos, sin = self.rotary_emb(input_ids.shape[1], input_ids.device)
+        cos, sin = self.rotary_emb(L, input_ids.device, pad)
+        keys = None if pad is None else (torch.arange(L, device=x.device) >= pad[:, None].to(x.device))[:, None, None]
         for block in self.blocks:
-            x = block(x, c, cos, sin)
+            x = block(x, c, cos, sin, keys)
         return self.output_layer(x if last is None else x[:, -last:], c)  # (B, L or last, V)
 
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> "DDiT":

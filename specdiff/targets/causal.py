@@ -1,5 +1,7 @@
 """A Hugging Face causal LM as a target (contracts.Target; the PyTorch reference every runtime
-must match): it owns its KV cache, which can be rolled back.
+must match): it owns a KV cache over B rows of different lengths (targets.rows.RowCache), each
+rolled back on its own. Every forward pass gets per-row position ids and a 2-D attention mask
+(a direct model call would derive positions from the cache width, ignoring padding).
 
 Logits are float32 over the tokenizer's real vocabulary: rows of a padded head (e.g. 50304 for a
 50257-token tokenizer) are dropped here, so p never puts mass on ids the tokenizer lacks.
@@ -9,8 +11,10 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..errors import IncompatibleModelsError
+from .rows import RowCache
 
 
 def context_window(config) -> int:
@@ -32,10 +36,11 @@ def real_vocab_size(tokenizer, model, name: str) -> int:
     return vocab
 
 
-class CausalLMTarget:
-    """A Hugging Face causal LM and its tokenizer, with a DynamicCache that can be rolled back."""
+class CausalLMTarget(RowCache):
+    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache)."""
 
     def __init__(self, model, tokenizer, name: str = ""):
+        super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "target")
@@ -43,30 +48,26 @@ class CausalLMTarget:
         self.max_length = context_window(model.config)
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
         self.eos_token_id = eos if isinstance(eos, int) else None
-        self.cache: DynamicCache | None = None
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
-    @property
-    def length(self) -> int:
-        return self.cache.get_seq_length() if self.cache is not None else 0
-
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        self.cache = DynamicCache(config=self.model.config)
-        return self.extend(ids)
-
-    @torch.no_grad()
-    def extend(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
-        return out.logits[..., : self.vocab_size].float()
-
-    def rollback(self, length: int) -> None:
-        drop = self.length - length
-        if drop > 0 and self.cache is not None:
-            self.cache.crop(-drop)
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+             kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One forward pass over the cache kv (2L tensors (B, H, C, D); [] for none).
+        Every layer keeps all its columns (no sliding-window layers: the mask applies windows)."""
+        cache = DynamicCache()
+        for k, v in zip(kv[::2], kv[1::2]):
+            layer = DynamicLayer()
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+            cache.layers.append(layer)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True)
+        kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return out.logits[..., : self.vocab_size].float(), kv
 
     def sync(self) -> None:
         """Wait for queued device work (for honest timings on CUDA)."""

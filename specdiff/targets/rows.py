@@ -1,0 +1,145 @@
+"""A KV cache over B rows of different lengths, shared by every target (targets.causal over
+Hugging Face models, runtimes.models over exported graphs): the batched side of contracts.Target.
+
+Layout: the cache is 2L tensors (B, H, C, D). Row b holds its `lengths[b]` tokens in the columns
+start[b] .. start[b] + lengths[b] - 1; the columns before start[b] are padding, masked out of
+attention. Before every forward pass the rows are re-aligned so that all of them end in the last
+column C - 1 and no column is padding in every row (one gather with per-row offsets: EQSPEC,
+arXiv 2510.22876). A row's tokens are therefore always contiguous and its keys sit at the same
+distance from its queries as when it is decoded alone, so local / sliding attention windows,
+which count cache columns, stay exact; rejected tokens never stay behind as masked holes.
+
+    rollback(lengths (B,))   O(1): only the lengths change; the gather happens at the next call
+    extend(ids (B, S), new)  row b appends ids[b, :new[b]] (right padding after), one forward
+    join(ids (1, S))         a new row, prefilled alone, becomes the last row (continuous refill)
+    keep(index (B',))        rows reordered / dropped / repeated (finished rows leave; K drafts)
+
+Subclasses give `_run(ids (B, S), mask (B, C + S), positions (B, S), kv) -> (logits (B, S, V),
+kv (B, H, C + S, D) each)`; an empty kv list means an empty cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RowCache:
+    """Per-row lengths and re-alignment over the KV tensors `kv` of a subclass's `_run`."""
+
+    max_length: int
+
+    def __init__(self) -> None:
+        self.kv: list[torch.Tensor] = []  # each (B, H, C, D)
+        self.lengths = torch.zeros(0, dtype=torch.long)  # (B,) tokens cached per row
+        self.start = torch.zeros(0, dtype=torch.long)  # (B,) first column of each row
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+             kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        raise NotImplementedError
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def length(self) -> int:
+        """Tokens cached in the longest row (batch 1: the row's length)."""
+        return int(self.lengths.max()) if self.rows else 0
+
+    @property
+    def width(self) -> int:
+        return self.kv[0].shape[2] if self.kv else 0
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Start over with the rows of ids (B, S) (no padding) -> logits (B, S, V)."""
+        self.kv, self.lengths, self.start = [], self.lengths[:0], self.start[:0]
+        B, S = ids.shape
+        mask = torch.ones(B, S, dtype=torch.long, device=ids.device)
+        logits, self.kv = self._run(ids, mask, _arange(B, S, ids.device), [])
+        self.lengths, self.start = torch.full((B,), S), torch.zeros(B, dtype=torch.long)
+        return logits
+
+    def join(self, ids: torch.Tensor) -> torch.Tensor:
+        """Prefill one new row ids (1, S) alone and add it as the last row -> logits (1, S, V)."""
+        if not self.rows:
+            return self.prefill(ids)
+        mask = torch.ones(1, ids.shape[1], dtype=torch.long, device=ids.device)
+        logits, kv = self._run(ids, mask, _arange(1, ids.shape[1], ids.device), [])
+        lengths = self._align()
+        self._stack([(self.kv, lengths), (kv, torch.tensor([ids.shape[1]]))])
+        return logits
+
+    def extend(self, ids: torch.Tensor, new: torch.Tensor | None = None) -> torch.Tensor:
+        """Row b appends ids[b, :new[b]] (default: all S) -> logits (B, S, V); the logits after
+        a row's new tokens are not defined."""
+        B, S = ids.shape
+        new = torch.full((B,), S) if new is None else new.cpu()
+        lengths = self._align()
+        C = self.width
+        if C + S > self.max_length:  # a long row and a long draft: each row alone fits
+            return self._extend_each(ids, new)
+        cols = torch.arange(C + S)
+        mask = (cols >= self.start[:, None]) & (cols < C + new[:, None])  # (B, C + S)
+        positions = (lengths[:, None] + torch.arange(S)).clamp_max(self.max_length - 1)  # (B, S)
+        logits, self.kv = self._run(ids, mask.long().to(ids.device), positions.to(ids.device), self.kv)
+        self.lengths = lengths + new
+        return logits
+
+    def rollback(self, lengths: torch.Tensor | int) -> None:
+        """Keep only the first lengths[b] cached tokens of each row (an int: of every row)."""
+        lengths = torch.as_tensor(lengths, dtype=torch.long).cpu().expand(self.rows)
+        self.lengths = torch.minimum(self.lengths, lengths)
+
+    def keep(self, index: torch.Tensor | list[int]) -> None:
+        """Keep the rows at `index` (B',), in that order (repeats allowed)."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        self.kv = [t[index.to(t.device)] for t in self.kv]
+        self.lengths, self.start = self.lengths[index], self.start[index]
+        if not self.rows:
+            self.kv = []
+
+    def _align(self) -> torch.Tensor:
+        """Gather every row to end in the last column, with no all-padding column; -> lengths."""
+        W = self.length
+        if self.kv and not (bool((self.start + self.lengths == self.width).all()) and self.width == W):
+            cols = (self.start + self.lengths - W)[:, None] + torch.arange(W)  # (B, W)
+            index = cols.clamp_min(0)[:, None, :, None]  # padding columns take any real column
+            self.kv = [t.gather(2, index.to(t.device).expand(-1, t.shape[1], -1, t.shape[3])) for t in self.kv]
+        self.start = W - self.lengths
+        return self.lengths
+
+    def _stack(self, parts: list[tuple[list[torch.Tensor], torch.Tensor]]) -> None:
+        """Rows of several aligned caches (kv, lengths) as one cache, left-padded to one width."""
+        W = max(int(lengths.max()) for _, lengths in parts)
+        self.kv = [torch.cat([_left_pad(kv[i], W) for kv, _ in parts]) for i in range(len(parts[0][0]))]
+        self.lengths = torch.cat([lengths for _, lengths in parts])
+        self.start = W - self.lengths
+
+    def _extend_each(self, ids: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """extend, one row per forward pass (when the padded batch would pass the window)."""
+        parts, logits = [], torch.zeros(0)
+        for b in range(self.rows):
+            s, n = int(self.start[b]), int(self.lengths[b] + new[b])
+            kv = [t[b:b + 1, :, s:] for t in self.kv]
+            mask = torch.ones(1, n, dtype=torch.long, device=ids.device)
+            positions = torch.arange(int(self.lengths[b]), n, device=ids.device)[None]
+            out, kv = self._run(ids[b:b + 1, :int(new[b])], mask, positions, kv)
+            logits = torch.cat([logits.to(out), _pad_to(out, ids.shape[1])]) if b else _pad_to(out, ids.shape[1])
+            parts.append((kv, torch.tensor([n])))
+        self._stack(parts)
+        return logits
+
+
+def _arange(B: int, S: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(S, device=device).expand(B, S)
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, H, C, D) -> (B, H, width, D), zeros before (finite: masked padding)."""
+    pad = t.new_zeros(t.shape[0], t.shape[1], width - t.shape[2], t.shape[3])
+    return torch.cat([pad, t], dim=2)
+
+
+def _pad_to(logits: torch.Tensor, S: int) -> torch.Tensor:
+    """(1, s, V) -> (1, S, V), zeros after."""
+    return torch.cat([logits, logits.new_zeros(1, S - logits.shape[1], logits.shape[2])], dim=1)
