@@ -1,84 +1,74 @@
 """Models over exported graphs, whatever runtime executes them.
 
 GraphTarget implements the specdiff.contracts.Target contract over a target step graph; its KV cache
-is 2L explicit tensors (B, H, P, D) fed back as the next call's past. rollback(n) slices them to
-n positions; the slice is not contiguous, so the runtime copies it before binding it by pointer.
+is 2L explicit tensors (B, H, P, D) fed back as the next call's past, kept per row by
+specdiff.targets.rows.RowCache (the graphs take a 2-D attention mask and position ids). A
+re-aligned cache is a fresh contiguous tensor; a sliced one is copied by the runtime before it is
+bound by pointer. A runtime's `limits` cap the rows of a batch (`max_rows`).
 GraphDrafter exposes what DiffusionProposer and plan use of a DiffusionDrafter (x0_logits,
 mask_id, vocab_size, context_length, tokenizer, the recorded draft `defaults`) over a denoiser
 graph; the parameterisation and the noise level are computed in Python exactly as the PyTorch
-drafter does.
+drafter does. The graph has no padding mask: rows with the same padding run together, unpadded.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specdiff.drafters.diffusion import loglinear_sigma
+from specdiff.drafters.diffusion import loglinear_sigma, masked_fraction
 from specdiff.nets.parameterization import x0_logits
+from specdiff.targets.rows import RowCache
 
 from specdiff.graphs import TORCH_DTYPES, past_names, present_names
 
 
-class GraphTarget:
+class GraphTarget(RowCache):
     """A causal LM step graph as a Target. model: the manifest's `model` record of the target."""
 
     def __init__(self, runtime, model: dict, tokenizer, device, *, dtype: str,
-                 max_length: int | None = None, max_step: int | None = None):
+                 max_length: int | None = None, max_step: int | None = None, max_rows: int | None = None):
+        super().__init__()
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.name = model["name"]
         self.vocab_size = model["vocab_size"]
         self.max_length = max_length or model["max_length"]
         self.max_step = max_step  # most tokens per graph call (None: any)
+        self.max_rows = max_rows  # most rows per graph call (None: any)
         self.eos_token_id = model["eos_token_id"]
         self._device = torch.device(device)
         self._heads, self._head_dim = model["kv_heads"], model["head_dim"]
         self._kv_dtype = TORCH_DTYPES[dtype]
         self._past_names, self._present_names = past_names(model["layers"]), present_names(model["layers"])
-        self.past: list[torch.Tensor] = []
 
     @classmethod
     def from_artifacts(cls, art, runtime, device) -> "GraphTarget":
         model, limits = art.component("target")["model"], runtime.limits
         max_length = min(model["max_length"], limits.max_seq) if limits else None
         return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"], max_length=max_length,
-                   max_step=limits.max_step if limits else None)
+                   max_step=limits.max_step if limits else None, max_rows=limits.max_batch if limits else None)
 
     @property
     def device(self) -> torch.device:
         return self._device
 
-    @property
-    def length(self) -> int:
-        return self.past[0].shape[2] if self.past else 0
-
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, S) -> logits (B, S, V), float32, over an empty cache."""
-        empty = torch.zeros(ids.shape[0], self._heads, 0, self._head_dim,
-                            dtype=self._kv_dtype, device=self.device)  # (B, H, 0, D)
-        self.past = [empty] * len(self._past_names)
-        return self.extend(ids)
-
-    def extend(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, S) -> logits (B, S, V), float32; fed in chunks of at most max_step tokens."""
-        chunks = ids.split(self.max_step, dim=1) if self.max_step else (ids,)
-        return torch.cat([self._step(chunk) for chunk in chunks], dim=1)
-
-    def _step(self, ids: torch.Tensor) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+             kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids (B, S) -> logits (B, S, V), float32, and the new past; fed in chunks of at most
+        max_step tokens."""
         B, S = ids.shape
-        P = self.length
-        feeds = {"input_ids": ids,
-                 "attention_mask": torch.ones(B, P + S, dtype=torch.int64, device=ids.device),
-                 "position_ids": torch.arange(P, P + S, device=ids.device).expand(B, S),
-                 **dict(zip(self._past_names, self.past))}
-        out = self.runtime.run(feeds)
-        self.past = [out[name] for name in self._present_names]  # each (B, H, P + S, D)
-        return out["logits"][..., : self.vocab_size].float()
-
-    def rollback(self, length: int) -> None:
-        """Keep the first `length` cached positions."""
-        if length < self.length:
-            self.past = [t[:, :, :length] for t in self.past]
+        if not kv:
+            kv = [torch.zeros(B, self._heads, 0, self._head_dim, dtype=self._kv_dtype,
+                              device=self.device)] * len(self._past_names)  # (B, H, 0, D)
+        C, step, logits = kv[0].shape[2], self.max_step or S, []
+        for j in range(0, S, step):
+            k = min(j + step, S)
+            feeds = {"input_ids": ids[:, j:k], "attention_mask": mask[:, :C + k], "position_ids": positions[:, j:k],
+                     **dict(zip(self._past_names, kv))}
+            out = self.runtime.run(feeds)
+            kv = [out[name] for name in self._present_names]  # each (B, H, C + k, D)
+            logits.append(out["logits"][..., : self.vocab_size].float())
+        return torch.cat(logits, dim=1), kv
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -105,11 +95,20 @@ class GraphDrafter:
     def from_artifacts(cls, art, runtime, device) -> "GraphDrafter":
         return cls(runtime, art.component("drafter")["model"], art.tokenizer, device)
 
-    def x0_logits(self, input_ids: torch.Tensor, last: int | None = None) -> torch.Tensor:
-        """(B, L) ids with mask slots -> logits of x0 over the real vocabulary at the last `last`
-        positions (B, last, V) (default: all L), fp32 (the graph computes all L)."""
-        t = (input_ids == self.mask_id).float().mean(dim=1)  # fraction masked, (B,)
-        sigma = loglinear_sigma(t)
+    def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
+                  pad: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L) ids with mask slots (after pad[b] padding positions in row b) -> logits of x0
+        over the real vocabulary at the last `last` positions (B, last, V) (default: all L),
+        fp32 (the graph computes all L)."""
+        if pad is not None and bool(pad.any()):  # no mask in the graph: rows of each padding unpadded
+            groups = {n: (pad == n).nonzero()[:, 0] for n in pad.unique().tolist()}
+            parts = {n: self.x0_logits(input_ids[rows, n:], last) for n, rows in groups.items()}  # last given
+            first = next(iter(parts.values()))
+            out = first.new_empty(len(pad), *first.shape[1:])  # (B, last, V)
+            for n, rows in groups.items():
+                out[rows.to(out.device)] = parts[n]
+            return out
+        sigma = loglinear_sigma(masked_fraction(input_ids, self.mask_id))
         feeds = {"input_ids": input_ids, **({"sigma": sigma} if self.time_conditioning else {})}
         ids = input_ids[:, -(last or 0):]
         raw = self.runtime.run(feeds)["logits"][:, -(last or 0):]  # (B, last, V_drafter)

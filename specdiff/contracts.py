@@ -48,6 +48,7 @@ class Target(Protocol):
     max_length: int
     eos_token_id: int | None
     name: str
+    max_rows: int | None  # most rows per forward pass (None: any)
 
     @property
     def device(self) -> torch.device: ...

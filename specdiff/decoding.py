@@ -108,7 +108,8 @@ class _Parts:
 def _decode(target: Target, rows: Iterable[Row], sampling: Sampling, batch_size: int,
             step: Step) -> Iterator[tuple[Row, list[int]]]:
     """Run `step` over batches of up to batch_size rows, refilled from `rows` as rows finish."""
-    pending, active = iter(rows), []
+    pending, active = iter(rows), list[Row]()
+    batch_size = min(batch_size, target.max_rows or batch_size)
     target.keep([])
     while True:
         while len(active) < batch_size and (row := next(pending, None)) is not None:

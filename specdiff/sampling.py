@@ -31,7 +31,7 @@ from .requests import check_sampling
 
 F32 = torch.finfo(torch.float32)
 # one generator, or one per row of a batch (row b draws from generators[b] only)
-Generators = Union[torch.Generator, Sequence[torch.Generator], None]
+Generators = Union[torch.Generator, Sequence[Union[torch.Generator, None]], None]
 
 
 @dataclass(frozen=True)

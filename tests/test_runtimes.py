@@ -98,7 +98,7 @@ def test_runtime_refuses_a_mask_that_does_not_span_past_and_new(onnx_pair):
     target = load_models("onnxruntime", onnx_pair)["target"]
     target.prefill(torch.tensor([[1, 2, 3]]))
     feeds = {"input_ids": torch.tensor([[4]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
-             "position_ids": torch.tensor([[3]]), **dict(zip(target._past_names, target.past))}
+             "position_ids": torch.tensor([[3]]), **dict(zip(target._past_names, target.kv))}
     with pytest.raises(UsageError, match="covers 3 positions"):
         target.runtime.run(feeds)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoConfig, GPTNeoForCausalLM, PreTrainedTokenizerFast
+from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoConfig, GPTNeoForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
 
 EOS = "<|endoftext|>"
 TEXT = """\
@@ -63,6 +64,17 @@ def make_gpt_neo(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, he
                        max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos,
                        initializer_range=0.02 * scale)
     return _save(GPTNeoForCausalLM(cfg), tokenizer, directory)
+
+
+def make_llama(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, heads: int = 4,
+               n_positions: int = 128, scale: float = 1.0) -> Path:
+    """A random Llama-style model: rotary positions, RMSNorm, grouped-query attention (2 KV heads)."""
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=n_positions,
+                      bos_token_id=eos, eos_token_id=eos, initializer_range=0.02 * scale)
+    return _save(LlamaForCausalLM(cfg), tokenizer, directory)
 
 
 def with_defaults(drafter: Path, out: Path, defaults) -> str:

@@ -27,6 +27,7 @@ class RowCache:
     """Per-row lengths and re-alignment over the KV tensors `kv` of a subclass's `_run`."""
 
     max_length: int
+    max_rows: int | None = None  # most rows a forward pass can take (None: any)
 
     def __init__(self) -> None:
         self.kv: list[torch.Tensor] = []  # each (B, H, C, D)
