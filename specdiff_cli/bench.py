@@ -62,6 +62,9 @@ def _report_dir(ctx, param, value):
 @click.option("--schedule", "schedules", callback=_list(str), metavar="LIST",
               help="Schedules to sweep (specdiff): l2r, oneshot, confidence [default: the pair's, "
                    "else the drafter's, else l2r].")
+@click.option("--batch-size", "batch_sizes", callback=_list(int), metavar="LIST",
+              help="Prompts per forward pass to sweep, e.g. 1,4,8,16 (ar, spec-ar, specdiff; the HF peers "
+                   "run batch 1) [default: 1].")
 @click.option("--acceptance", help="Acceptance rule for spec-ar / specdiff [default: greedy at temperature 0].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -74,7 +77,7 @@ def _report_dir(ctx, param, value):
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
-          repeats, warmup, gammas, steps, schedules, acceptance, temperature, seed, out, check, threads, device,
+          repeats, warmup, gammas, steps, schedules, batch_sizes, acceptance, temperature, seed, out, check, threads, device,
           dtype, truncate_prompt, no_plots):
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
@@ -84,6 +87,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
       specdiff bench --pair demo --gamma 4,8,12 --steps 1,2,4
       specdiff bench --target gpt2-xl --drafter ./drafter --ar-drafter gpt2 --check
       specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
+      specdiff bench --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
     """
     from specdiff.generation import choose, values
@@ -107,7 +111,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     if check and settings.temperature > 0:
         raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
     rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
-                        steps or (pick["steps"],), schedules or (pick["schedule"],))
+                        steps or (pick["steps"],), schedules or (pick["schedule"],), batch_sizes or (1,))
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import defaultdict
 
 import click
 
@@ -44,6 +45,8 @@ from .threads import set_threads, threads_option
 @click.option("--system", metavar="TEXT", help="A system message for --chat.")
 @click.option("--max-new-tokens", type=int, help="Tokens to generate per prompt [default: 64].")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch-size", type=int,
+              help="Prompts decoded together (rows refill as others finish) [default: 8]; the output does not depend on it.")
 @threads_option
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
@@ -135,22 +138,45 @@ def _check_stream(stream, jsonl: bool, output) -> bool:
 
 def _stream(records, p, truncate_prompt: bool, layout: Layout):
     """Write each continuation's text as its tokens are accepted, laid out as the whole result
-    would be; -> total metrics."""
+    would be, in input order: the earliest unfinished prompt streams, the steps of prompts after
+    it (decoded in the same batch) wait and are written when their turn comes; -> total metrics."""
     from specdiff.generation import stream
-    from specdiff.text import IncrementalText
 
-    total, text, current = None, IncrementalText(p.target.tokenizer, p.text.stop), -1
+    writer, waiting = _InOrder(p, records, layout), defaultdict(list)
     for event in stream([r.prompt for r in records], p, truncate_prompt=truncate_prompt):
-        if event.index != current:  # a new prompt: its head, and a fresh text
-            current, text = event.index, IncrementalText(p.target.tokenizer, p.text.stop)
-            _write(layout.head(current, records[current]))
-        if event.output is None:
-            _write(layout.text(text.push(event.tokens)))
-            continue
-        _write(layout.text(text.finish(event.output.text)) + layout.tail())
-        total = event.output.metrics if total is None else total.merge(event.output.metrics)
+        waiting[event.index].append(event)
+        while writer.current in waiting and writer.show(waiting.pop(writer.current)):
+            pass  # that prompt finished: the next one's steps so far, if any
     _write(layout.end())
-    return total
+    return writer.total
+
+
+class _InOrder:
+    """Writes the events of prompt `current`, then of the next prompt, and so on."""
+
+    def __init__(self, p, records, layout: Layout):
+        self.p, self.records, self.layout = p, records, layout
+        self.current, self.text, self.total = -1, None, None
+        self._next()
+
+    def _next(self) -> None:
+        from specdiff.text import IncrementalText
+
+        self.current += 1
+        self.text = IncrementalText(self.p.target.tokenizer, self.p.text.stop)
+        if self.current < len(self.records):
+            _write(self.layout.head(self.current, self.records[self.current]))
+
+    def show(self, events: list) -> bool:
+        """Write events of the current prompt; True when they finish it (the next is current)."""
+        _write(self.layout.text("".join(self.text.push(e.tokens) for e in events if e.output is None)))
+        done = events[-1].output
+        if done is None:
+            return False
+        _write(self.layout.text(self.text.finish(done.text)) + self.layout.tail())
+        self.total = done.metrics if self.total is None else self.total.merge(done.metrics)
+        self._next()
+        return True
 
 
 def _write(text: str) -> None:

@@ -65,12 +65,11 @@ def test_batched_greedy_equals_batch_1_for_every_method(models, eos, target, mon
     reference = _run(models, target, "ar", 1)
     reasons = Counter(o.metrics.stop_reason for o in reference.outputs)
     assert 2 <= reasons["eos"] <= len(PROMPTS) - 2  # rows stop at different steps
-    for method in METHODS:
-        for batch_size in (1, 5) if method != "ar" else (5,):
-            result = _run(models, target, method, batch_size)
-            for i, (got, want) in enumerate(zip(result.outputs, reference.outputs)):
-                assert got.tokens == want.tokens, f"{method} batch {batch_size}: prompt {i} diverged"
-                assert got.metrics.stop_reason == want.metrics.stop_reason
+    for method in METHODS:  # batch 1 == ar batch 1: tests/test_greedy_identity.py
+        result = _run(models, target, method, 5)
+        for i, (got, want) in enumerate(zip(result.outputs, reference.outputs)):
+            assert got.tokens == want.tokens, f"{method} batch 5: prompt {i} diverged"
+            assert got.metrics.stop_reason == want.metrics.stop_reason
 
 
 @pytest.mark.parametrize("method,acceptance", [("ar", None), ("spec-ar", "standard"), ("specdiff-l2r", "standard"),
@@ -144,3 +143,29 @@ def test_diffusion_drafts_of_padded_rows_equal_drafts_alone(models):
         alone = proposer.propose(r[None], 5, sampling, torch.Generator().manual_seed(b))
         assert torch.equal(batched.tokens[b], alone.tokens[0])
         torch.testing.assert_close(batched.q[b], alone.q[0], atol=1e-5, rtol=1e-5)
+
+
+def _cli(args: list[str]):
+    from click.testing import CliRunner
+
+    from specdiff_cli.main import cli
+
+    return CliRunner().invoke(cli, args)
+
+
+def test_cli_streams_a_batch_in_input_order(tiny, models, eos, monkeypatch):
+    """--stream with rows finishing out of order writes what --no-stream and batch 1 write."""
+    args = ["generate", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--gamma", "4", "--raw",
+            "--max-new-tokens", "10", "--echo", *[a for p in PROMPTS[:8] for a in ("--prompt", p)]]
+    one = _cli([*args, "--batch-size", "1", "--no-stream"])
+    streamed = _cli([*args, "--batch-size", "3", "--stream", "--stop", tiny.tokenizer.decode([eos["gpt2"]])])
+    stopped = _cli([*args, "--batch-size", "1", "--no-stream", "--stop", tiny.tokenizer.decode([eos["gpt2"]])])
+    assert one.exit_code == streamed.exit_code == stopped.exit_code == 0, streamed.output
+    assert streamed.stdout == stopped.stdout != one.stdout  # the stop string ended some rows early
+    assert one.stdout.count("\n\n") == 7
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_cli_refuses_a_bad_batch_size_in_one_line(tiny, value):
+    result = _cli(["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--batch-size", value])
+    assert result.exit_code == 2 and result.stderr == f"specdiff: error: batch_size must be an integer >= 1, got {value}\n"

@@ -28,6 +28,7 @@ class RowCache:
 
     max_length: int
     max_rows: int | None = None  # most rows a forward pass can take (None: any)
+    kv_peak_bytes = 0  # the largest the cache has been (reset it to measure)
 
     def __init__(self) -> None:
         self.kv: list[torch.Tensor] = []  # each (B, H, C, D)
@@ -58,6 +59,7 @@ class RowCache:
         mask = torch.ones(B, S, dtype=torch.long, device=ids.device)
         logits, self.kv = self._run(ids, mask, _arange(B, S, ids.device), [])
         self.lengths, self.start = torch.full((B,), S), torch.zeros(B, dtype=torch.long)
+        self._track()
         return logits
 
     def join(self, ids: torch.Tensor) -> torch.Tensor:
@@ -84,6 +86,7 @@ class RowCache:
         positions = (lengths[:, None] + torch.arange(S)).clamp_max(self.max_length - 1)  # (B, S)
         logits, self.kv = self._run(ids, mask.long().to(ids.device), positions.to(ids.device), self.kv)
         self.lengths = lengths + new
+        self._track()
         return logits
 
     def rollback(self, lengths: torch.Tensor | int) -> None:
@@ -115,6 +118,10 @@ class RowCache:
         self.kv = [torch.cat([_left_pad(kv[i], W) for kv, _ in parts]) for i in range(len(parts[0][0]))]
         self.lengths = torch.cat([lengths for _, lengths in parts])
         self.start = W - self.lengths
+        self._track()
+
+    def _track(self) -> None:
+        self.kv_peak_bytes = max(self.kv_peak_bytes, sum(t.numel() * t.element_size() for t in self.kv))
 
     def _extend_each(self, ids: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """extend, one row per forward pass (when the padded batch would pass the window)."""

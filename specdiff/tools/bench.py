@@ -13,9 +13,16 @@ it is the reference for speed-ups, for c_1 and for the greedy token-by-token che
 Each method: `warmup` untimed passes over all prompts, then `repeats` timed passes (tokens/s =
 new tokens / decoding seconds per pass; medians and spread over passes). Every forward call is
 logged by hooks (callstats.py), which gives call counts and costs, the draft/verify/other time
-split, and tau / alpha / accepted lengths for every method, HF peers included. Ideal speed-up:
+split, and tau / alpha / accepted lengths for every method, HF peers included (for batched
+variants, where one call serves several prompts, tau / alpha come from the loop's own per-prompt
+metrics). Ideal speed-up:
 S_ideal = tau * c_1 / (c_v + n_d * c_d) (docs/lossless.md), n_d = drafter calls per
 verification (T for specdiff, gamma for an AR drafter).
+
+Batch sizes (`batch_sizes`): specdiff's own methods also run with several prompts per forward pass
+(a variant per batch size; the HF peers only at batch 1). A variant's tokens/s is then the
+throughput of its batches (new tokens / decoding seconds), `tokens_per_s_per_row` that over the
+batch size, and `memory.kv_cache_peak_mb` the largest KV cache its batches held.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import resource
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -74,11 +81,13 @@ class Variant:
     gamma: int | None = None
     steps: int | None = None
     schedule: str | None = None
+    batch_size: int = 1
 
     @property
     def label(self) -> str:
         parts = [self.method] + ([f"g={self.gamma}"] if self.gamma else [])
-        return " ".join(parts + ([f"T={self.steps}", str(self.schedule)] if self.steps else []))
+        parts += [f"T={self.steps}", str(self.schedule)] if self.steps else []
+        return " ".join(parts + ([f"b={self.batch_size}"] if self.batch_size != 1 else []))
 
 
 @dataclass
@@ -113,14 +122,15 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
     return models, defaults
 
 
-def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],)) -> list[Variant]:
+def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],),
+             batch_sizes=(1,)) -> list[Variant]:
     """One row per method and setting; `ar` first. specdiff sweeps gamma x schedule x steps (T is
     at most gamma; a schedule with a fixed step count, e.g. oneshot, gets only that); the other
-    drafting methods sweep gamma."""
+    drafting methods sweep gamma; specdiff's own methods (not the peers) each batch size."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
-    for name, values in (("gamma", gammas), ("steps", steps)):
+    for name, values in (("gamma", gammas), ("steps", steps), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
     rows = [Variant("ar")]
@@ -133,7 +143,8 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
                 fixed = get_schedule(s).fixed_steps
                 for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
                     rows.append(Variant(method, g, t, s))
-    return rows
+    return [replace(v, batch_size=b) for v in rows for b in dict.fromkeys(batch_sizes)
+            if b == 1 or v.method in REGISTRY]
 
 
 def _settings(method: str) -> tuple[str, ...]:
@@ -161,11 +172,11 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     drafter = getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
     p = plan(target=models.target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
              schedule=v.schedule, acceptance=s.acceptance, temperature=s.temperature,
-             max_new_tokens=s.max_new_tokens, seed=s.seed)
+             max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size)
 
     def one_pass(prompts, encoded):
         for out in iter_generate(prompts, p, s.truncate_prompt):
-            yield out.tokens, out.metrics.wall_s
+            yield out.tokens, out.metrics.wall_s, out.metrics
     return one_pass
 
 
@@ -231,8 +242,10 @@ class Repeat:
 
     tokens: list[list[int]]  # per prompt
     seconds: list[float]
-    calls: list[dict]  # per prompt: role -> [Call]
+    calls: list[dict]  # per prompt: role -> [Call] (batched: the calls made until it was done)
+    metrics: list[Metrics | None] = field(default_factory=list)  # per prompt, the loop's own (peers: None)
     cuda_peak_mb: float | None = None  # peak CUDA memory allocated during this pass
+    kv_peak_mb: float | None = None  # largest KV cache the target held during this pass
 
     @property
     def tokens_per_s(self) -> float:
@@ -249,13 +262,16 @@ def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repea
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    models.target.kv_peak_bytes = 0
     with CallLog(roles, device) as log:
-        for tokens, seconds in one_pass(prompts, encoded):
+        for tokens, seconds, *metrics in one_pass(prompts, encoded):
             r.tokens.append(tokens)
             r.seconds.append(seconds)
+            r.metrics.append(metrics[0] if metrics else None)
             r.calls.append(log.take())  # this prompt's calls
     if device.type == "cuda":
         r.cuda_peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    r.kv_peak_mb = models.target.kv_peak_bytes / 2**20
     return r
 
 
@@ -283,8 +299,14 @@ def spread(xs: list[float]) -> dict:
             "runs": xs}
 
 
-def _acceptance(r: Repeat, encoded: list[list[int]]) -> Metrics:
+def _acceptance(r: Repeat, encoded: list[list[int]], batched: bool) -> Metrics:
+    """Acceptance from the target's calls (every method alike), or, when a call served several
+    prompts, from the loop's own per-prompt metrics."""
     m = Metrics()
+    if batched:
+        for own in r.metrics:
+            m = m.merge(own or Metrics())
+        return m
     for ids, tokens, calls in zip(encoded, r.tokens, r.calls):
         for drafted, accepted in verifications(calls["target"], len(ids), len(tokens)):
             m.record(accepted, drafted)
@@ -301,7 +323,7 @@ def _row(v: Variant, repeats: list[Repeat], encoded) -> dict:
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
     target, drafter = mid.role_calls("target"), mid.role_calls("drafter")
-    m = _acceptance(mid, encoded).to_dict()
+    m = _acceptance(mid, encoded, v.batch_size > 1).to_dict()
     histogram = m["accepted_length_histogram"]
     histogram += [0] * (len(m["per_position_acceptance"]) + 1 - len(histogram))  # k = 0..gamma
     wall, verify, draft = sum(mid.seconds), sum(c.seconds for c in target), sum(c.seconds for c in drafter)
@@ -311,6 +333,7 @@ def _row(v: Variant, repeats: list[Repeat], encoded) -> dict:
     return {
         "label": v.label, **asdict(v),
         "tokens_per_s": spread([r.tokens_per_s for r in repeats]), "new_tokens": sum(map(len, mid.tokens)),
+        "tokens_per_s_per_row": statistics.median([r.tokens_per_s for r in repeats]) / v.batch_size,
         "wall_s": wall, "iterations": m["iterations"], "tau": m["tau"], "alpha": m["alpha"],
         "per_position_acceptance": m["per_position_acceptance"],
         "accepted_length_histogram": histogram,
@@ -351,10 +374,12 @@ def _first_mismatches(reference: list[list[int]], passes: list[list[list[int]]])
 
 
 def _memory(repeats: list[Repeat]) -> dict:
-    """The process's RSS high-water mark (all variants so far) and this variant's CUDA peak."""
+    """The process's RSS high-water mark (all variants so far), this variant's CUDA peak and the
+    largest KV cache its passes held (HF peers keep their own cache: None)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     cuda = [r.cuda_peak_mb for r in repeats if r.cuda_peak_mb is not None]
-    return {"peak_rss_mb": rss, "cuda_peak_mb": max(cuda) if cuda else None}
+    kv = max(r.kv_peak_mb or 0.0 for r in repeats)
+    return {"peak_rss_mb": rss, "cuda_peak_mb": max(cuda) if cuda else None, "kv_cache_peak_mb": kv or None}
 
 
 def environment(models: Models) -> dict:
@@ -379,7 +404,7 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     """Time every variant on the prompts; -> the report (what bench.json holds)."""
     if settings.repeats < 1 or settings.warmup < 0:
         raise UsageError("repeats must be >= 1 and warmup >= 0")
-    rows = [Variant("ar")] + [v for v in rows if v.method != "ar"]
+    rows = [Variant("ar")] + [v for v in rows if v != Variant("ar")]
     _check_models(models, rows)
     encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt)
     _check_room(models.target, rows, encoded, settings.max_new_tokens)

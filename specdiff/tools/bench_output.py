@@ -13,10 +13,10 @@ from ..errors import LoadError, UsageError
 from ..extras import install_hint
 
 PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
-         "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png")
+         "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png", "tokens_per_s_vs_batch_size.png")
 
 
-SHORT = {"gamma": "g={}", "steps": "T={}"}  # how a swept setting reads in a legend
+SHORT = {"gamma": "g={}", "steps": "T={}", "batch_size": "b={}"}  # how a swept setting reads in a legend
 
 
 def _f(x, fmt: str) -> str:
@@ -69,7 +69,7 @@ def write_report(report: dict, out_dir: str | Path, plots: bool = True) -> list[
         tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     written = [path]
     if figure:
-        for name, draw in zip(PLOTS, (_speedup, _lengths, _positions, _vs_gamma, _vs_steps)):
+        for name, draw in zip(PLOTS, (_speedup, _lengths, _positions, _vs_gamma, _vs_steps, _vs_batch_size)):
             tall = name == "speedup.png" and len(report["rows"]) > 10  # one bar per row
             fig = figure(figsize=(7.5, 1.5 + 0.3 * len(report["rows"]) if tall else 4.5), layout="constrained")
             if draw(fig.add_subplot(), report["rows"]) is not False:
@@ -166,9 +166,20 @@ def _series(ax, rows, x_key: str, group_keys: tuple[str, ...], xlabel: str, titl
     ax.legend(fontsize=8)
 
 
+def _batch_1(rows):
+    return [r for r in rows if r.get("batch_size", 1) == 1]
+
+
 def _vs_gamma(ax, rows):
-    return _series(ax, rows, "gamma", ("method", "steps", "schedule"), "gamma (draft length)", "Tokens/s against gamma")
+    return _series(ax, _batch_1(rows), "gamma", ("method", "steps", "schedule"),
+                   "gamma (draft length)", "Tokens/s against gamma")
 
 
 def _vs_steps(ax, rows):
-    return _series(ax, rows, "steps", ("gamma", "schedule"), "T (denoising steps per draft)", "Tokens/s against T")
+    return _series(ax, _batch_1(rows), "steps", ("gamma", "schedule"),
+                   "T (denoising steps per draft)", "Tokens/s against T")
+
+
+def _vs_batch_size(ax, rows):
+    return _series(ax, rows, "batch_size", ("method", "gamma", "steps", "schedule"), "prompts per forward pass",
+                   "Tokens/s (all rows) against batch size")
