@@ -205,3 +205,22 @@ def test_recorded_settings_travel_through_the_manifest_to_the_graph_drafter(tiny
 def test_runtime_options_are_checked(onnx_pair, args, message):
     result = run_cli(["generate", "--prompt", "x", *[a.format(dir=onnx_pair) for a in args]])
     assert result.exit_code == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
+def test_batched_decoding_on_onnxruntime_equals_torch_batch_1(tiny, request, which, model):
+    """Ragged rows on the graphs (2-D mask, per-row positions, re-aligned past) and, for the
+    drafter graph, which has no padding mask, rows of each padding drafted apart: every prompt's
+    tokens equal torch's at batch 1, for ar and specdiff."""
+    from specdiff import generate
+
+    ort = load_models("onnxruntime", request.getfixturevalue(which))
+    prompts = ["x", "The quick brown fox jumps over the lazy dog. A journey of a thousand miles", "To be", "def",
+               "Call me Ishmael. The sea was calm"]
+    drafter = ort.get("drafter") or load_drafter(str(tiny.drafter))
+    torch_target = load_target(str(getattr(tiny, model)))
+    for method in ("ar", "specdiff"):
+        options = {"method": method, "max_new_tokens": 20, "gamma": 5, "steps": 2}
+        want = generate(prompts, target=torch_target, drafter=load_drafter(str(tiny.drafter)), batch_size=1, **options)
+        got = generate(prompts, target=ort["target"], drafter=drafter, batch_size=4, **options)
+        assert [o.tokens for o in got.outputs] == [o.tokens for o in want.outputs], method
