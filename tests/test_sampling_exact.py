@@ -105,7 +105,7 @@ def chi_square_pvalue(cells, joint):
     observed = torch.bincount(cells, minlength=V ** DEPTH).double()
     impossible = joint == 0
     assert observed[impossible].sum() == 0, "tokens outside the warped support were emitted"
-    expected = joint[~impossible].double() * N
+    expected = joint[~impossible].double() * len(cells)
     observed = observed[~impossible]
     small = expected < 5  # pool sparse cells so the chi-square approximation holds
     obs = torch.cat([observed[~small], observed[small].sum()[None] if small.any() else observed[:0]])
