@@ -113,20 +113,21 @@ def _decode(target: Target, rows: Iterable[Row], sampling: Sampling, batch_size:
     target.keep([])
     while True:
         while len(active) < batch_size and (row := next(pending, None)) is not None:
-            yield row, _first(target, row, sampling)
-            if row.stop_reason:
+            first = _first(target, row, sampling)
+            if row.stop_reason:  # done at its first token: it leaves at once
                 target.keep(list(range(len(active))))
             else:
                 active.append(row)
+            yield row, first
         if not active:
             return
-        parts, start = _Parts(target.sync), time.perf_counter()
-        pushed = step(active, parts)
-        parts.charge(active, time.perf_counter() - start)
-        yield from zip(active, pushed)
-        if any(row.stop_reason for row in active):
-            target.keep([b for b, row in enumerate(active) if not row.stop_reason])
-            active = [row for row in active if not row.stop_reason]
+        batch, parts, start = active, _Parts(target.sync), time.perf_counter()
+        pushed = step(batch, parts)
+        active = [row for row in batch if not row.stop_reason]
+        if len(active) < len(batch):  # finished rows leave the cache
+            target.keep([b for b, row in enumerate(batch) if not row.stop_reason])
+        parts.charge(batch, time.perf_counter() - start)
+        yield from zip(batch, pushed)
 
 
 def _first(target: Target, row: Row, sampling: Sampling) -> list[int]:

@@ -276,3 +276,23 @@ def test_cli_warns_when_rounds_disagree(tiny, tmp_path, monkeypatch):
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert report["reliability"]["unreliable"] == ["spec-ar g=2"] and report["rows"][0]["unreliable"] == []
     assert json.loads(result.stdout.strip().splitlines()[-1])["unreliable"] == ["spec-ar g=2"]
+
+
+def test_batch_sizes_are_swept_with_throughput_per_row_and_kv_peak(tiny):
+    models, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter), ar_drafter=str(tiny.ar))
+    rows = variants(["ar", "specdiff", "hf-prompt-lookup"], gammas=(3,), steps=(1,), batch_sizes=(1, 3))
+    report = run(models, PROMPTS, rows, Settings(max_new_tokens=8, repeats=1, warmup=0, threads=1))
+    by = {r["label"]: r for r in report["rows"]}
+    assert list(by) == ["ar", "ar b=3", "specdiff g=3 T=1 l2r", "specdiff g=3 T=1 l2r b=3", "hf-prompt-lookup g=3"]
+    assert report["check"]["passed"] and all(r["new_tokens"] == 24 for r in by.values())
+    one, three = by["specdiff g=3 T=1 l2r"], by["specdiff g=3 T=1 l2r b=3"]
+    assert (one["tau"], one["alpha"], one["iterations"]) == (three["tau"], three["alpha"], three["iterations"])
+    assert three["tokens_per_s_per_row"] == pytest.approx(three["tokens_per_s"]["median"] / 3)
+    assert three["memory"]["kv_cache_peak_mb"] > one["memory"]["kv_cache_peak_mb"] > 0
+    assert by["hf-prompt-lookup g=3"]["memory"]["kv_cache_peak_mb"] is None  # transformers keeps its own
+
+
+def test_bench_refuses_a_batch_size_below_1(tiny):
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny.gpt2), "--methods", "ar", "--batch-size", "1,0",
+                                      "--no-plots", "--num-prompts", "1"])
+    assert result.exit_code == 2 and result.stderr == "specdiff: error: batch_size values must be >= 1, got 1, 0\n"
