@@ -54,10 +54,8 @@ class RowCache:
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """Start over with the rows of ids (B, S) (no padding) -> logits (B, S, V)."""
-        self.kv, self.lengths, self.start = [], self.lengths[:0], self.start[:0]
         B, S = ids.shape
-        mask = torch.ones(B, S, dtype=torch.long, device=ids.device)
-        logits, self.kv = self._run(ids, mask, _arange(B, S, ids.device), [])
+        logits, self.kv = self._unpadded(ids, [])
         self.lengths, self.start = torch.full((B,), S), torch.zeros(B, dtype=torch.long)
         self._track()
         return logits
@@ -66,8 +64,7 @@ class RowCache:
         """Prefill one new row ids (1, S) alone and add it as the last row -> logits (1, S, V)."""
         if not self.rows:
             return self.prefill(ids)
-        mask = torch.ones(1, ids.shape[1], dtype=torch.long, device=ids.device)
-        logits, kv = self._run(ids, mask, _arange(1, ids.shape[1], ids.device), [])
+        logits, kv = self._unpadded(ids, [])
         lengths = self._align()
         self._stack([(self.kv, lengths), (kv, torch.tensor([ids.shape[1]]))])
         return logits
@@ -123,23 +120,22 @@ class RowCache:
     def _track(self) -> None:
         self.kv_peak_bytes = max(self.kv_peak_bytes, sum(t.numel() * t.element_size() for t in self.kv))
 
+    def _unpadded(self, ids: torch.Tensor, kv: list[torch.Tensor], past: int = 0):
+        """Forward ids (B, S) over kv holding `past` columns of every row, none of them padding."""
+        B, S = ids.shape
+        mask = torch.ones(B, past + S, dtype=torch.long, device=ids.device)
+        return self._run(ids, mask, torch.arange(past, past + S, device=ids.device).expand(B, S), kv)
+
     def _extend_each(self, ids: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         """extend, one row per forward pass (when the padded batch would pass the window)."""
-        parts, logits = [], torch.zeros(0)
+        parts, logits = [], []
         for b in range(self.rows):
-            s, n = int(self.start[b]), int(self.lengths[b] + new[b])
-            kv = [t[b:b + 1, :, s:] for t in self.kv]
-            mask = torch.ones(1, n, dtype=torch.long, device=ids.device)
-            positions = torch.arange(int(self.lengths[b]), n, device=ids.device)[None]
-            out, kv = self._run(ids[b:b + 1, :int(new[b])], mask, positions, kv)
-            logits = torch.cat([logits.to(out), _pad_to(out, ids.shape[1])]) if b else _pad_to(out, ids.shape[1])
-            parts.append((kv, torch.tensor([n])))
+            n, s = int(self.lengths[b]), int(self.start[b])
+            out, kv = self._unpadded(ids[b:b + 1, :int(new[b])], [t[b:b + 1, :, s:] for t in self.kv], n)
+            logits.append(_pad_to(out, ids.shape[1]))
+            parts.append((kv, torch.tensor([n + int(new[b])])))
         self._stack(parts)
-        return logits
-
-
-def _arange(B: int, S: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(S, device=device).expand(B, S)
+        return torch.cat(logits)
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
