@@ -11,6 +11,7 @@ from specdiff import names
 
 from .output import check_output, open_output
 from .prompts import Layout, read_prompts, unescape
+from .ray_run import WORKER_OPTIONS, check_ray_flags, ray_options, run_on_ray
 from .threads import set_threads, threads_option
 
 
@@ -65,6 +66,7 @@ from .threads import set_threads, threads_option
               help="Print the settings that ran (and where each came from) and aggregate metrics as JSON on stderr.")
 @click.option("--stream/--no-stream", default=None,
               help="Print each continuation as it is produced [default: when stdout is a terminal].")
+@ray_options
 def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, echo, output, stats,
              truncate_prompt, stream, **options):
     """Generate continuations of prompts: exactly the target's own output, faster.
@@ -75,15 +77,22 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
       specdiff generate --target gpt2 --drafter ./drafter --prompt "Hello"
       specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt --jsonl
       cat prompts.jsonl | specdiff generate --target gpt2 --jsonl --stats | jq .text
+      specdiff generate --prompt-file big.txt --ray local --workers 2 -o out.txt
     """
     from runtimes import runtime_models
     from specdiff.generation import iter_generate, plan
 
     layout = _layout(jsonl, raw, separator, echo)
-    stream = _check_stream(stream, jsonl, output)
+    pool = [options.pop(name) for name in WORKER_OPTIONS]
+    check_ray_flags(*pool, stream)
+    stream = _check_stream(stream, jsonl, output) and pool[0] is None
     records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None),
                            _input_format(whole, input_format))
-    set_threads(options.pop("threads"))
+    threads = options.pop("threads")
+    if pool[0] is not None:
+        _ray(records, options, pool, threads, truncate_prompt, layout, output, stats)
+        return
+    set_threads(threads)
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     if stream:
@@ -91,6 +100,22 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
+    _stats(stats, p, _write_results(records, outputs, layout, output))
+
+
+def _ray(records, options, pool, threads, truncate_prompt, layout, output, stats) -> None:
+    """--ray: the prompts decoded by a Ray actor pool, written as a local run writes them."""
+    if options.pop("runtime") != "torch" or options.pop("artifacts"):
+        raise click.UsageError("--ray runs the torch runtime (each worker loads --target / --drafter)")
+    result = run_on_ray([r.prompt for r in records], options, *pool, threads, truncate_prompt)
+    total = _write_results(records, iter(result.outputs), layout, output)
+    if stats and total is not None:
+        click.echo(json.dumps({**result.settings, **total.to_dict(), "ray": result.ray}), err=True)
+
+
+def _write_results(records, outputs, layout: Layout, output):
+    """Write each result as it comes, in input order, to -o (whole or nothing) or stdout;
+    -> total metrics."""
     writer = open_output(output) if output else None
     write = writer.write if writer else _write
     total = None
@@ -104,7 +129,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     finally:
         if writer:
             writer.discard()
-    _stats(stats, p, total)
+    return total
 
 
 def _stats(wanted: bool, p, total) -> None:
