@@ -66,7 +66,7 @@ def init(address: str | None = None, **ray_init: Any) -> float:
     if not ray.is_initialized():
         address = None if address == "local" else address or os.environ.get("RAY_ADDRESS")
         try:
-            ray.init(address=address, log_to_driver=False, **ray_init)
+            ray.init(address=address, **ray_init)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from e
     return time.perf_counter() - start
@@ -159,11 +159,12 @@ def generate(prompts: str | list[str], *, address: str | None = None, workers: i
                      json.loads(rows[0]["settings"]))
 
 
-def iter_outputs(done: Any) -> Iterator[tuple[int, Any]]:
-    """(index, generation.Output) of a map_prompts Dataset, streamed in the Dataset's order; a
-    worker's SpecdiffError is raised when its row is reached."""
+def iter_outputs(done: Any) -> Iterator[tuple[dict[str, Any], Any]]:
+    """(row, generation.Output) of a map_prompts Dataset, streamed in the Dataset's order (set
+    DataContext's execution_options.preserve_order for input order); a worker's SpecdiffError is
+    raised when its row is reached."""
     for row in _rows(done):
-        yield int(row["index"]), pickle.loads(row["output"])
+        yield row, pickle.loads(row["output"])
 
 
 def _rows(done: Any) -> Iterator[dict[str, Any]]:

@@ -11,7 +11,7 @@ from specdiff import names
 
 from .output import check_output, open_output
 from .prompts import Layout, read_prompts, unescape
-from .ray_run import WORKER_OPTIONS, check_ray_flags, ray_options, run_on_ray
+from .ray_run import WORKER_OPTIONS, check_ray_flags, ray_options, run_on_ray, run_to_dir
 from .threads import set_threads, threads_option
 
 
@@ -83,9 +83,15 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     from specdiff.generation import iter_generate, plan
 
     layout = _layout(jsonl, raw, separator, echo)
-    pool = [options.pop(name) for name in WORKER_OPTIONS]
-    check_ray_flags(*pool, stream)
+    pool, output_dir = [options.pop(name) for name in WORKER_OPTIONS], options.pop("output_dir")
+    check_ray_flags(pool, stream, output_dir, prompt_file, output)
     stream = _check_stream(stream, jsonl, output) and pool[0] is None
+    if output_dir:
+        total = run_to_dir(prompt_file, _input_format(whole, input_format), output_dir, layout,
+                           _ray_options(options), *pool, options.pop("threads"), truncate_prompt)
+        if stats and total is not None:
+            click.echo(json.dumps(total.to_dict()), err=True)
+        return
     records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None),
                            _input_format(whole, input_format))
     threads = options.pop("threads")
@@ -105,12 +111,16 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
 
 def _ray(records, options, pool, threads, truncate_prompt, layout, output, stats) -> None:
     """--ray: the prompts decoded by a Ray actor pool, written as a local run writes them."""
-    if options.pop("runtime") != "torch" or options.pop("artifacts"):
-        raise click.UsageError("--ray runs the torch runtime (each worker loads --target / --drafter)")
-    result = run_on_ray([r.prompt for r in records], options, *pool, threads, truncate_prompt)
+    result = run_on_ray([r.prompt for r in records], _ray_options(options), *pool, threads, truncate_prompt)
     total = _write_results(records, iter(result.outputs), layout, output)
     if stats and total is not None:
         click.echo(json.dumps({**result.settings, **total.to_dict(), "ray": result.ray}), err=True)
+
+
+def _ray_options(options: dict) -> dict:
+    if options.pop("runtime") != "torch" or options.pop("artifacts"):
+        raise click.UsageError("--ray runs the torch runtime (each worker loads --target / --drafter)")
+    return options
 
 
 def _write_results(records, outputs, layout: Layout, output):

@@ -3,6 +3,8 @@ is never starved): the same outputs as a local run, in input order, through a wo
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -14,6 +16,7 @@ from click.testing import CliRunner
 import specdiff
 import specdiff.ray as sray
 from specdiff.errors import InputError, LoadError, UsageError
+from specdiff_cli import ray_run
 from specdiff_cli.main import cli
 
 PROMPTS = ["Hello", "The quick brown fox jumps", "a", "Once upon a time there", "xyz xyz", "0 1 2 3 4 5 6"]
@@ -59,15 +62,53 @@ def test_sampled_outputs_equal_the_local_run_in_order_though_a_worker_dies(tiny,
     assert result.ray["batches"] == 3 and result.settings["method"] == "specdiff"
 
 
-def test_a_worker_error_is_one_line_and_no_output_file(tiny, local_ray, tmp_path):
-    out = tmp_path / "out.jsonl"
-    args = ["generate", "--prompt", "Hello", "--prompt", "Hi", "--prompt", "word " * 400, "--jsonl", "-o", str(out),
-            "--ray", "--workers", "1", "--cpus-per-worker", "0.5", "--threads", "1",
-            *(f"--{k.replace('_', '-')}={v}" for k, v in _options(tiny).items())]
+def test_a_worker_error_is_raised_as_itself(tiny, local_ray):
+    with pytest.raises(InputError, match="prompt 3 is 802 tokens"):
+        sray.generate(["Hello", "Hi", "word " * 400], workers=1, cpus_per_worker=0.5, **_options(tiny))
+
+
+def _prompt_file(path, n):
+    lines = [json.dumps({"id": i, "prompt": PROMPTS[i % len(PROMPTS)]}) for i in range(n)]
+    lines.insert(3, "")  # skipped, as by a local run
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_output_dir_shards_hold_the_local_records_in_order(tiny, local_ray, tmp_path, monkeypatch):
+    monkeypatch.setattr(ray_run, "SHARD", 8)
+    prompts = _prompt_file(tmp_path / "in.jsonl", 20)
+    model = [f"--{k.replace('_', '-')}={v}" for k, v in _options(tiny, temperature=1.0).items()]
+    local = CliRunner().invoke(cli, ["generate", "--prompt-file", str(prompts), "--jsonl", *model])
+    args = ["generate", "--prompt-file", str(prompts), "--jsonl", "--output-dir", str(tmp_path / "out"),
+            "--ray", "--workers", "2", "--cpus-per-worker", "0.5", "--threads", "1", *model]
     result = CliRunner().invoke(cli, args)
-    assert result.exit_code == InputError.exit_code, result.output
-    assert "prompt 3 is 802 tokens" in result.output and "Traceback" not in result.output
-    assert not out.exists()
+    assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "out").iterdir())
+    assert [p.name for p in shards] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    records = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
+    expected = [json.loads(line) for line in local.output.splitlines()]
+    assert [(r["id"], r["text"]) for r in records] == [(r["id"], r["text"]) for r in expected]
+
+
+def test_a_prompt_file_is_indexed_in_chunks_that_read_back_its_prompts(tmp_path, monkeypatch):
+    monkeypatch.setattr(ray_run, "MAX_CHUNKS", 4)
+    path = _prompt_file(tmp_path / "in.jsonl", 20)
+    chunks = ray_run.index_file(str(path), "jsonl", 2)  # chunks of 2, merged whenever more than 4
+    assert [c.count for c in chunks] == [8, 6, 4, 2]
+    assert [c.first for c in chunks] == [0, 8, 14, 18]
+    assert all(a.end == b.start for a, b in zip(chunks, chunks[1:])) and chunks[-1].end == path.stat().st_size
+    rows = [r for c in chunks for r in ray_run.read_chunk(dataclasses.asdict(c), str(path), "jsonl")]
+    assert [r["index"] for r in rows] == list(range(20))
+    assert [r["prompt"] for r in rows] == [PROMPTS[i % len(PROMPTS)] for i in range(20)]
+
+
+def test_output_dir_refuses_a_malformed_line_before_ray_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": 3}\n')
+    result = CliRunner().invoke(cli, ["generate", "--prompt-file", str(path), "--ray", "local",
+                                      "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "line 2" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("pool, message", [
