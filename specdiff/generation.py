@@ -235,12 +235,14 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
     return acceptance
 
 
-def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int,
-                   truncate: bool = False, text: TextOptions = TextOptions()) -> list[list[int]]:
+def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int, truncate: bool = False,
+                   text: TextOptions = TextOptions(), indices: list[int] | None = None) -> list[list[int]]:
     """Tokenize (through the chat template if `text.chat`) and check every prompt (empty, longer
-    than the context window); warn once when `max_new_tokens` does not fit after some of them."""
+    than the context window); warn once when `max_new_tokens` does not fit after some of them.
+    Errors number prompts from 1, or by `indices` (0-based places in a larger input) + 1."""
     encoded = []
-    for i, prompt in enumerate(prompts, 1):
+    for i, prompt in zip(indices or range(len(prompts)), prompts):
+        i += 1
         ids = _encode(target.tokenizer, prompt, text) if prompt.strip() else []
         if not ids:
             raise InputError(f"prompt {i} is empty")
@@ -274,17 +276,20 @@ def _warn_past_context(encoded: list[list[int]], max_new_tokens: int, max_length
 
 
 def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
-           progress: bool = False, **options: Any) -> Iterator[Event]:
+           progress: bool = False, indices: list[int] | None = None, **options: Any) -> Iterator[Event]:
     """Decode the prompts, `p.batch_size` at a time, yielding an Event per decoding step of each
     prompt (the tokens it appended; prompts of one batch interleave) and a final Event per prompt
     holding its Output, as soon as it is finished. `p`: a Plan; else `options` (as for
-    `generate`) make one."""
+    `generate`) make one. `indices`: each prompt's place in a larger input (default 0, 1, ...),
+    which seeds its generator and numbers it in errors, so that a shard decodes as the whole
+    would; events are indexed by the position in `prompts` all the same."""
     prompts = check_prompts(prompts)
     p = p or plan(**options)
-    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text)
+    indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
+    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
     rows = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
-                torch.Generator(p.target.device).manual_seed(p.seed + i), stop, index=i)
+                torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)
             for i, ids in enumerate(encoded))
     with tqdm(total=len(prompts), disable=not progress, unit="prompt", leave=False) as bar:
         for row, tokens in _loop(p, rows):
@@ -294,6 +299,12 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
                 text = stop.cut(text) if stop else text
                 bar.update()
                 yield Event(row.index, [], Output(prompts[row.index], text, row.new_tokens, row.metrics))
+
+
+def _check_indices(indices: list[int], n: int) -> list[int]:
+    if len(indices) != n or not all(isinstance(i, int) and i >= 0 for i in indices):
+        raise UsageError(f"`indices` must be {n} integers >= 0, one per prompt")
+    return list(indices)
 
 
 def _loop(p: Plan, rows: Iterator[Row]) -> Iterator[tuple[Row, list[int]]]:
@@ -317,9 +328,10 @@ def in_order(events: Iterable[Event]) -> Iterator[Output]:
 
 
 def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
-                  progress: bool = False) -> Iterator[Output]:
-    """Yield one Output per prompt, in order, as each is finished (and all before it)."""
-    return in_order(stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress))
+                  progress: bool = False, indices: list[int] | None = None) -> Iterator[Output]:
+    """Yield one Output per prompt, in order, as each is finished (and all before it);
+    `indices`: see `stream`."""
+    return in_order(stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress, indices=indices))
 
 
 def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,

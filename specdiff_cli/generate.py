@@ -12,6 +12,7 @@ from specdiff import names
 
 from .output import check_output, open_output
 from .prompts import Layout, read_prompts, unescape
+from .ray_run import WORKER_OPTIONS, check_ray_flags, ray_options, run_on_ray, run_to_dir
 from .threads import set_threads, threads_option
 
 
@@ -68,6 +69,7 @@ from .threads import set_threads, threads_option
               help="Print the settings that ran (and where each came from) and aggregate metrics as JSON on stderr.")
 @click.option("--stream/--no-stream", default=None,
               help="Print each continuation as it is produced [default: when stdout is a terminal].")
+@ray_options
 def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, echo, output, stats,
              truncate_prompt, stream, **options):
     """Generate continuations of prompts: exactly the target's own output, faster.
@@ -78,15 +80,28 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
       specdiff generate --target gpt2 --drafter ./drafter --prompt "Hello"
       specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt --jsonl
       cat prompts.jsonl | specdiff generate --target gpt2 --jsonl --stats | jq .text
+      specdiff generate --prompt-file big.txt --ray local --workers 2 -o out.txt
     """
     from runtimes import runtime_models
     from specdiff.generation import iter_generate, plan
 
     layout = _layout(jsonl, raw, separator, echo)
-    stream = _check_stream(stream, jsonl, output)
+    pool, output_dir = [options.pop(name) for name in WORKER_OPTIONS], options.pop("output_dir")
+    check_ray_flags(pool, stream, output_dir, prompt_file, output)
+    stream = _check_stream(stream, jsonl, output) and pool[0] is None
+    if output_dir:
+        total = run_to_dir(prompt_file, _input_format(whole, input_format), output_dir, layout,
+                           _ray_options(options), *pool, options.pop("threads"), truncate_prompt)
+        if stats and total is not None:
+            click.echo(json.dumps(total.to_dict()), err=True)
+        return
     records = read_prompts(prompts, prompt_file, getattr(sys.stdin, "buffer", None),
                            _input_format(whole, input_format))
-    set_threads(options.pop("threads"))
+    threads = options.pop("threads")
+    if pool[0] is not None:
+        _ray(records, options, pool, threads, truncate_prompt, layout, output, stats)
+        return
+    set_threads(threads)
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     if stream:
@@ -94,6 +109,26 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
+    _stats(stats, p, _write_results(records, outputs, layout, output))
+
+
+def _ray(records, options, pool, threads, truncate_prompt, layout, output, stats) -> None:
+    """--ray: the prompts decoded by a Ray actor pool, written as a local run writes them."""
+    result = run_on_ray([r.prompt for r in records], _ray_options(options), *pool, threads, truncate_prompt)
+    total = _write_results(records, iter(result.outputs), layout, output)
+    if stats and total is not None:
+        click.echo(json.dumps({**result.settings, **total.to_dict(), "ray": result.ray}), err=True)
+
+
+def _ray_options(options: dict) -> dict:
+    if options.pop("runtime") != "torch" or options.pop("artifacts"):
+        raise click.UsageError("--ray runs the torch runtime (each worker loads --target / --drafter)")
+    return options
+
+
+def _write_results(records, outputs, layout: Layout, output):
+    """Write each result as it comes, in input order, to -o (whole or nothing) or stdout;
+    -> total metrics."""
     writer = open_output(output) if output else None
     write = writer.write if writer else _write
     total = None
@@ -107,7 +142,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     finally:
         if writer:
             writer.discard()
-    _stats(stats, p, total)
+    return total
 
 
 def _stats(wanted: bool, p, total) -> None:

@@ -60,17 +60,25 @@ def _parse_text(lines: list[str]) -> list[PromptRecord]:
 
 
 def _parse_jsonl(lines: list[str], where: str) -> list[PromptRecord]:
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        obj = _json_line(line, f"{where} line {n}")
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise InputError(f"{where} line {n}: expected an object with a string \"prompt\"")
-        if not obj["prompt"].strip():
-            raise InputError(f"{where} line {n}: empty prompt")
-        records.append(PromptRecord(obj["prompt"], obj))
-    return records
+    return [parse_jsonl_line(line, f"{where} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
+
+
+def parse_jsonl_line(line: str, where: str) -> PromptRecord:
+    """One non-blank JSONL line -> its record (InputError naming `where`)."""
+    obj = _json_line(line, where)
+    if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+        raise InputError(f"{where}: expected an object with a string \"prompt\"")
+    if not obj["prompt"].strip():
+        raise InputError(f"{where}: empty prompt")
+    return PromptRecord(obj["prompt"], obj)
+
+
+def parse_line(line: str, fmt: str, where: str) -> PromptRecord | None:
+    """One line of a prompt file (text or jsonl; its line end removed) -> its record, None if blank."""
+    line = line.removesuffix("\r")
+    if not line.strip():
+        return None
+    return parse_jsonl_line(line, where) if fmt == "jsonl" else PromptRecord(line)
 
 
 def _json_line(line: str, where: str):

@@ -1,0 +1,146 @@
+"""specdiff.ray on a real local Ray (2 CPUs, actors reserving half a CPU each so that the driver
+is never starved): the same outputs as a local run, in input order, through a worker's death."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+import pytest
+import ray
+from click.testing import CliRunner
+
+import specdiff
+import specdiff.ray as sray
+from specdiff.errors import InputError, LoadError, UsageError
+from specdiff_cli import ray_run
+from specdiff_cli.main import cli
+
+PROMPTS = ["Hello", "The quick brown fox jumps", "a", "Once upon a time there", "xyz xyz", "0 1 2 3 4 5 6"]
+POOL = {"workers": 2, "cpus_per_worker": 0.5, "batch_size": 2, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    yield
+    ray.shutdown()
+
+
+def _options(tiny, **extra):
+    return {"target": str(tiny.gpt2), "drafter": str(tiny.drafter), "method": "specdiff", "gamma": 4,
+            "max_new_tokens": 12, "seed": 7, **extra}
+
+
+class DiesOnce(sray.Worker):
+    """A worker whose process dies on the first batch it is given, once in the whole run."""
+
+    marker = ""
+
+    def __call__(self, batch):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return super().__call__(batch)
+
+
+def test_sampled_outputs_equal_the_local_run_in_order_though_a_worker_dies(tiny, local_ray, tmp_path,
+                                                                            monkeypatch):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    DiesOnce.marker = str(tmp_path / "died")
+    monkeypatch.setattr(sray, "Worker", DiesOnce)
+    options = _options(tiny, temperature=1.0, top_k=50)
+    local = specdiff.generate(PROMPTS, **options)
+    result = sray.generate(PROMPTS, **POOL, **options)
+    assert os.path.exists(DiesOnce.marker)  # a batch was retried on a restarted worker
+    assert [o.prompt for o in result.outputs] == PROMPTS
+    assert [o.tokens for o in result.outputs] == [o.tokens for o in local.outputs]
+    assert result.metrics.new_tokens == local.metrics.new_tokens
+    assert result.ray["batches"] == 3 and result.settings["method"] == "specdiff"
+
+
+def test_a_worker_error_is_raised_as_itself(tiny, local_ray):
+    with pytest.raises(InputError, match="prompt 3 is 802 tokens"):
+        sray.generate(["Hello", "Hi", "word " * 400], workers=1, cpus_per_worker=0.5, **_options(tiny))
+
+
+def _prompt_file(path, n):
+    lines = [json.dumps({"id": i, "prompt": PROMPTS[i % len(PROMPTS)]}) for i in range(n)]
+    lines.insert(3, "")  # skipped, as by a local run
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_output_dir_shards_hold_the_local_records_in_order(tiny, local_ray, tmp_path, monkeypatch):
+    monkeypatch.setattr(ray_run, "SHARD", 8)
+    prompts = _prompt_file(tmp_path / "in.jsonl", 20)
+    model = [f"--{k.replace('_', '-')}={v}" for k, v in _options(tiny, temperature=1.0).items()]
+    local = CliRunner().invoke(cli, ["generate", "--prompt-file", str(prompts), "--jsonl", *model])
+    args = ["generate", "--prompt-file", str(prompts), "--jsonl", "--output-dir", str(tmp_path / "out"),
+            "--ray", "--workers", "2", "--cpus-per-worker", "0.5", "--threads", "1", *model]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "out").iterdir())
+    assert [p.name for p in shards] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    records = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
+    expected = [json.loads(line) for line in local.output.splitlines()]
+    assert [(r["id"], r["text"]) for r in records] == [(r["id"], r["text"]) for r in expected]
+
+
+def test_a_prompt_file_is_indexed_in_chunks_that_read_back_its_prompts(tmp_path, monkeypatch):
+    monkeypatch.setattr(ray_run, "MAX_CHUNKS", 4)
+    path = _prompt_file(tmp_path / "in.jsonl", 20)
+    chunks = ray_run.index_file(str(path), "jsonl", 2)  # chunks of 2, merged whenever more than 4
+    assert [c.count for c in chunks] == [8, 6, 4, 2]
+    assert [c.first for c in chunks] == [0, 8, 14, 18]
+    assert all(a.end == b.start for a, b in zip(chunks, chunks[1:])) and chunks[-1].end == path.stat().st_size
+    rows = [r for c in chunks for r in ray_run.read_chunk(dataclasses.asdict(c), str(path), "jsonl")]
+    assert [r["index"] for r in rows] == list(range(20))
+    assert [r["prompt"] for r in rows] == [PROMPTS[i % len(PROMPTS)] for i in range(20)]
+
+
+def test_output_dir_refuses_a_malformed_line_before_ray_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": 3}\n')
+    result = CliRunner().invoke(cli, ["generate", "--prompt-file", str(path), "--ray", "local",
+                                      "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "line 2" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("pool, message", [
+    ({"workers": 0}, "workers"), ({"cpus_per_worker": -1}, "cpus_per_worker"),
+    ({"cpus_per_worker": 0}, "resources"), ({"batch_size": 0}, "batch_size"),
+])
+def test_bad_pool_settings_are_refused_before_ray_starts(tiny, pool, message, monkeypatch):
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    with pytest.raises(UsageError, match=message):
+        sray.generate(PROMPTS, **{**POOL, **pool}, **_options(tiny))
+
+
+def test_missing_extra_is_one_line_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(LoadError, match=r"ray is not installed: .*ray"):
+        sray.init("local")
+    result = CliRunner().invoke(cli, ["generate", "--prompt", "hi", "--ray", "local"])
+    assert result.exit_code == 1 and "[ray]" in result.output and "Traceback" not in result.output
+
+
+def test_worker_flags_need_ray():
+    result = CliRunner().invoke(cli, ["generate", "--prompt", "hi", "--workers", "4"])
+    assert result.exit_code == 2 and "--ray" in result.output
+
+
+def test_a_shard_numbers_prompts_and_seeds_generators_by_their_place_in_the_input(tiny):
+    """What makes sharding invisible: prompts 3..5 decoded alone, told their indices, give the
+    outputs and the error numbers of the whole input."""
+    options = _options(tiny, temperature=1.0)
+    p = specdiff.generation.plan(**options)
+    whole = specdiff.generate(PROMPTS, **options)
+    shard = list(specdiff.generation.iter_generate(PROMPTS[3:], p, indices=[3, 4, 5]))
+    assert [o.tokens for o in shard] == [o.tokens for o in whole.outputs[3:]]
+    with pytest.raises(InputError, match="prompt 5 is"):
+        list(specdiff.generation.iter_generate(["Hi", "word " * 400], p, indices=[3, 4]))
