@@ -35,7 +35,8 @@ from .errors import SpecdiffError, UsageError
 from .extras import require
 from .requests import check_prompts, check_request
 
-BATCH_SIZE = 8  # prompts per map_batches call: one worker's unit of work and of retry
+TASK_SIZE = 32  # prompts per map_batches call: a worker's unit of work and of retry, refilling
+# its decoding batch (`batch_size`, an option of generate) as rows finish
 
 
 @dataclass
@@ -118,7 +119,7 @@ class Worker:
 
 
 def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0,
-                batch_size: int = BATCH_SIZE, threads: int | None = None, truncate_prompt: bool = False,
+                task_size: int = TASK_SIZE, threads: int | None = None, truncate_prompt: bool = False,
                 **options: Any) -> Any:
     """A Ray Dataset with a "prompt" column (and "index", the prompt's place in the whole input;
     added in dataset order when absent) -> the lazy Dataset of its rows with "output" (a pickled
@@ -126,29 +127,29 @@ def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus
     check_request(options.get("target"), options.get("drafter"), seed=options.get("seed", 0),
                   device=options.get("device", "cpu"),
                   **{k: options.get(k) for k in ("temperature", "top_k", "top_p", "repetition_penalty")})
-    _check_pool(workers, cpus_per_worker, gpus_per_worker, batch_size)
+    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
     ray = require("ray", "ray")
     if "index" not in ds.columns():
         ds = ds.zip(ray.data.range(ds.count()).rename_columns({"id": "index"}))
     return ds.map_batches(Worker, fn_constructor_kwargs={"options": options, "threads": threads,
                                                          "truncate_prompt": truncate_prompt},
-                          compute=ray.data.ActorPoolStrategy(size=workers), batch_size=batch_size,
+                          compute=ray.data.ActorPoolStrategy(size=workers), batch_size=task_size,
                           num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None)
 
 
 def generate(prompts: str | list[str], *, address: str | None = None, workers: int = 2,
-             cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, batch_size: int = BATCH_SIZE,
+             cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, task_size: int = TASK_SIZE,
              threads: int | None = None, truncate_prompt: bool = False, **options: Any) -> RayResult:
     """specdiff.generate over a Ray actor pool: the same outputs, in input order.
     address: see `init`; the other Ray parameters: see `map_prompts`."""
     prompts = check_prompts(prompts)
-    _check_pool(workers, cpus_per_worker, gpus_per_worker, batch_size)
+    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
     init_s = init(address)
     ray = require("ray", "ray")
     start = time.perf_counter()
     ds = ray.data.from_items([{"index": i, "prompt": p} for i, p in enumerate(prompts)])
     done = map_prompts(ds, workers=workers, cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
-                       batch_size=batch_size, threads=threads, truncate_prompt=truncate_prompt, **options)
+                       task_size=task_size, threads=threads, truncate_prompt=truncate_prompt, **options)
     rows = sorted(_rows(done), key=lambda r: r["index"])
     outputs = [pickle.loads(r["output"]) for r in rows]
     batch_s = [float(s) for s in {int(r["batch"]): r["batch_s"] for r in rows}.values()]
@@ -175,11 +176,11 @@ def _rows(done: Any) -> Iterator[dict[str, Any]]:
         yield row
 
 
-def _check_pool(workers: int, cpus: float, gpus: float, batch_size: int) -> None:
+def _check_pool(workers: int, cpus: float, gpus: float, task_size: int) -> None:
     if not isinstance(workers, int) or workers < 1:
         raise UsageError(f"`workers` must be an integer >= 1, got {workers!r}")
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise UsageError(f"`batch_size` must be an integer >= 1, got {batch_size!r}")
+    if not (isinstance(task_size, int) and task_size >= 1):
+        raise UsageError(f"`task_size` must be an integer >= 1, got {task_size!r}")
     for name, value in (("cpus_per_worker", cpus), ("gpus_per_worker", gpus)):
         if not isinstance(value, (int, float)) or value < 0 or value != value or value == float("inf"):
             raise UsageError(f"`{name}` must be a finite number >= 0, got {value!r}")

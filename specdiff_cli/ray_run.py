@@ -146,7 +146,7 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict,
 
     fmt = _file_format(path, fmt)
     directory = _shard_dir(out_dir)
-    chunks = index_file(path, fmt, sray.BATCH_SIZE)
+    chunks = index_file(path, fmt, sray.TASK_SIZE)
     _init_quiet(address)
     ds = ray.data.from_items([asdict(c) for c in chunks]).flat_map(
         read_chunk, fn_kwargs={"path": os.path.abspath(path), "fmt": fmt})

@@ -20,7 +20,7 @@ from specdiff_cli import ray_run
 from specdiff_cli.main import cli
 
 PROMPTS = ["Hello", "The quick brown fox jumps", "a", "Once upon a time there", "xyz xyz", "0 1 2 3 4 5 6"]
-POOL = {"workers": 2, "cpus_per_worker": 0.5, "batch_size": 2, "threads": 1}
+POOL = {"workers": 2, "cpus_per_worker": 0.5, "task_size": 2, "threads": 1}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ def test_sampled_outputs_equal_the_local_run_in_order_though_a_worker_dies(tiny,
     DiesOnce.marker = str(tmp_path / "died")
     monkeypatch.setattr(sray, "Worker", DiesOnce)
     options = _options(tiny, temperature=1.0, top_k=50)
-    local = specdiff.generate(PROMPTS, **options)
-    result = sray.generate(PROMPTS, **POOL, **options)
+    local = specdiff.generate(PROMPTS, **options, batch_size=1)
+    result = sray.generate(PROMPTS, **POOL, **options, batch_size=3)  # 2 rows a task: a ragged batch
     assert os.path.exists(DiesOnce.marker)  # a batch was retried on a restarted worker
     assert [o.prompt for o in result.outputs] == PROMPTS
     assert [o.tokens for o in result.outputs] == [o.tokens for o in local.outputs]
@@ -113,7 +113,7 @@ def test_output_dir_refuses_a_malformed_line_before_ray_starts(tmp_path, monkeyp
 
 @pytest.mark.parametrize("pool, message", [
     ({"workers": 0}, "workers"), ({"cpus_per_worker": -1}, "cpus_per_worker"),
-    ({"cpus_per_worker": 0}, "resources"), ({"batch_size": 0}, "batch_size"),
+    ({"cpus_per_worker": 0}, "resources"), ({"task_size": 0}, "task_size"),
 ])
 def test_bad_pool_settings_are_refused_before_ray_starts(tiny, pool, message, monkeypatch):
     monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
