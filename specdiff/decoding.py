@@ -198,7 +198,7 @@ def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Samplin
         if not g_b:
             continue
         rows = [batch[b] for b in members]
-        context, lengths = left_padded(rows, target.device)  # (B_g, L), (B_g,)
+        context, lengths = _left_padded(rows, target.device)  # (B_g, L), (B_g,)
         generators = rows[0].generator if len(rows) == 1 else [row.generator for row in rows]
         ragged = {"lengths": lengths} if bool((lengths < context.shape[1]).any()) else {}
         d = proposer.propose(context, g_b, sampling, generators, **ragged)
@@ -207,7 +207,7 @@ def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Samplin
     return drafts
 
 
-def left_padded(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_padded(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows' ids, left-padded with 0 -> ((B, L) int64, lengths (B,))."""
     L = max(len(row.ids) for row in rows)
     ids = torch.zeros(len(rows), L, dtype=torch.long)
