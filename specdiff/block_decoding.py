@@ -88,7 +88,7 @@ class StepNoise:
         self.base = 0 if self.greedy else int(torch.randint(0, SEED_SPACE, (1,), generator=generator,
                                                             device=generator.device if generator else "cpu"))
 
-    def __call__(self, start: int, step: int, shape: tuple[int, int]) -> torch.Tensor | None:
+    def __call__(self, start: int, step: int, shape: tuple[int, ...]) -> torch.Tensor | None:
         if self.greedy:
             return None
         seed = hash((self.base, start, step)) % SEED_SPACE
@@ -159,7 +159,7 @@ def decode_block(target: BlockDiffusionTarget, drafter: None, row: Row, sampling
             with m.timed("verify", target.sync):
                 logits = target.denoise(run.block[None])[0]  # (B, V)
                 run.block = transition(logits, run.block, run.step, run.mask_id, sampling, settings,
-                                       noise(run.start, run.step, logits.shape))
+                                       noise(run.start, run.step, tuple(logits.shape)))
             run.step += 1
             m.target_calls += 1
             m.record(0, 0)
@@ -210,7 +210,7 @@ def _draft(drafter: BlockDiffusionTarget, run: _Run, sampling: Sampling, setting
     while len(states) <= settings.gamma and bool((states[-1] == run.mask_id).any()):
         logits = drafter.denoise(states[-1][None])[0]  # (B, V)
         states.append(transition(logits, states[-1], step, run.mask_id, sampling, settings,
-                                 noise(run.start, step, logits.shape)))
+                                 noise(run.start, step, tuple(logits.shape))))
         step += 1
     return states
 

@@ -216,9 +216,10 @@ def _fetch(source: str, files: tuple[str, ...]) -> Path:
 
 
 def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
-                 registry: Registry | None = None) -> nn.Module:
+                 registry: Registry | None = None) -> nn.Module | BlockDiffusionTarget:
     """A drafter: a DiffusionDrafter (forward(input_ids (B, L), sigma (B,)) -> raw logits
-    (B, L, V_drafter)) for diffusion checkpoints, or an ARDrafter for a causal LM."""
+    (B, L, V_drafter)) for diffusion checkpoints, an ARDrafter for a causal LM, or a
+    BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact)."""
     check_device(device)
     registry = registry or load_registry()
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
@@ -239,8 +240,6 @@ def load_diffusion_drafter(name_or_path: str, *, registry: Registry | None = Non
     a UsageError for anything else, before any weights are read."""
     registry = registry or load_registry()
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
-    if not (entry and entry.format) and _is_block(source):
-        return _load_block(source, entry, device, dtype, registry)
     fmt = _drafter_format(source, entry)
     if fmt is None:
         raise UsageError(f"'{name_or_path}' is not a diffusion drafter (formats: {', '.join(FORMATS)})")

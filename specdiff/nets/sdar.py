@@ -52,7 +52,7 @@ def sdar_config(config: Qwen3Config, block_size: int, mask_token_id: int) -> dic
             "block_size": block_size, "mask_token_id": mask_token_id}
 
 
-def load_sdar(directory: Path, dtype: torch.dtype) -> tuple[Qwen3ForCausalLM, int, int]:
+def load_sdar(directory: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int]:
     """-> (Qwen3ForCausalLM with the checkpoint's weights, block_size, mask_token_id); one
     LoadError listing every missing, unexpected or mis-shaped tensor."""
     config = read_json(directory / "config.json")
@@ -62,12 +62,12 @@ def load_sdar(directory: Path, dtype: torch.dtype) -> tuple[Qwen3ForCausalLM, in
     except (TypeError, ValueError) as e:
         raise LoadError(f"{directory / 'config.json'}: not a Qwen3-shaped SDAR config ({e})") from e
     qwen.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
-    model = Qwen3ForCausalLM(qwen)
+    model: torch.nn.Module = Qwen3ForCausalLM(qwen)
     state = _read_weights(directory)
     optional = ("lm_head.weight",) if qwen.tie_word_embeddings else ()
     load_state_strict(model, state, str(directory), optional=optional)
     if qwen.tie_word_embeddings:
-        model.tie_weights()
+        model.tie_weights()  # type: ignore[operator]
     return model.to(dtype).eval(), block, mask
 
 

@@ -16,6 +16,8 @@ with the mask token at -inf: neither the mask id nor a padded head row is ever c
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 
@@ -80,6 +82,7 @@ class BlockDiffusionTarget:
 
     def keep(self, n_cached: int, rows: slice | None) -> None:
         """Trim the cache to its first n_cached tokens plus rows `rows` of the last run."""
+        layer: Any
         for layer in self.cache.layers:
             if not getattr(layer, "is_initialized", False):
                 continue

@@ -43,17 +43,18 @@ from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
 from ..resources import data_path
+from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
 
 METHODS = (*REGISTRY, *PEERS)
-SLOTS = {"diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
+SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
 NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
 
 @dataclass
 class Models:
-    target: CausalLMTarget  # the HF peers call its model
+    target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
     drafter: DiffusionDrafter | None = None
     ar_drafter: ARDrafter | None = None
 
@@ -394,7 +395,7 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     return _report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
 
 
-def _check_room(target: CausalLMTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
+def _check_room(target: CausalLMTarget | BlockDiffusionTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
     """transformers' prompt lookup does not cap its draft at the context window, so near the end a
     verify call would run past the position embeddings: refuse such settings up front."""
     gamma = max((v.gamma or 0 for v in rows if v.method == "hf-prompt-lookup"), default=0)
