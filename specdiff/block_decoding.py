@@ -114,7 +114,7 @@ def transition(logits: torch.Tensor, block: torch.Tensor, step: int, mask_id: in
     return torch.where(chosen, x0, block)
 
 
-class _Run:
+class BlockRun:
     """One row's block grid: the block being decoded (B,), its first position, its step; the
     prefill of each model (once per model: a target drafting for itself has one cache)."""
 
@@ -152,7 +152,7 @@ def decode_block(target: BlockDiffusionTarget, drafter: None, row: Row, sampling
     """Vanilla block decoding (module docstring); yields each finished block's new tokens."""
     m, clock = row.metrics, _Clock(row.metrics)
     noise = StepNoise(sampling, row.generator, row.device)
-    run = _Run((target,), row, m)
+    run = BlockRun((target,), row, m)
     while not row.stop_reason:
         clock.resume()
         while not run.done:
@@ -177,7 +177,7 @@ def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarg
     """Speculative block decoding verified by state copies (module docstring): vanilla's output."""
     m, clock = row.metrics, _Clock(row.metrics)
     noise = StepNoise(sampling, row.generator, row.device)
-    run = _Run((target, drafter), row, m)
+    run = BlockRun((target, drafter), row, m)
     while not row.stop_reason:
         clock.resume()
         stored = False
@@ -203,7 +203,7 @@ def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarg
         yield pushed
 
 
-def _draft(drafter: BlockDiffusionTarget, run: _Run, sampling: Sampling, settings: BlockSettings,
+def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, settings: BlockSettings,
            noise: StepNoise) -> list[torch.Tensor]:
     """The draft's trajectory s_0 (the block now) .. s_k, k <= gamma, each (B,)."""
     states, step = [run.block], run.step
@@ -215,7 +215,7 @@ def _draft(drafter: BlockDiffusionTarget, run: _Run, sampling: Sampling, setting
     return states
 
 
-def _verify(target: BlockDiffusionTarget, run: _Run, states: list[torch.Tensor], sampling: Sampling,
+def _verify(target: BlockDiffusionTarget, run: BlockRun, states: list[torch.Tensor], sampling: Sampling,
             settings: BlockSettings, noise: StepNoise) -> tuple[int, bool]:
     """One target call over the states as copies; commits the target's own transitions into
     run. -> (draft transitions accepted, whether the target's cache now holds the block)."""

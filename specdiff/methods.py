@@ -11,7 +11,7 @@ this table; a new method is its own proposer module plus one entry here (and its
                declares which of them are exact (contracts.Proposer.exact_rules)
     settings   the draft settings it reads (gamma, steps, schedule): what `specdiff bench` sweeps
     loop       which decoding loop runs it (decoding.decode_ar / decode_speculative;
-               block_decoding.decode_block / decode_simsd_exact)
+               block_decoding.decode_block / decode_simsd_exact; simsd.decode_simsd)
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .decoding import decode_ar, decode_speculative
 from .drafters.autoregressive import ARDrafter, ARProposer
 from .drafters.diffusion import DiffusionProposer
 from .errors import UsageError
+from .simsd import decode_simsd
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("simsd-exact", "a smaller block-diffusion model drafts a block's denoising; verified by "
            "state copies: block's output", loop=decode_simsd_exact, needs="block-diffusion",
            target="block-diffusion", settings=("gamma", "steps", "remasking", "threshold")),
+    Method("simsd", "SimSD's single verify pass (temporal mask, RoPE copies): APPROXIMATE, not block's output",
+           loop=decode_simsd, needs="block-diffusion", target="block-diffusion"),
 )}
 
 

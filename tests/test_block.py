@@ -207,3 +207,46 @@ def test_bad_input_is_one_line(sdar, tiny, args, message):
     assert result.exit_code == (1 if "mask id" in message else 2), result.output  # 1: models incompatible
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_a_verifier_that_trusts_the_draft_fails_the_same_check(sdar, monkeypatch):
+    """The check above can fail: committing the draft's trajectory unverified changes the output."""
+    import specdiff.block_decoding as bd
+
+    def trusting(target, run, states, sampling, settings, noise):
+        run.block, run.step = states[-1], run.step + len(states) - 1
+        return len(states) - 1, False
+    monkeypatch.setattr(bd, "_verify", trusting)
+    kw = dict(max_new_tokens=20)
+    reference = _generate(sdar, PROMPTS[1], method="block", **kw)
+    out = generate([PROMPTS[1]], target=str(sdar["target"]), drafter=str(sdar["drafter"]), method="simsd-exact", **kw)
+    assert out.outputs[0].tokens != reference
+
+
+def test_temporal_mask_is_simsds_table():
+    from specdiff.simsd import temporal_mask
+
+    n_left, t = 2, torch.tensor([2, 1, 3])
+    n = len(t)
+    got = temporal_mask(n_left, t)
+    kind = ["left"] * n_left + ["draft"] * n + ["copy"] * n
+    step = [0] * n_left + t.tolist() * 2
+    for i in range(n_left + 2 * n):
+        for j in range(n_left + 2 * n):
+            q, k, ti, tj = kind[i], kind[j], step[i], step[j]
+            want = (k == "left" if q == "left" else k == "left" or
+                    (tj <= ti if k == "draft" else tj > ti) if q == "draft" else
+                    k == "left" or (tj < ti if k == "draft" else tj >= ti))
+            assert bool(got[i, j]) == want, (i, j)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_simsd_runs_and_its_agreement_with_block_is_measured(sdar, temperature):
+    """simsd is approximate: it runs, emits tokens, and is not claimed to equal block."""
+    kw = dict(temperature=temperature, max_new_tokens=16)
+    out = generate(PROMPTS, target=str(sdar["target"]), drafter=str(sdar["drafter"]), method="simsd", **kw)
+    reference = generate(PROMPTS, target=str(sdar["target"]), method="block", **kw)
+    assert all(len(o.tokens) == 16 or o.metrics.stop_reason == "eos" for o in out.outputs)
+    agree = [sum(a == b for a, b in zip(o.tokens, r.tokens)) / len(r.tokens)
+             for o, r in zip(out.outputs, reference.outputs)]
+    assert all(0 <= a <= 1 for a in agree) and out.metrics.target_calls > 0

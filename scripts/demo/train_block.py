@@ -10,6 +10,9 @@ both halves with position ids 0..L-1), x_t masking each token of block b with pr
 U(0, 1). A token of x_t sees x_t's tokens of its own block (bidirectionally) and x_0's tokens of
 earlier blocks; a token of x_0 sees x_0's tokens of its own and earlier blocks (what the K/V cache
 holds at decoding time). Loss: cross-entropy of x_0 at the masked slots of x_t, logits not shifted.
+With --teacher (a trained block-diffusion target) the loss is instead the cross-entropy against
+the teacher's distribution at the same slots of the same [x_t | x_0] (distillation: a draft for
+simsd-exact must make the target's own denoising choices); --init starts from a saved model.
 Schedule, batching, logging and checkpoints are train_lm.py's (warmup + cosine over a wall-clock
 budget; --work/ckpt.pt resumes). Saved in fp16 as an SDAR checkpoint beside the tokenizer.
 """
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from specdiff.nets.sdar import save_sdar
+from specdiff.nets.sdar import load_sdar, save_sdar
 from train_lm import batch_at, log, lr_at, optimizer_for, save_checkpoint, windows
 
 
@@ -56,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--eval-windows", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--teacher", type=Path, help="distil from this SDAR checkpoint (module docstring)")
+    ap.add_argument("--init", type=Path, help="start from this SDAR checkpoint")
     return ap.parse_args(argv)
 
 
@@ -70,18 +75,23 @@ def training_mask(L: int, B: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def diffusion_loss(model: Qwen3ForCausalLM, x0: torch.Tensor, B: int, mask_id: int, attn: torch.Tensor,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
-    """Mean cross-entropy of x0 (N, L) at the masked slots of x_t (module docstring)."""
+                   generator: torch.Generator | None = None, teacher=None) -> torch.Tensor:
+    """Mean cross-entropy of x0 (N, L), or of the teacher's distribution, at the masked slots of
+    x_t (module docstring)."""
     N, L = x0.shape
     t = torch.rand(N, L // B, generator=generator).repeat_interleave(B, 1)  # (N, L)
     masked = torch.rand(N, L, generator=generator) < t
     masked[:, 0] |= ~masked.any(1)  # at least one slot scored per window
     xt = torch.where(masked, torch.full_like(x0, mask_id), x0)
     positions = torch.arange(L).repeat(2)[None].expand(N, -1)
-    hidden = model.model(input_ids=torch.cat([xt, x0], 1), attention_mask=attn.expand(N, -1, -1, -1),
-                         position_ids=positions).last_hidden_state[:, :L]  # (N, L, d)
-    logits = model.lm_head(hidden[masked])  # (M, V)
-    return F.cross_entropy(logits.float(), x0[masked])
+    inputs = dict(input_ids=torch.cat([xt, x0], 1), attention_mask=attn.expand(N, -1, -1, -1), position_ids=positions)
+    logits = model.lm_head(model.model(**inputs).last_hidden_state[:, :L][masked])  # (M, V)
+    if teacher is None:
+        return F.cross_entropy(logits.float(), x0[masked])
+    with torch.no_grad():
+        soft = teacher.lm_head(teacher.model(**inputs).last_hidden_state[:, :L][masked]).float()
+        soft[:, mask_id] = float("-inf")  # never a committed token
+    return F.cross_entropy(logits.float(), soft.softmax(-1))
 
 
 @torch.no_grad()
@@ -114,7 +124,7 @@ def train(args, model, opt, train_windows, val, mask_id: int, state: dict) -> di
         for group in opt.param_groups:
             group["lr"] = lr_at(args, state["step"], progress)
         x0 = batch_at(train_windows, state["step"], args.batch_size, args.seed)[:, :args.context]
-        loss = diffusion_loss(model, x0, args.block_size, mask_id, attn, g)
+        loss = diffusion_loss(model, x0, args.block_size, mask_id, attn, g, args.teacher_model)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -143,7 +153,8 @@ def main(argv=None) -> None:
     mask_id = tokenizer.convert_tokens_to_ids(args.mask_token)
     if not isinstance(mask_id, int) or mask_id == tokenizer.unk_token_id:
         sys.exit(f"train_block.py: the tokenizer has no {args.mask_token!r}")
-    model = build(args, tokenizer)
+    model = load_sdar(args.init, torch.float32)[0].train() if args.init else build(args, tokenizer)
+    args.teacher_model = load_sdar(args.teacher, torch.float32)[0] if args.teacher else None
     opt = optimizer_for(model, args)
     state = {"step": 0, "train_s": 0.0, "train_loss": None, "val_curve": [], "runs": 0}
     ckpt = args.work / "ckpt.pt"
@@ -169,7 +180,7 @@ def main(argv=None) -> None:
                "steps": state["step"], "tokens_seen": state["step"] * args.batch_size * args.context,
                "train_wall_s": round(state["train_s"], 1), "this_run_wall_s": round(time.time() - t0, 1),
                "val_loss": round(v, 4), "val_curve": state["val_curve"],
-               "args": {k: str(v) for k, v in vars(args).items()}}
+               "args": {k: str(v) for k, v in vars(args).items() if k != "teacher_model"}}
     (args.work / "compute.json").write_text(json.dumps(compute, indent=1) + "\n")
 
 
