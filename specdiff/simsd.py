@@ -50,7 +50,8 @@ def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, gen
     """Fill the block's masked slots one per step, most confident first. -> (positions (n,) in
     the block, in position order; their tokens (n,), reveal steps (n,), q (n, V))."""
     state, B = run.block.clone(), run.B
-    steps, q = torch.zeros(B, dtype=torch.long, device=state.device), [None] * B
+    steps = torch.zeros(B, dtype=torch.long, device=state.device)
+    q: dict[int, torch.Tensor] = {}
     for t in range(1, int((state == run.mask_id).sum()) + 1):
         probs = sampling.probs(drafter.denoise(state[None])[0])  # (B, V)
         x0 = sampling.sample(probs, generator)  # (B,)
