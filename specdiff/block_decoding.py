@@ -131,6 +131,7 @@ class BlockRun:
         m.drafter_calls += bool(self.start) * (len(models) - 1)
         self.block = self.fresh(row.ids[self.start:])
         self.step = 0
+        self.unstored: torch.Tensor | None = None  # a finished block the draft has yet to cache
 
     def fresh(self, fixed: list[int]) -> torch.Tensor:
         return torch.tensor(fixed + [self.mask_id] * (self.B - len(fixed)), device=self.row.device)
@@ -174,7 +175,8 @@ def decode_block(target: BlockDiffusionTarget, drafter: None, row: Row, sampling
 
 def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarget, row: Row,
                        sampling: Sampling, settings: BlockSettings) -> Iterator[list[int]]:
-    """Speculative block decoding verified by state copies (module docstring): vanilla's output."""
+    """Speculative block decoding verified by state copies (module docstring): vanilla's output.
+    The draft caches a finished block in the call of its next block's first step."""
     m, clock = row.metrics, _Clock(row.metrics)
     noise = StepNoise(sampling, row.generator, row.device)
     run = BlockRun((target, drafter), row, m)
@@ -191,24 +193,24 @@ def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarg
             m.record(accepted, len(states) - 1)
         finished, pushed = run.block, run.finish()
         if not row.stop_reason:
-            with m.timed("verify", target.sync):
-                if not stored:
+            if not stored:
+                with m.timed("verify", target.sync):
                     target.store(finished[None])
-                    m.target_calls += 1
-            if drafter is not target:  # the target as its own draft shares its cache
-                with m.timed("draft", target.sync):
-                    drafter.store(finished[None])
-                m.drafter_calls += 1
+                m.target_calls += 1
+            if drafter is not target:  # the draft stores it with its next step (_draft)
+                run.unstored = finished
         clock.pause(row)
         yield pushed
 
 
 def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, settings: BlockSettings,
            noise: StepNoise) -> list[torch.Tensor]:
-    """The draft's trajectory s_0 (the block now) .. s_k, k <= gamma, each (B,)."""
+    """The draft's trajectory s_0 (the block now) .. s_k, k <= gamma, each (B,). Its first
+    call also stores the previous block in the draft's cache, if it holds it not yet."""
     states, step = [run.block], run.step
     while len(states) <= settings.gamma and bool((states[-1] == run.mask_id).any()):
-        logits = drafter.denoise(states[-1][None])[0]  # (B, V)
+        finished, run.unstored = run.unstored, None
+        logits = drafter.denoise(states[-1][None], None if finished is None else finished[None])[0]  # (B, V)
         states.append(transition(logits, states[-1], step, run.mask_id, sampling, settings,
                                  noise(run.start, step, tuple(logits.shape))))
         step += 1

@@ -8,7 +8,8 @@ finished blocks only (the block grid is anchored at position 0).
     keep(n_cached, rows)
         ... until keep() trims the cache to its first n_cached tokens plus the given rows of the
         last run (None: none of them).
-    store(ids, start) / denoise(ids, start): the two calls of vanilla block decoding.
+    store(ids) / denoise(block): the two calls of vanilla block decoding (denoise can store the
+        block before in the same call).
 
 Logits are float32 over the tokenizer's real vocabulary, not shifted (row i predicts token i),
 with the mask token at -inf: neither the mask id nor a padded head row is ever committed.
@@ -100,12 +101,15 @@ class BlockDiffusionTarget:
         n = ids.shape[1]
         self.run(ids, self.positions(self.length, n), block_causal(n, self.block_size))
 
-    def denoise(self, block: torch.Tensor) -> torch.Tensor:
-        """The next block's state (1, B) against the cache, nothing stored -> logits (1, B, V)."""
+    def denoise(self, block: torch.Tensor, finished: torch.Tensor | None = None) -> torch.Tensor:
+        """The next block's state (1, B) against the cache, nothing stored -> logits (1, B, V).
+        `finished` (1, B): the block before it, not yet cached, stored by the same call."""
         n_cached, B = self.length, block.shape[1]
-        logits = self.run(block, self.positions(n_cached, B), copies(1, B))
-        self.keep(n_cached, None)
-        return logits
+        ids = block if finished is None else torch.cat([finished, block], 1)
+        n = ids.shape[1]
+        logits = self.run(ids, self.positions(n_cached, n), block_causal(n, B, self.device))
+        self.keep(n_cached, None if finished is None else slice(0, B))
+        return logits[:, -B:]
 
     def sync(self) -> None:
         if self.device.type == "cuda":
