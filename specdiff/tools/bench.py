@@ -37,7 +37,7 @@ from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import UsageError
 from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
-from ..methods import METHODS as REGISTRY
+from ..methods import METHODS as REGISTRY, is_block_diffusion
 from ..names import PEERS
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
@@ -55,7 +55,7 @@ DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 @dataclass
 class Models:
     target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
-    drafter: DiffusionDrafter | None = None
+    drafter: DiffusionDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
 
     def drafter_module(self, method: str):
@@ -110,7 +110,8 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
         loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
         if must_be_ar and not isinstance(loaded, ARDrafter):
             raise UsageError(f"ar_drafter '{name}' is not a causal LM")
-        setattr(models, "drafter" if isinstance(loaded, DiffusionDrafter) else "ar_drafter", loaded)
+        diffusion = isinstance(loaded, DiffusionDrafter) or is_block_diffusion(loaded)
+        setattr(models, "drafter" if diffusion else "ar_drafter", loaded)
     return models, defaults
 
 
