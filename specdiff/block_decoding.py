@@ -132,6 +132,7 @@ class BlockRun:
         self.block = self.fresh(row.ids[self.start:])
         self.step = 0
         self.unstored: torch.Tensor | None = None  # a finished block the draft has yet to cache
+        self.target_unstored: torch.Tensor | None = None  # ... and the target
 
     def fresh(self, fixed: list[int]) -> torch.Tensor:
         return torch.tensor(fixed + [self.mask_id] * (self.B - len(fixed)), device=self.row.device)
@@ -176,7 +177,8 @@ def decode_block(target: BlockDiffusionTarget, drafter: None, row: Row, sampling
 def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarget, row: Row,
                        sampling: Sampling, settings: BlockSettings) -> Iterator[list[int]]:
     """Speculative block decoding verified by state copies (module docstring): vanilla's output.
-    The draft caches a finished block in the call of its next block's first step."""
+    Each model caches a finished block in its first call of the next block (its draft step,
+    its verification) unless that block's verification already left its K/V in the cache."""
     m, clock = row.metrics, _Clock(row.metrics)
     noise = StepNoise(sampling, row.generator, row.device)
     run = BlockRun((target, drafter), row, m)
@@ -193,10 +195,7 @@ def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarg
             m.record(accepted, len(states) - 1)
         finished, pushed = run.block, run.finish()
         if not row.stop_reason:
-            if not stored:
-                with m.timed("verify", target.sync):
-                    target.store(finished[None])
-                m.target_calls += 1
+            run.target_unstored = None if stored else finished  # stored by the next verification
             if drafter is not target:  # the draft stores it with its next step (_draft)
                 run.unstored = finished
         clock.pause(row)
@@ -219,21 +218,25 @@ def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, set
 
 def _verify(target: BlockDiffusionTarget, run: BlockRun, states: list[torch.Tensor], sampling: Sampling,
             settings: BlockSettings, noise: StepNoise) -> tuple[int, bool]:
-    """One target call over the states as copies; commits the target's own transitions into
-    run. -> (draft transitions accepted, whether the target's cache now holds the block)."""
+    """One target call over the states as copies (after the previous block, if the target has
+    yet to cache it); commits the target's own transitions into run. -> (draft transitions
+    accepted, whether the target's cache now holds the block)."""
     k1, B, n_cached = len(states), run.B, target.length
-    ids = torch.stack(states).reshape(1, k1 * B)
-    logits = target.run(ids, target.positions(run.start, B).repeat(1, k1), copies(k1, B, target.device))[0]
+    prev = [] if run.target_unstored is None else [run.target_unstored]
+    p, run.target_unstored = len(prev) * B, None
+    ids = torch.cat(prev + states)[None]  # (1, p + k1 B)
+    positions = torch.cat([target.positions(run.start - p, p), target.positions(run.start, B).repeat(1, k1)], 1)
+    logits = target.run(ids, positions, copies(k1, B, target.device, before=p))[0, p:]
     for t, state in enumerate(states):
         if not bool((state == run.mask_id).any()):  # s_k finished: copy k holds the block's K/V
-            target.keep(n_cached, slice(t * B, (t + 1) * B))
+            target.keep(n_cached, torch.cat([torch.arange(p), torch.arange(p + t * B, p + (t + 1) * B)]))
             run.block, run.step = state, run.step + t
             return t, True
         new = transition(logits[t * B:(t + 1) * B], state, run.step + t, run.mask_id, sampling, settings,
                          noise(run.start, run.step + t, (B, logits.shape[-1])))
         if t + 1 < k1 and torch.equal(new, states[t + 1]):
             continue
-        target.keep(n_cached, None)
+        target.keep(n_cached, slice(0, p))
         run.block, run.step = new, run.step + t + 1
         return t, False
     raise AssertionError("unreachable: the last copy either is finished or commits a transition")

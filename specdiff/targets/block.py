@@ -32,10 +32,12 @@ def block_causal(n: int, block_size: int, device: torch.device | None = None) ->
     return b[:, None] >= b[None, :]
 
 
-def copies(k: int, n: int, device: torch.device | None = None) -> torch.Tensor:
-    """(k n, k n) bool: k independent copies of n rows, bidirectional inside each copy."""
-    c = torch.arange(k * n, device=device) // n
-    return c[:, None] == c[None, :]
+def copies(k: int, n: int, device: torch.device | None = None, before: int = 0) -> torch.Tensor:
+    """(before + k n, before + k n) bool: `before` rows that see each other only (a finished
+    block stored by the same call), then k independent copies of n rows, bidirectional inside
+    each copy, each seeing the `before` rows."""
+    c = torch.cat([torch.full((before,), -1, device=device), torch.arange(k * n, device=device) // n])
+    return (c[:, None] == c[None, :]) | ((c[None, :] == -1) & (c[:, None] >= 0))
 
 
 class BlockDiffusionTarget:
@@ -81,7 +83,7 @@ class BlockDiffusionTarget:
             logits[..., self.mask_id] = float("-inf")
         return logits
 
-    def keep(self, n_cached: int, rows: slice | None) -> None:
+    def keep(self, n_cached: int, rows: slice | torch.Tensor | None) -> None:
         """Trim the cache to its first n_cached tokens plus rows `rows` of the last run."""
         layer: Any
         for layer in self.cache.layers:
