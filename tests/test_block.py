@@ -250,3 +250,19 @@ def test_simsd_runs_and_its_agreement_with_block_is_measured(sdar, temperature):
     agree = [sum(a == b for a, b in zip(o.tokens, r.tokens)) / len(r.tokens)
              for o, r in zip(out.outputs, reference.outputs)]
     assert all(0 <= a <= 1 for a in agree) and out.metrics.target_calls > 0
+
+
+def test_bench_rows_block_simsd_exact_simsd(sdar, tmp_path):
+    """`specdiff bench` on a block-diffusion target: the three rows; simsd-exact agrees with block
+    on every prompt (--check would fail otherwise), simsd's agreement is reported."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    result = CliRunner().invoke(cli, ["bench", "--target", str(sdar["target"]), "--drafter", str(sdar["drafter"]),
+                                      "--prompt-file", str(prompts), "--max-new-tokens", "12", "--repeats", "1",
+                                      "--warmup", "0", "--out", str(tmp_path / "out"), "--check", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    rows = {r["method"]: r for r in json.loads((tmp_path / "out" / "bench.json").read_text())["rows"]}
+    assert set(rows) == {"block", "simsd-exact", "simsd"}
+    assert rows["simsd-exact"]["agreement"] == 1.0 and rows["simsd-exact"]["identical_prompts"] == 2
+    assert rows["block"]["tokens_per_target_call"] < 1  # S + 1 calls per block of B = S tokens
+    assert 0 <= rows["simsd"]["agreement"] <= 1 and rows["simsd"]["exact"] is False
