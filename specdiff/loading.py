@@ -198,7 +198,12 @@ def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
     """An SDAR checkpoint in transformers' own Qwen3 class (nets/sdar.py), strictly loaded."""
     directory = _fetch(source, BLOCK_FILES)
     model, block_size, mask_id = load_sdar(directory, resolve_dtype(dtype, device))
-    tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or str(directory))
+    verbosity = hf_logging.get_verbosity()  # AutoTokenizer warns that it does not know model_type sdar
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or str(directory))
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return BlockDiffusionTarget(model.to(device), tokenizer, entry.name if entry else source,
                                 block_size=block_size, mask_id=mask_id)
 
