@@ -46,7 +46,7 @@ from ..resources import data_path
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
 
-METHODS = (*REGISTRY, *PEERS)
+METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
 SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
 NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
