@@ -266,3 +266,10 @@ def test_bench_rows_block_simsd_exact_simsd(sdar, tmp_path):
     assert rows["simsd-exact"]["agreement"] == 1.0 and rows["simsd-exact"]["identical_prompts"] == 2
     assert rows["block"]["tokens_per_target_call"] < 1  # S + 1 calls per block of B = S tokens
     assert 0 <= rows["simsd"]["agreement"] <= 1 and rows["simsd"]["exact"] is False
+
+
+def test_remasking_names_without_torch_equal_the_rules():
+    from specdiff import names
+    from specdiff.block_decoding import REMASKING
+
+    assert names.REMASKING == tuple(REMASKING)
