@@ -21,7 +21,7 @@ import torch
 from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from .contracts import Target
@@ -30,7 +30,7 @@ from .drafters.diffusion import DiffusionDrafter
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
 from .nets.checkpoint import read_json
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
-from .nets.sdar import INDEX, is_sdar, load_sdar
+from .nets.sdar import INDEX, is_sdar, read_sdar_config
 from .registry import ModelEntry, Registry, load_registry
 from .targets.block import BlockDiffusionTarget
 from .targets.causal import CausalLMTarget
@@ -197,7 +197,12 @@ def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
                 registry: Registry) -> BlockDiffusionTarget:
     """An SDAR checkpoint in transformers' own Qwen3 class (nets/sdar.py), strictly loaded."""
     directory = _fetch(source, BLOCK_FILES)
-    model, block_size, mask_id = load_sdar(directory, resolve_dtype(dtype, device))
+    config, block_size, mask_id = read_sdar_config(directory)
+    with _no_loading_bars():
+        model, info = _hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
+                                dtype=resolve_dtype(dtype, device), trust_remote_code=False,
+                                output_loading_info=True)
+    _check_loading_info(source, info)
     verbosity = hf_logging.get_verbosity()  # AutoTokenizer warns that it does not know model_type sdar
     hf_logging.set_verbosity_error()
     try:

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from specdiff.nets.sdar import load_sdar, save_sdar
+from specdiff.loading import load_target
+from specdiff.nets.sdar import save_sdar
 from train_lm import batch_at, log, lr_at, optimizer_for, save_checkpoint, windows
 
 
@@ -153,8 +154,8 @@ def main(argv=None) -> None:
     mask_id = tokenizer.convert_tokens_to_ids(args.mask_token)
     if not isinstance(mask_id, int) or mask_id == tokenizer.unk_token_id:
         sys.exit(f"train_block.py: the tokenizer has no {args.mask_token!r}")
-    model = load_sdar(args.init, torch.float32)[0].train() if args.init else build(args, tokenizer)
-    args.teacher_model = load_sdar(args.teacher, torch.float32)[0] if args.teacher else None
+    model = load_target(args.init, dtype="fp32").model.train() if args.init else build(args, tokenizer)
+    args.teacher_model = load_target(args.teacher, dtype="fp32").model if args.teacher else None
     opt = optimizer_for(model, args)
     state = {"step": 0, "train_s": 0.0, "train_loss": None, "val_curve": [], "runs": 0}
     ckpt = args.work / "ckpt.pt"

@@ -18,11 +18,11 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ..errors import LoadError
-from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors
+from .checkpoint import read_json, save_tensors
 
 MODEL_TYPE = "sdar"
 OWN_FIELDS = ("model_type", "architectures", "auto_map", "block_size", "mask_token_id")
-INDEX = "model.safetensors.index.json"
+INDEX = "model.safetensors.index.json"  # sharded weights (SDAR-4B / 8B)
 
 
 def is_sdar(config: dict) -> bool:
@@ -52,9 +52,9 @@ def sdar_config(config: Qwen3Config, block_size: int, mask_token_id: int) -> dic
             "block_size": block_size, "mask_token_id": mask_token_id}
 
 
-def load_sdar(directory: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, int, int]:
-    """-> (Qwen3ForCausalLM with the checkpoint's weights, block_size, mask_token_id); one
-    LoadError listing every missing, unexpected or mis-shaped tensor."""
+def read_sdar_config(directory: Path) -> tuple[Qwen3Config, int, int]:
+    """config.json of an SDAR checkpoint -> (its Qwen3 fields as a Qwen3Config, block_size,
+    mask_token_id); one LoadError for a malformed one."""
     config = read_json(directory / "config.json")
     block, mask = block_fields(config, str(directory / "config.json"))
     try:
@@ -62,25 +62,7 @@ def load_sdar(directory: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, int
     except (TypeError, ValueError) as e:
         raise LoadError(f"{directory / 'config.json'}: not a Qwen3-shaped SDAR config ({e})") from e
     qwen.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
-    model: torch.nn.Module = Qwen3ForCausalLM(qwen)
-    state = _read_weights(directory)
-    optional = ("lm_head.weight",) if qwen.tie_word_embeddings else ()
-    load_state_strict(model, state, str(directory), optional=optional)
-    if qwen.tie_word_embeddings:
-        model.tie_weights()  # type: ignore[operator]
-    return model.to(dtype).eval(), block, mask
-
-
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    if (directory / "model.safetensors").is_file():
-        return read_safetensors(directory / "model.safetensors")
-    if not (directory / INDEX).is_file():
-        raise LoadError(f"{directory}: no model.safetensors (nor {INDEX})")
-    shards = sorted(set(read_json(directory / INDEX).get("weight_map", {}).values()))
-    state: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        state.update(read_safetensors(directory / shard))
-    return state
+    return qwen, block, mask
 
 
 def save_sdar(directory: Path, model: Qwen3ForCausalLM, block_size: int, mask_token_id: int,
