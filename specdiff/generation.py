@@ -6,10 +6,12 @@
     for event in specdiff.stream(["Once upon a time"]):   # tokens as each step accepts them
         print(event.index, event.tokens)
 
-Methods are declared in `methods.py` (`ar`, the reference; `spec-ar`; `specdiff`). Prompts are
-decoded `batch_size` at a time (rows leave the batch as they finish and the next prompts take
-their place), each with its own generator seeded from `seed` and the prompt's index, so a
-prompt's output depends neither on the prompts around it nor on the batch size. A setting not
+Methods are declared in `methods.py` (`ar`, the reference; `spec-ar`; `specdiff`; for
+block-diffusion targets `block`, their reference, and `simsd-exact`). Prompts are decoded
+`batch_size` at a time (rows leave the batch as they finish and the next prompts take their
+place; block-diffusion methods decode one prompt at a time), each with its own generator seeded
+from `seed` and the prompt's index, so a prompt's output depends neither on the prompts around it
+nor on the batch size. A setting not
 given comes from the models.yaml pair's defaults, else from the drafter (the settings it records
 it was trained for), else DEFAULTS (`choose`). Every option is validated, and every prompt
 tokenized and checked, before the first token is generated.
@@ -25,22 +27,25 @@ import torch
 from tqdm import tqdm
 
 from .acceptance import get_rule
+from .block_decoding import REMASKING, BlockSettings
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
-from .errors import ContextWindowWarning, InputError, UsageError
+from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
-from .methods import DraftSettings, Method, default_method, get_method
+from .methods import DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
 from .registry import Registry, load_registry
 from .requests import check_counts, check_prompts, check_request
 from .sampling import Sampling
+from .targets.block import BlockDiffusionTarget
 from .text import StopStrings
 
 DEFAULT_STEPS = 4
 DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
                                         "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0,
-                                        "batch_size": 8}
+                                        "batch_size": 8,
+                                        "remasking": "static", "threshold": 0.9}  # the last two: block-diffusion targets
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
 
 
@@ -132,12 +137,13 @@ class Plan:
     text: TextOptions = TextOptions()
     sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from (SOURCES)
     batch_size: int = 1  # rows decoded together
+    block: BlockSettings | None = None  # a block-diffusion target's decoding settings
 
     def settings(self) -> dict[str, dict[str, Any]]:
         """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the
         method, the draft settings it reads, the acceptance rule, sampling and max_new_tokens."""
-        draft = {k: getattr(self.draft, k) for k in self.method.settings}
-        if "steps" in draft:  # what runs: at most one step per draft slot
+        draft = {k: getattr(self.block or self.draft, k) for k in self.method.settings}
+        if "steps" in draft and self.block is None:  # what runs: at most one step per draft slot
             draft["steps"] = len(block_sizes(self.draft.gamma, self.draft.steps))
         ran = {"method": self.method.name, **draft, "acceptance": self.rule_name, "temperature": self.sampling.temperature,
                "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
@@ -160,19 +166,46 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     named = _check_settings(choose(given, defaults))  # every option, before anything loads
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype, registry=registry)
-    if isinstance(drafter, str) and not (named and named.build is None):
+    if isinstance(drafter, str) and not (named and named.needs is None):
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
     settings = choose(given, defaults, drafter)
-    chosen = _check_settings(settings) or default_method(drafter)
+    chosen = _check_settings(settings) or default_method(drafter, target)
+    chosen.check_target(target)
     opts = values(settings)
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
                         float(opts["repetition_penalty"]))
     draft = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"])
     proposer = _proposer(chosen, target, drafter, draft)
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer) if proposer else None
-    return Plan(target, drafter if proposer else None, chosen, sampling, rule_name, draft,
+    block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
+    return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop),
-                _sources(settings, chosen, drafter), opts["batch_size"])
+                _sources(settings, chosen, drafter), opts["batch_size"], block)
+
+
+def _block_settings(settings: dict[str, Setting], sampling: Sampling, target: Any, drafter: Any) -> BlockSettings | None:
+    """A block-diffusion target's settings, checked against it (and its drafter); None for a
+    causal target. `steps` set nowhere: the block size (one slot per step)."""
+    if not is_block_diffusion(target):
+        return None
+    opts = values(settings)
+    if settings["steps"].source == "default":
+        opts["steps"] = target.block_size
+    if opts["remasking"] not in REMASKING:
+        raise UsageError(f"unknown remasking rule '{opts['remasking']}' (choose from {', '.join(REMASKING)})")
+    threshold = opts["threshold"]
+    if not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 <= threshold <= 1):
+        raise UsageError(f"`threshold` must lie in [0, 1], got {opts['threshold']}")
+    if opts["steps"] > target.block_size:
+        raise UsageError(f"`steps` {opts['steps']} is more than the block size {target.block_size} "
+                         "(each step commits at least one slot)")
+    if sampling.repetition_penalty != 1:
+        raise UsageError("`repetition_penalty` is not supported on block-diffusion targets")
+    if drafter is not None and (drafter.block_size, drafter.mask_id) != (target.block_size, target.mask_id):
+        raise IncompatibleModelsError(
+            f"drafter's block size / mask id {drafter.block_size} / {drafter.mask_id} differ from the "
+            f"target's {target.block_size} / {target.mask_id}")
+    return BlockSettings(opts["remasking"], opts["steps"], float(opts["threshold"]), opts["gamma"])
 
 
 def _sources(settings: dict[str, Setting], method: Method, drafter: Any) -> dict[str, str]:
@@ -196,12 +229,13 @@ def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[
 
 
 def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSettings) -> Proposer | None:
-    """The method's proposer around the drafter (None for methods without one)."""
-    if method.build is None:
+    """The method's proposer around the drafter, checked against the target (None for methods
+    without one: block-diffusion methods drive their drafter themselves)."""
+    if method.needs is None:
         return None
     method.check_drafter(drafter)
     check_pair(target, drafter)
-    return method.build(drafter, settings)
+    return method.build(drafter, settings) if method.build else None
 
 
 def _check_settings(settings: dict[str, Setting]) -> Method | None:
@@ -235,8 +269,9 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
     return acceptance
 
 
-def encode_prompts(target: Target, prompts: list[str], max_new_tokens: int, truncate: bool = False,
-                   text: TextOptions = TextOptions(), indices: list[int] | None = None) -> list[list[int]]:
+def encode_prompts(target: Target | BlockDiffusionTarget, prompts: list[str], max_new_tokens: int,
+                   truncate: bool = False, text: TextOptions = TextOptions(),
+                   indices: list[int] | None = None) -> list[list[int]]:
     """Tokenize (through the chat template if `text.chat`) and check every prompt (empty, longer
     than the context window); warn once when `max_new_tokens` does not fit after some of them.
     Errors number prompts from 1, or by `indices` (0-based places in a larger input) + 1."""
@@ -308,7 +343,10 @@ def _check_indices(indices: list[int], n: int) -> list[int]:
 
 
 def _loop(p: Plan, rows: Iterator[Row]) -> Iterator[tuple[Row, list[int]]]:
-    """The method's decoding loop over the rows."""
+    """The method's decoding loop over the rows (block-diffusion methods: one row at a time)."""
+    if p.block is not None:
+        return ((row, tokens) for row in rows
+                for tokens in p.method.loop(p.target, p.drafter, row, p.sampling, p.block))
     if p.proposer is None or p.rule_name is None:
         return p.method.loop(p.target, rows, p.sampling, p.batch_size)
     return p.method.loop(p.target, p.proposer, rows, p.sampling, get_rule(p.rule_name), p.draft.gamma,
@@ -341,7 +379,8 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              max_new_tokens: int | None = None, seed: int = 0, device: str = "cpu", dtype: str = "auto",
              truncate_prompt: bool = False, progress: bool = False, chat: bool = False,
              system: str | None = None, stop: Iterable[str] | str | None = None,
-             batch_size: int | None = None) -> GenerationResult:
+             batch_size: int | None = None, remasking: str | None = None,
+             threshold: float | None = None) -> GenerationResult:
     """Generate a continuation of each prompt with the target, accelerated by the drafter.
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects
@@ -350,11 +389,14 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     end a continuation (the text ends before the first one; as vLLM / OpenAI).
     repetition_penalty: Hugging Face's, applied to the target's p exactly as plain decoding does.
     batch_size: prompts decoded together (default 8); the output does not depend on it.
+    remasking / threshold / steps: for block-diffusion targets (block_decoding.py), the rule that
+    picks the slots each denoising step commits, dynamic's confidence threshold, steps per block.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
     p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
              seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule,
              temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-             max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size)
+             max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
+             remasking=remasking, threshold=threshold)
     return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))

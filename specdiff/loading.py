@@ -21,7 +21,7 @@ import torch
 from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from .contracts import Target
@@ -30,13 +30,16 @@ from .drafters.diffusion import DiffusionDrafter
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
 from .nets.checkpoint import read_json
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
+from .nets.sdar import INDEX, is_sdar, read_sdar_config
 from .registry import ModelEntry, Registry, load_registry
+from .targets.block import BlockDiffusionTarget
 from .targets.causal import CausalLMTarget
 
 HUB_PROBE_TIMEOUT_S = 3.0  # one request to the hub's endpoint before transformers' retries (a minute offline)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
+BLOCK_FILES = ("config.json", "*.safetensors", INDEX, "chat_template.jinja", *TOKENIZER_FILES)
 
 
 def check_device(device: str) -> None:
@@ -173,11 +176,41 @@ def _mismatch(entry: tuple) -> str:
 
 
 def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
-                registry: Registry | None = None) -> CausalLMTarget:
-    """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target."""
+                registry: Registry | None = None) -> CausalLMTarget | BlockDiffusionTarget:
+    """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target; an SDAR
+    checkpoint (config.json model_type "sdar") as a BlockDiffusionTarget."""
     check_device(device)
+    registry = registry or load_registry()
+    source, entry = resolve(name_or_path, ("target",), registry)
+    if _is_block(source):
+        return _load_block(source, entry, device, dtype, registry)
     model, tokenizer, name = _load_causal_lm(name_or_path, ("target",), device, dtype, registry)
     return CausalLMTarget(model, tokenizer, name)
+
+
+def _is_block(source: str) -> bool:
+    """Whether config.json (fetched alone for a hub id) is an SDAR block-diffusion model's."""
+    return is_sdar(read_json(_fetch(source, ("config.json",)) / "config.json"))
+
+
+def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
+                registry: Registry) -> BlockDiffusionTarget:
+    """An SDAR checkpoint in transformers' own Qwen3 class (nets/sdar.py), strictly loaded."""
+    directory = _fetch(source, BLOCK_FILES)
+    config, block_size, mask_id = read_sdar_config(directory)
+    with _no_loading_bars():
+        model, info = _hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
+                                dtype=resolve_dtype(dtype, device), trust_remote_code=False,
+                                output_loading_info=True)
+    _check_loading_info(source, info)
+    verbosity = hf_logging.get_verbosity()  # AutoTokenizer warns that it does not know model_type sdar
+    hf_logging.set_verbosity_error()
+    try:
+        tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or str(directory))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return BlockDiffusionTarget(model.to(device), tokenizer, entry.name if entry else source,
+                                block_size=block_size, mask_id=mask_id)
 
 
 def _tokenizer_source(entry: ModelEntry | None, registry: Registry) -> str | None:
@@ -193,12 +226,15 @@ def _fetch(source: str, files: tuple[str, ...]) -> Path:
 
 
 def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
-                 registry: Registry | None = None) -> nn.Module:
+                 registry: Registry | None = None) -> nn.Module | BlockDiffusionTarget:
     """A drafter: a DiffusionDrafter (forward(input_ids (B, L), sigma (B,)) -> raw logits
-    (B, L, V_drafter)) for diffusion checkpoints, or an ARDrafter for a causal LM."""
+    (B, L, V_drafter)) for diffusion checkpoints, an ARDrafter for a causal LM, or a
+    BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact)."""
     check_device(device)
     registry = registry or load_registry()
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
+    if not (entry and entry.format) and _is_block(source):
+        return _load_block(source, entry, device, dtype, registry)
     fmt = _drafter_format(source, entry)
     if fmt is None:
         if Path(source).is_dir():

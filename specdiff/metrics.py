@@ -10,6 +10,8 @@ The prefill call counts as a target call but not as an iteration.
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,15 @@ class Metrics:
             self.drafted_at[j] += 1
             self.accepted_at[j] += j < accepted
         self.histogram[accepted] += 1
+
+    @contextmanager
+    def timed(self, part: str, sync=None):
+        """Add the time spent in the block to `draft_s` or `verify_s`."""
+        start = time.perf_counter()
+        yield
+        if sync:
+            sync()
+        setattr(self, f"{part}_s", getattr(self, f"{part}_s") + time.perf_counter() - start)
 
     @property
     def tau(self) -> float:
@@ -93,3 +104,20 @@ class Metrics:
         if self.prompts:
             d["prompts"] = self.prompts
         return d
+
+
+class Clock:
+    """Decoding seconds of one row decoded alone (the block-diffusion loops): time spent inside
+    its loop, not in the loop's consumer. `pause(row)` also records the row's tokens and stop."""
+
+    def __init__(self, m: Metrics):
+        self.m = m
+        self.resume()
+
+    def resume(self) -> None:
+        self.t = time.perf_counter()
+
+    def pause(self, row: Any) -> None:
+        self.m.wall_s += time.perf_counter() - self.t
+        self.m.new_tokens = len(row.new_tokens)
+        self.m.stop_reason = row.stop_reason

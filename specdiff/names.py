@@ -2,7 +2,8 @@
 so that `specdiff --help` stays fast. tests/test_methods.py checks them against the registries
 (methods.METHODS, acceptance.RULES, drafters.diffusion.SCHEDULES, tools.bench.PASSES)."""
 
-METHODS = ("ar", "spec-ar", "specdiff")
+METHODS = ("ar", "spec-ar", "specdiff", "block", "simsd-exact", "simsd")
+REMASKING = ("sequential", "static", "dynamic")  # block_decoding.REMASKING
 RULES = ("greedy", "standard", "match")
 SCHEDULES = ("l2r", "oneshot", "confidence")
 PEERS = ("hf-assisted", "hf-prompt-lookup")  # Hugging Face's own loops, timed by `specdiff bench`

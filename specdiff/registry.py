@@ -39,7 +39,7 @@ PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "des
 DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
                  "temperature": (int, float), "top_k": int, "top_p": (int, float),
                  "repetition_penalty": (int, float),
-                 "max_new_tokens": int}
+                 "max_new_tokens": int, "remasking": str, "threshold": (int, float)}
 
 
 @dataclass(frozen=True)

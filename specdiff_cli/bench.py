@@ -110,6 +110,10 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
         truncate_prompt=truncate_prompt)
     if check and settings.temperature > 0:
         raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
+    if getattr(models.target, "kind", None) == "block-diffusion":
+        _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],), gammas or (pick["gamma"],),
+                     pick, out, check)
+        return
     rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
                         steps or (pick["steps"],), schedules or (pick["schedule"],), batch_sizes or (1,))
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
@@ -120,6 +124,24 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     click.echo(json.dumps(summary(report, Path(out))))
     if check and report["check"]["passed"] is False:
         raise click.ClickException(f"greedy outputs differ from ar: {', '.join(report['check']['mismatched'])}")
+
+
+def _bench_block(lib, models, prompts, methods, settings, steps, gammas, pick, out, check) -> None:
+    """A block-diffusion target: block, simsd-exact, simsd (specdiff.tools.bench_block); the table,
+    DIR/bench.json and a JSON summary line."""
+    from specdiff.tools.bench_block import BLOCK_METHODS, format_block_table, run_block
+
+    methods = methods or (BLOCK_METHODS if models.drafter is not None else ("block",))
+    report = run_block(models, prompts, methods, settings, steps=steps, gammas=gammas, remasking=pick["remasking"],
+                       threshold=pick["threshold"], log=lambda msg: click.echo(msg, err=True))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "bench.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    click.echo(format_block_table(report))
+    click.echo(json.dumps({"rows": [{k: r[k] for k in ("method", "steps", "gamma", "speedup", "agreement", "exact")}
+                                    for r in report["rows"]], "report": str(Path(out) / "bench.json")}))
+    differ = [r["method"] for r in report["rows"] if r["exact"] and r["agreement"] < 1 and settings.temperature == 0]
+    if check and differ:
+        raise click.ClickException(f"greedy outputs differ from block: {', '.join(differ)}")
 
 
 def _can_plot(require_matplotlib) -> bool:

@@ -30,9 +30,13 @@ from .threads import set_threads, threads_option
               help="Decoding method [default: the pair's, else from the drafter, else ar].")
 @click.option("--gamma", type=int, help="Draft length [default: the pair's, else the drafter's, else 8].")
 @click.option("--steps", type=int,
-              help="Denoising steps T per draft [default: the pair's, else the drafter's, else 4; oneshot: 1].")
+              help="Denoising steps T per draft (block-diffusion targets: per block) [default: the pair's, else the drafter's, else 4 (block size); oneshot: 1].")
 @click.option("--schedule", type=click.Choice(names.SCHEDULES),
               help="Order in which draft slots are committed [default: the pair's, else the drafter's, else l2r].")
+@click.option("--remasking", type=click.Choice(names.REMASKING),
+              help="Block-diffusion targets: which masked slots a denoising step commits [default: static].")
+@click.option("--threshold", type=float,
+              help="Block-diffusion targets, --remasking dynamic: confidence to commit a slot [default: 0.9].")
 @click.option("--acceptance", type=click.Choice(names.RULES),
               help="Verification rule [default: greedy at temperature 0, else standard].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")

@@ -16,7 +16,11 @@
 #                 of target generation), then an fp16 copy
 #   7. AR drafter MODELS/ar-drafter: step 5's model distilled on 6(b)'s continuations (17 min)
 #   8. report     WORK/report.json: greedy samples from held-out prompts and per-call latencies
-# About 2 hours on a 2-core CPU in all; the model cards in MODELS/*/README.md record what each took.
+#   9. block pair MODELS/block-target, MODELS/block-drafter: block-diffusion LMs in the SDAR layout
+#                 (Qwen3 4 x 256 and 2 x 128, block 4) for --method block / simsd-exact / simsd:
+#                 train_block.py, 14 + 8 min on 1 thread, then the draft distilled from the target
+#                 (6 min); fp16
+# About 2 hours on a 2-core CPU in all (+ 28 min for step 9); the model cards in MODELS/*/README.md record what each took.
 #
 # Every step is skipped when its output exists; delete an output to redo that step. The target's
 # learning-rate schedule follows its wall-clock budget, so its number of steps (1643 for the shipped
@@ -65,3 +69,18 @@ bash $here/corpus.sh "$work"  # steps 1 and 2
 # 8. report: greedy samples from held-out prompts and per-call latencies
 [ -f "$work/report.json" ] ||
   python $here/report.py --target "$models/target" --drafter "$models/ar-drafter" --out "$work/report.json"
+
+# 9. block-diffusion pair (SDAR layout): a target and a draft trained on the corpus with the
+#    block-diffusion objective, then the draft distilled on the target's distributions (the
+#    draft of simsd-exact must make the target's own denoising choices)
+[ -f "$models/block-target/model.safetensors" ] ||
+  python $here/train_block.py --data "$work/data" --tokenizer "$work/tokenizer" --work "$work/block-target" \
+    --out "$models/block-target" --layers 4 --dim 256 --heads 4 --kv-heads 2 --block-size 4 --budget-min 14 --threads 1
+[ -f "$work/block-drafter/model/model.safetensors" ] ||
+  python $here/train_block.py --data "$work/data" --tokenizer "$work/tokenizer" --work "$work/block-drafter" \
+    --out "$work/block-drafter/model" --layers 2 --dim 128 --heads 2 --kv-heads 1 --block-size 4 --budget-min 8 --threads 1
+[ -f "$models/block-drafter/model.safetensors" ] ||
+  python $here/train_block.py --data "$work/data" --tokenizer "$work/tokenizer" --work "$work/block-drafter-distilled" \
+    --out "$models/block-drafter" --init "$work/block-drafter/model" --teacher "$models/block-target" \
+    --layers 2 --dim 128 --heads 2 --kv-heads 1 --block-size 4 --budget-min 6 --lr 1e-3 --warmup-steps 20 \
+    --eval-s 90 --threads 1

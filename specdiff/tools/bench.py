@@ -44,24 +44,25 @@ from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import UsageError
 from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
-from ..methods import METHODS as REGISTRY
+from ..methods import METHODS as REGISTRY, is_block_diffusion
 from ..names import PEERS
 from ..loading import load_drafter, load_target
 from ..metrics import Metrics
 from ..registry import Registry, load_registry
 from ..resources import data_path
+from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
 
-METHODS = (*REGISTRY, *PEERS)
-SLOTS = {"diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
+METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
+SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
 NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
 
 @dataclass
 class Models:
-    target: CausalLMTarget  # the HF peers call its model
-    drafter: DiffusionDrafter | None = None
+    target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
+    drafter: DiffusionDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
 
     def drafter_module(self, method: str):
@@ -118,7 +119,8 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
         loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
         if must_be_ar and not isinstance(loaded, ARDrafter):
             raise UsageError(f"ar_drafter '{name}' is not a causal LM")
-        setattr(models, "drafter" if isinstance(loaded, DiffusionDrafter) else "ar_drafter", loaded)
+        diffusion = isinstance(loaded, DiffusionDrafter) or is_block_diffusion(loaded)
+        setattr(models, "drafter" if diffusion else "ar_drafter", loaded)
     return models, defaults
 
 
@@ -262,7 +264,9 @@ def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repea
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    models.target.kv_peak_bytes = 0
+    target = models.target
+    assert isinstance(target, CausalLMTarget)  # block-diffusion targets are timed by bench_block
+    target.kv_peak_bytes = 0
     with CallLog(roles, device) as log:
         for tokens, seconds, *metrics in one_pass(prompts, encoded):
             r.tokens.append(tokens)
@@ -271,7 +275,7 @@ def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repea
             r.calls.append(log.take())  # this prompt's calls
     if device.type == "cuda":
         r.cuda_peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-    r.kv_peak_mb = models.target.kv_peak_bytes / 2**20
+    r.kv_peak_mb = target.kv_peak_bytes / 2**20
     return r
 
 
@@ -419,7 +423,7 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     return _report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
 
 
-def _check_room(target: CausalLMTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
+def _check_room(target: CausalLMTarget | BlockDiffusionTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
     """transformers' prompt lookup does not cap its draft at the context window, so near the end a
     verify call would run past the position embeddings: refuse such settings up front."""
     gamma = max((v.gamma or 0 for v in rows if v.method == "hf-prompt-lookup"), default=0)

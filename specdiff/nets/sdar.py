@@ -1,0 +1,76 @@
+"""SDAR block-diffusion checkpoints (JetAstra/SDAR; arXiv 2510.06303) in transformers' own Qwen3
+classes: no `trust_remote_code`, no flash-attn.
+
+An SDAR directory holds a config.json with `model_type: "sdar"`, `block_size` (B) and
+`mask_token_id` beside the Qwen3 fields (its `auto_map` names modeling code we never import),
+weights under the Qwen3 parameter names (an untied `lm_head`), one `model.safetensors` or shards
+listed in `model.safetensors.index.json`, and the tokenizer. The attention pattern (block-causal,
+bidirectional inside a block) is not in the weights: the caller gives it as an explicit 4-D mask
+with explicit position ids (targets/block.py). Logits are not shifted: position i predicts token i.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from ..errors import LoadError
+from .checkpoint import read_json, save_tensors
+
+MODEL_TYPE = "sdar"
+OWN_FIELDS = ("model_type", "architectures", "auto_map", "block_size", "mask_token_id")
+INDEX = "model.safetensors.index.json"  # sharded weights (SDAR-4B / 8B)
+
+
+def is_sdar(config: dict) -> bool:
+    return config.get("model_type") == MODEL_TYPE
+
+
+def block_fields(config: dict, source: str) -> tuple[int, int]:
+    """-> (block_size, mask_token_id) of an SDAR config, checked."""
+    block, mask = config.get("block_size"), config.get("mask_token_id")
+    if not (isinstance(block, int) and block >= 1 and isinstance(mask, int) and mask >= 0):
+        raise LoadError(f"{source}: an SDAR config needs block_size >= 1 and mask_token_id, "
+                        f"got {block!r} and {mask!r}")
+    return block, mask
+
+
+def qwen3_config(config: dict) -> Qwen3Config:
+    """The Qwen3 fields of an SDAR config.json as transformers' own Qwen3Config."""
+    fields = {k: v for k, v in config.items() if k not in OWN_FIELDS}
+    return Qwen3Config(**fields)
+
+
+def sdar_config(config: Qwen3Config, block_size: int, mask_token_id: int) -> dict:
+    """A Qwen3Config -> the config.json of an SDAR checkpoint (no auto_map: no code ships)."""
+    fields = config.to_diff_dict()
+    fields.pop("transformers_version", None)
+    return {**fields, "model_type": MODEL_TYPE, "architectures": ["SDARForCausalLM"],
+            "block_size": block_size, "mask_token_id": mask_token_id}
+
+
+def read_sdar_config(directory: Path) -> tuple[Qwen3Config, int, int]:
+    """config.json of an SDAR checkpoint -> (its Qwen3 fields as a Qwen3Config, block_size,
+    mask_token_id); one LoadError for a malformed one."""
+    config = read_json(directory / "config.json")
+    block, mask = block_fields(config, str(directory / "config.json"))
+    try:
+        qwen = qwen3_config(config)
+    except (TypeError, ValueError) as e:
+        raise LoadError(f"{directory / 'config.json'}: not a Qwen3-shaped SDAR config ({e})") from e
+    qwen.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
+    return qwen, block, mask
+
+
+def save_sdar(directory: Path, model: Qwen3ForCausalLM, block_size: int, mask_token_id: int,
+              dtype: torch.dtype | None = None) -> None:
+    """Write model as an SDAR checkpoint: config.json + model.safetensors (tokenizer: the caller's)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    save_tensors(state, directory / "model.safetensors")
+    config = sdar_config(model.config, block_size, mask_token_id)
+    config["dtype"] = str(dtype or model.dtype).removeprefix("torch.")
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

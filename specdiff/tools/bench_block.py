@@ -1,0 +1,100 @@
+"""`specdiff bench` on a block-diffusion target: `block` (the reference), `simsd-exact` and `simsd`
+side by side, timed through the same plan / generate path as `specdiff generate`.
+
+    report = run_block(models, prompts, ["block", "simsd-exact", "simsd"], Settings(), steps=(4,),
+                       gammas=(1, 4), remasking="static", threshold=0.9)
+
+Rows: each method at each step count; simsd-exact also at each gamma (draft transitions per
+verification). Passes are round-robin (pass i of every row, then pass i + 1), as in bench.run. Per row: tokens/s
+(spread over passes), speed-up over block (median over passes of the per-pass ratio), tokens per
+target call, drafter calls, alpha (accepted / drafted transitions or tokens), and agreement with
+block: the prompts whose tokens equal block's and the mean fraction of block's tokens matched
+before the first difference. `exact` says whether a method claims block's output
+(simsd-exact does; simsd, the published approximate method, does not).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+from ..generation import iter_generate, plan
+from ..metrics import Metrics
+from .bench import Models, Settings, environment, spread
+
+BLOCK_METHODS = ("block", "simsd-exact", "simsd")
+EXACT = {"block": True, "simsd-exact": True, "simsd": False}
+
+
+def _prefix_fraction(reference: list[int], got: list[int]) -> float:
+    """Fraction of reference's tokens that got matches before their first difference."""
+    n = next((i for i, (a, b) in enumerate(zip(reference, got)) if a != b), min(len(reference), len(got)))
+    return n / len(reference) if reference else 1.0
+
+
+def run_block(models: Models, prompts: list[str], methods, s: Settings, *, steps=(None,), gammas=(None,),
+              remasking=None, threshold=None, log: Callable[[str], None] = lambda msg: None) -> dict:
+    """Time each method at each step count (module docstring); -> the report."""
+    rows = [(m, t, g) for t in steps for m in BLOCK_METHODS if m in methods or m == "block"
+            for g in (gammas if m == "simsd-exact" else (None,))]
+    plans = [plan(target=models.target, drafter=models.drafter if m != "block" else None, method=m, steps=t,
+                  gamma=g, remasking=remasking, threshold=threshold, temperature=s.temperature,
+                  max_new_tokens=s.max_new_tokens, seed=s.seed) for m, t, g in rows]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(s.threads or threads)
+    try:
+        for (m, t, g), p in zip(rows, plans):
+            log(f"bench: warm-up {m} steps={p.block.steps if p.block else t}{f' gamma={g}' if g else ''}")
+            for _ in range(s.warmup):
+                list(iter_generate(prompts, p, s.truncate_prompt))
+        passes: list[list[list]] = [[] for _ in rows]
+        for i in range(s.repeats):
+            log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} rows")
+            for p, out in zip(plans, passes):
+                out.append(list(iter_generate(prompts, p, s.truncate_prompt)))
+        env = environment(models)  # the threads it ran with
+    finally:
+        torch.set_num_threads(threads)
+    return {"config": {**vars(s), "prompts": len(prompts), "remasking": remasking, "threshold": threshold},
+            "environment": env, "rows": _rows(rows, plans, passes)}
+
+
+def _rows(rows, plans, passes) -> list[dict]:
+    reference: dict[int, list] = {p.block.steps: ps for p, ps in zip(plans, passes) if p.method.name == "block"}
+    out = []
+    for (m, _, g), p, ps in zip(rows, plans, passes):
+        ref = reference[p.block.steps]
+        speeds = [_total(o).tokens_per_s for o in ps]
+        ratios = [a / _total(r).tokens_per_s for a, r in zip(speeds, ref)]
+        total = _total(ps[0])
+        agree = [_prefix_fraction(r.tokens, o.tokens) for r, o in zip(ref[0], ps[0])]
+        out.append({"method": m, "steps": p.block.steps, "gamma": g and p.block.gamma,
+                    "remasking": p.block.remasking, "exact": EXACT[m],
+                    "tokens_per_s": spread(speeds), "speedup": statistics.median(ratios),
+                    "speedup_range": [min(ratios), max(ratios)], "new_tokens": total.new_tokens,
+                    "target_calls": total.target_calls, "drafter_calls": total.drafter_calls,
+                    "tokens_per_target_call": total.new_tokens / max(total.target_calls, 1), "alpha": total.alpha,
+                    "identical_prompts": sum(a == 1.0 and len(r.tokens) == len(o.tokens)
+                                             for a, r, o in zip(agree, ref[0], ps[0])),
+                    "prompts": len(agree), "agreement": sum(agree) / len(agree)})
+    return out
+
+
+def _total(outputs) -> Metrics:
+    total = Metrics()
+    for o in outputs:
+        total = total.merge(o.metrics)
+    return total
+
+
+def format_block_table(report: dict) -> str:
+    head = f"{'method':<12} {'T':>3} {'g':>3} {'tok/s':>8} {'speedup':>8} {'tok/call':>9} {'alpha':>6} {'agree':>6}  exact"
+    lines = [head]
+    for r in report["rows"]:
+        alpha = "-" if r["alpha"] is None else f"{r['alpha']:.2f}"
+        lines.append(f"{r['method']:<12} {r['steps']:>3} {r['gamma'] or '-':>3} {r['tokens_per_s']['median']:>8.1f} {r['speedup']:>7.2f}x "
+                     f"{r['tokens_per_target_call']:>9.2f} {alpha:>6} {r['agreement']:>6.2f}  "
+                     f"{'yes' if r['exact'] else 'no (approximate)'}")
+    return "\n".join(lines)
