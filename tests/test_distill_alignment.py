@@ -66,15 +66,20 @@ def test_streak_losses_read_the_drafters_q_at_its_temperature(drafter, seqs):
         assert torch.allclose(ce_streak(drafter, b, temperature), expected, atol=1e-5)
 
 
-def test_kl_is_forward_kl_to_the_renormalised_soft_labels(drafter, seqs):
+def test_kl_is_forward_kl_over_the_soft_labels_and_the_rest(drafter, seqs):
+    """KL over k + 1 bins: the k ids kept, and the rest of the vocabulary as one bin."""
     b = _batch(seqs, drafter)
     masked = b.xt[:, P:] == drafter.mask_id
-    log_q = draft_logits(drafter, b.xt, P).log_softmax(-1)  # (B, gamma, V)
-    p = torch.zeros_like(log_q).scatter(-1, b.soft_ids, b.soft_p)
-    p = p / p.sum(-1, keepdim=True)
-    kl = (torch.xlogy(p, p) - p * log_q).sum(-1)
-    assert torch.allclose(soft_kl(drafter, b), kl[masked].mean(), atol=1e-5)
-    assert 0.1 < b.soft_p.sum(-1).mean() < 0.9  # top-8 of 300 keeps part of the mass: renormalising matters
+    q = draft_logits(drafter, b.xt, P).softmax(-1).double()  # (B, gamma, V)
+    p, q_kept = b.soft_p.double(), q.gather(-1, b.soft_ids)
+    p_rest, q_rest = 1 - p.sum(-1), 1 - q_kept.sum(-1)
+    kl = (p * (p / q_kept).log()).sum(-1) + p_rest * (p_rest / q_rest).log()
+    assert torch.allclose(soft_kl(drafter, b).double(), kl[masked].mean(), atol=1e-5)
+    assert 0.1 < p_rest.mean() < 0.9  # top-8 of 300 leaves part of the mass to the rest bin
+    raw = make_batch(seqs, Pattern(P, 4, 2, drafter.mask_id), 8, torch.Generator().manual_seed(0), P,
+                     torch.arange(200), 1.0, context=P)  # one-hot soft labels: the kl is the CE
+    ce = -draft_logits(drafter, raw.xt, P).log_softmax(-1).gather(-1, raw.x0[:, P:, None])[..., 0]
+    assert torch.allclose(soft_kl(drafter, raw), ce[raw.xt[:, P:] == drafter.mask_id].mean(), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))

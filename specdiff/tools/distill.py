@@ -12,10 +12,11 @@ draft slots whose clean token is not the mask id:
     mdlm       the MDLM ELBO: each slot's CE weighted by sigma'(t) / expm1(sigma(t)) (= 1/t for
                the log-linear schedule), summed per row over its n + gamma positions and divided
                by them; with t the fraction masked that is the row's mean CE.
-    kl         forward KL(p~ || q) at each slot, averaged over slots: p~ = the target's
-               distribution at that slot, its top k renormalised (the soft labels; one-hot on x0
-               for raw text rows). DistillSpec: acceptance min(1, p/q) when sampling rewards
-               q close to p, which greedy-only hard labels do not teach.
+    kl         forward KL(p || q) at each slot, averaged over slots, p = the target's
+               distribution at that slot as the soft labels keep it: its top k ids, and the rest
+               of the vocabulary as one more bin (one-hot on x0 for raw text rows). DistillSpec:
+               acceptance min(1, p/q) when sampling rewards q close to p, which greedy-only hard
+               labels do not teach; the rest bin keeps q from piling p's tail on the top k.
     streak     SpecDiff-2: -(mean over rows of sum_m c_m), c_m = prod_{i <= m} q_i, q_i the
                drafter's probability of the teacher token at slot i at the deployment
                temperature (draft_temperature): minus the expected accepted length when each
@@ -149,13 +150,19 @@ def mdlm_elbo(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
 
 
 def soft_kl(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
-    """Forward KL(p~ || q) per scored slot, averaged: p~ the soft labels renormalised."""
+    """KL(p || q) per scored slot, averaged, over k + 1 bins: the soft labels' ids and the rest
+    of the vocabulary as one bin (p's rest = 1 - the mass kept; q's = its mass elsewhere), so
+    that q keeps p's tail mass instead of piling it on the top k."""
     if batch.soft_ids is None or batch.soft_p is None:
         raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
     scored = _scored(drafter, batch)
-    log_q = draft_logits(drafter, batch.xt, batch.n).log_softmax(-1).gather(-1, batch.soft_ids)  # (B, gamma, k)
-    p = batch.soft_p / batch.soft_p.sum(-1, keepdim=True)
-    kl = (torch.xlogy(p, p) - p * log_q).sum(-1)  # (B, gamma)
+    log_q_all = draft_logits(drafter, batch.xt, batch.n).log_softmax(-1)  # (B, gamma, V)
+    kept = batch.soft_p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
+    log_q = log_q_all.gather(-1, batch.soft_ids)  # (B, gamma, k)
+    elsewhere = log_q_all.scatter(-1, batch.soft_ids.where(kept, batch.soft_ids[..., :1]), float("-inf"))
+    p_rest = (1 - batch.soft_p.sum(-1)).clamp(min=0)  # (B, gamma)
+    kl = (torch.xlogy(batch.soft_p, batch.soft_p) - batch.soft_p * log_q).sum(-1) \
+        + torch.xlogy(p_rest, p_rest) - p_rest * elsewhere.logsumexp(-1).clamp(min=-1e4)
     return (kl * scored).sum() / scored.sum().clamp(min=1)
 
 
