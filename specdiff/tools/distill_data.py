@@ -7,8 +7,9 @@ give the held-out prompts (validation loss, tau).
 
 Teacher settings (SpecDiff-2 / DistillSpec: a drafter that must be accepted when the target samples
 has to learn from the target's samples, not its argmax): each prompt is continued S times
-(samples_per_prompt); chunk c of prompts is continued with teacher setting c mod (number of
-settings), a (temperature, top-p) pair; temperature 0 is greedy. Soft labels: at every
+(samples_per_prompt); training chunk c of prompts is continued with teacher setting c mod
+(number of settings), a (temperature, top-p) pair; temperature 0 is greedy; the held-out
+sequences (validation loss) with the first setting. Soft labels: at every
 continuation position the target's own distribution p (temperature 1, no top-p: the p that
 sampling at any temperature warps, see docs/lossless.md), top-k truncated: the k most likely ids
 (int32) and their probabilities (fp16); the mass the k keep is reported by the distill report.
