@@ -14,7 +14,7 @@ from torch.nn.functional import softmax
 from specdiff.loading import load_drafter, load_target
 from specdiff.sampling import Sampling
 from specdiff.tools.distill import (LOSSES, DistillConfig, ce_streak, distill, draft_logits, expected_streak,
-                                    loss_function, reach_weighted_log_q, soft_kl, streak)
+                                    loss_function, masked_ce, reach_weighted_log_q, soft_kl, streak)
 from specdiff.tools.distill_data import (DataSpec, Pattern, Sequences, build_sequences, continue_batch,
                                          make_batch, read_sequences)
 from tiny import TEXT
@@ -82,7 +82,12 @@ def test_kl_is_forward_kl_over_the_soft_labels_and_the_rest(drafter, seqs):
     assert torch.allclose(soft_kl(drafter, raw), ce[raw.xt[:, P:] == drafter.mask_id].mean(), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_a_sum_of_losses_is_their_sum(drafter, seqs):
+    b, cfg = _batch(seqs, drafter), DistillConfig("t", "o", "p", loss="ce+ce-streak", draft_temperature=0.5)
+    assert torch.allclose(loss_function(cfg)(drafter, b), masked_ce(drafter, b) + ce_streak(drafter, b, 0.5))
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES) + ["ce+kl"])
 def test_every_loss_decreases_on_a_tiny_batch(tiny, seqs, name):
     drafter = load_drafter(str(tiny.drafter))  # a fresh copy: it is trained
     loss = loss_function(DistillConfig("t", "o", "p", loss=name, draft_temperature=0.7))

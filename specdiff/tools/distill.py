@@ -17,6 +17,7 @@ draft slots whose clean token is not the mask id:
                of the vocabulary as one more bin (one-hot on x0 for raw text rows). DistillSpec:
                acceptance min(1, p/q) when sampling rewards q close to p, which greedy-only hard
                labels do not teach; the rest bin keeps q from piling p's tail on the top k.
+    a+b        the sum of two of these (e.g. ce+kl).
     streak     SpecDiff-2: -(mean over rows of sum_m c_m), c_m = prod_{i <= m} q_i, q_i the
                drafter's probability of the teacher token at slot i at the deployment
                temperature (draft_temperature): minus the expected accepted length when each
@@ -201,10 +202,11 @@ AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
 
 
 def loss_function(cfg: DistillConfig) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
-    """The configured loss, with the deployment temperature where it takes one."""
-    if cfg.loss in AT_DRAFT_TEMPERATURE:
-        return partial(LOSSES[cfg.loss], temperature=cfg.draft_temperature)
-    return LOSSES[cfg.loss]
+    """The configured loss, with the deployment temperature where it takes one; "a+b" is the
+    sum of losses a and b (e.g. ce+kl: the hard labels' argmax and the soft labels' spread)."""
+    parts = [partial(LOSSES[name], temperature=cfg.draft_temperature) if name in AT_DRAFT_TEMPERATURE
+             else LOSSES[name] for name in cfg.loss.split("+")]
+    return lambda drafter, batch: sum(part(drafter, batch) for part in parts)  # type: ignore[return-value]
 
 
 def learning_rate(step: int, peak: float, max_steps: int) -> float:
@@ -230,13 +232,13 @@ def _check(cfg: DistillConfig) -> None:
                  "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.loss not in LOSSES:
-        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+    if any(name not in LOSSES for name in cfg.loss.split("+")):
+        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)}, or a sum such as ce+kl)")
     _check_finite(cfg)
     if cfg.lr <= 0 or cfg.draft_temperature <= 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
         raise UsageError("lr, draft_temperature and time_budget must be > 0")
     _check_teacher(cfg)
-    if cfg.soft_labels < 0 or (cfg.loss == "kl" and cfg.soft_labels == 0):
+    if cfg.soft_labels < 0 or ("kl" in cfg.loss.split("+") and cfg.soft_labels == 0):
         raise UsageError(f"`soft_labels` must be >= 0, and > 0 (e.g. 32) for the kl loss; got {cfg.soft_labels}")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
