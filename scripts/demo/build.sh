@@ -12,12 +12,9 @@
 #   5. AR drafter WORK/ar-drafter/model: GPT-2 2 x 192 pretrained on the corpus, 2300 steps = 4.7M
 #                 tokens, 8 min on an idle machine (a fixed step count, not a time budget, so that a
 #                 busy machine cannot starve the baseline)
-#   6. drafter    MODELS/drafter: `specdiff distill`, three runs: (a), (b) on greedy continuations
-#                 (15 + 13 min of training, 1 + 11 min of target generation), (c) aligned for
-#                 sampling on sampled continuations with soft labels (TRAIN_C min of training,
-#                 15.5 min of generation on a busy machine), then an fp16 copy
-#   7. AR drafter MODELS/ar-drafter: step 5's model distilled on 6(b)'s continuations (17 min), then
-#                 on 6(c)'s (AR_C min)
+#   6. drafter    MODELS/drafter: `specdiff distill`, two runs (15 + 13 min of training, 1 + 11 min
+#                 of target generation), then an fp16 copy
+#   7. AR drafter MODELS/ar-drafter: step 5's model distilled on 6(b)'s continuations (17 min)
 #   8. report     WORK/report.json: greedy samples from held-out prompts and per-call latencies
 # About 2 hours on a 2-core CPU in all; the model cards in MODELS/*/README.md record what each took.
 #
@@ -41,14 +38,10 @@ bash $here/corpus.sh "$work"  # steps 1 and 2
   python $here/train_lm.py --data "$work/data" --tokenizer "$work/tokenizer" --work "$work/ar-drafter" \
     --out "$work/ar-drafter/model" --layers 2 --dim 192 --heads 3 --batch-size 8 --lr 2e-3 --steps 2300 --eval-s 60
 
-# 6. diffusion drafter: `specdiff distill` on the target's own continuations, in three runs:
-#    (a) a new 2 x 192 DDiT, N = 32, trained for gamma 8 at T = 2 on 2,048 greedy continuations;
+# 6. diffusion drafter: `specdiff distill` on the target's own greedy continuations, in two runs:
+#    (a) a new 2 x 192 DDiT, N = 32, trained for gamma 8 at T = 2 on 2,048 continuations;
 #    (b) continued from (a) at T = 1 (every draft slot masked, as oneshot / l2r T = 1 draft) on
-#        16,384 new greedy continuations (seed 1), 7,000 steps;
-#    (c) aligned for sampling (issue 11; SpecDiff-2 / DistillSpec): continued from (b) on 6,144 new
-#        continuations (seed 2) whose chunks take in turn greedy, temperature 1, and temperature 0.8
-#        with top-p 0.95, with the target's top-32 soft labels, --loss kl (KL to p over the top 32
-#        and the rest of the vocabulary as one bin). The shipped fp16 copy is (c).
+#        16,384 new continuations (seed 1), 7,000 steps. The shipped fp16 copy is (b).
 [ -f "$work/drafter-a/config.json" ] ||
   specdiff distill --target "$models/target" --prompts "$work/corpus/train.txt" --out "$work/drafter-a" \
     --mask-token '<|mask|>' --layers 2 --dim 192 --heads 4 --context 32 --gamma 8 --steps-per-draft 2 \
@@ -59,27 +52,15 @@ bash $here/corpus.sh "$work"  # steps 1 and 2
     --drafter "$work/drafter-a" --gamma 8 --steps-per-draft 1 --num-prompts 16384 \
     --continuation-tokens 64 --batch-size 32 --lr 7e-4 --max-steps 7000 --time-budget 2700 \
     --val-every 250 --checkpoint-every 250 --eval-prompts 16 --seed 1 --threads 2
-[ -f "$work/drafter-c/config.json" ] ||
-  specdiff distill --target "$models/target" --prompts "$work/corpus/train.txt" --out "$work/drafter-c" \
-    --drafter "$work/drafter-b" --gamma 8 --steps-per-draft 1 --num-prompts 6144 --continuation-tokens 64 \
-    --teacher-temperature 0,1,0.8 --teacher-top-p 1,1,0.95 --soft-labels 32 --loss kl --lr 3e-4 \
-    --max-steps 4000 --time-budget 1500 --batch-size 32 --val-every 250 --checkpoint-every 250 \
-    --eval-prompts 16 --seed 2 --threads 1
 [ -f "$models/drafter/config.json" ] ||
-  specdiff drafter convert "$work/drafter-c" --out "$models/drafter" --dtype fp16
+  specdiff drafter convert "$work/drafter-b" --out "$models/drafter" --dtype fp16
 
 # 7. AR drafter, distilled for a fair spec-ar baseline: step 5's model fine-tuned on the same
-#    continuations as 6(b), then on 6(c)'s sampled ones (train_lm.py --sequences; only
-#    continuation tokens are scored; the AR drafter has no soft-label loss: its CE on the
-#    sampled tokens estimates the same KL to p)
-[ -f "$work/ar-drafter-distill/model/model.safetensors" ] ||
-  python $here/train_lm.py --sequences "$work/drafter-b/data" --init "$work/ar-drafter/model" \
-    --tokenizer "$work/tokenizer" --work "$work/ar-drafter-distill" --out "$work/ar-drafter-distill/model" \
-    --batch-size 16 --lr 5e-4 --warmup-steps 100 --steps 8000 --eval-s 60
+#    continuations as 6(b) (train_lm.py --sequences; only continuation tokens are scored)
 [ -f "$models/ar-drafter/model.safetensors" ] ||
-  python $here/train_lm.py --sequences "$work/drafter-c/data" --init "$work/ar-drafter-distill/model" \
-    --tokenizer "$work/tokenizer" --work "$work/ar-drafter-sampled" --out "$models/ar-drafter" \
-    --batch-size 16 --lr 3e-4 --warmup-steps 50 --steps 500 --eval-s 120 --threads 1
+  python $here/train_lm.py --sequences "$work/drafter-b/data" --init "$work/ar-drafter/model" \
+    --tokenizer "$work/tokenizer" --work "$work/ar-drafter-distill" --out "$models/ar-drafter" \
+    --batch-size 16 --lr 5e-4 --warmup-steps 100 --steps 8000 --eval-s 60
 
 # 8. report: greedy samples from held-out prompts and per-call latencies
 [ -f "$work/report.json" ] ||

@@ -468,7 +468,7 @@ def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bo
     return Data(train, val, val_batches, pattern, raw, fraction, generate_s, (len(train) + len(val)) * L)
 
 
-def _evaluate(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
+def evaluate_drafter(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
     """tau and alpha of specdiff (l2r, T steps) against the target on held-out prompts (distinct
     prompts: the S samples of one share it), greedy and at eval_temperature (seed cfg.seed)."""
     from ..generation import generate
@@ -525,7 +525,7 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
         "mask_id": drafter.mask_id, "vocab_size": drafter.vocab_size,
         "parameters": sum(p.numel() for p in drafter.parameters()),
         "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
-        "eval": _evaluate(cfg, target, drafter, data.val, data.pattern.context),
+        "eval": evaluate_drafter(cfg, target, drafter, data.val, data.pattern.context),
         "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
                     "generated_tokens": data.generated_tokens, "generate_s": round(data.generate_s, 3),
                     "wall_s": round(time.perf_counter() - wall, 3), "device": cfg.device,
