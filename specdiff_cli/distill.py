@@ -8,6 +8,23 @@ import sys
 import click
 
 
+class FiniteList(click.ParamType):
+    """Comma-separated finite numbers -> a tuple (ranges are checked by the library)."""
+
+    name = "LIST"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            numbers = tuple(float(v) for v in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+        if not all(math.isfinite(n) for n in numbers):
+            self.fail(f"{value!r} is not a list of finite numbers", param, ctx)
+        return numbers
+
+
 class Finite(click.FloatRange):
     """A float option in a range that also refuses nan and inf (nan passes every comparison)."""
 
@@ -35,7 +52,13 @@ class Finite(click.FloatRange):
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
 @click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
-@click.option("--temperature", type=Finite(min=0), default=0.0, show_default=True, help="Target sampling; 0 = greedy.")
+@click.option("--teacher-temperature", type=FiniteList(), default="0", show_default=True,
+              help="Target sampling for the continuations, 0 = greedy; a list (1,0.8) alternates settings by chunk.")
+@click.option("--teacher-top-p", type=FiniteList(), default="1", show_default=True,
+              help="Target top-p: one value, or one per --teacher-temperature.")
+@click.option("--samples-per-prompt", type=int, default=1, show_default=True, help="Continuations of each prompt.")
+@click.option("--soft-labels", type=int, default=0, show_default=True, metavar="K",
+              help="Keep the target's K most likely tokens and probabilities at each position (--loss kl needs it).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--lr", type=Finite(min=0, min_open=True), default=5e-4, show_default=True, help="Peak learning rate.")
 @click.option("--max-steps", type=int, default=1000, show_default=True)
@@ -43,7 +66,12 @@ class Finite(click.FloatRange):
 @click.option("--val-every", type=int, default=100, show_default=True, help="Validation loss every K steps.")
 @click.option("--checkpoint-every", type=int, default=200, show_default=True)
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
-@click.option("--loss", default="ce", show_default=True, help="Training loss: ce or mdlm (specdiff.tools.distill.LOSSES).")
+@click.option("--loss", default="ce", show_default=True,
+              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.tools.distill.LOSSES).")
+@click.option("--draft-temperature", type=Finite(min=0, min_open=True), default=1.0, show_default=True,
+              help="The drafter's softmax temperature in the streak losses (its deployment temperature).")
+@click.option("--eval-temperature", type=Finite(min=0), default=1.0, show_default=True,
+              help="tau / alpha are measured greedy and at this temperature.")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR (and its cached data).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, help="torch CPU threads.")
@@ -69,7 +97,9 @@ def distill(threads, **options):
         torch.set_num_threads(threads)
     report = run(DistillConfig(**options), progress=sys.stderr.isatty())
     v, e, c = report["val_loss"], report["eval"], report["compute"]
+    g, t = e["greedy"], e["sampled"]
     click.echo(f"distill: {c['steps']} steps, {c['train_tokens']} tokens, {c['wall_s']:.0f} s; "
-               f"val loss {v['initial']:.3f} -> {v['final']:.3f}; tau {e['tau']:.3f}, alpha {e['alpha']} "
+               f"val loss {v['initial']:.3f} -> {v['final']:.3f}; tau {g['tau']:.3f} / {t['tau']:.3f}, "
+               f"alpha {g['alpha']} / {t['alpha']} at temperature 0 / {t['temperature']:g} "
                f"on {e['prompts']} held-out prompts", err=True)
     click.echo(report["drafter"])

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import specdiff
 from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo
-from specdiff.tools.distill_data import Pattern, make_batch
+from specdiff.tools.distill_data import Pattern, Sequences, make_batch
 from specdiff.errors import DivergedError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.generation import plan
@@ -59,7 +59,13 @@ def test_cli_run_lowers_validation_loss_and_reports(trained):
     assert [step for step, _ in v["history"]] == [0, 10, 20, 30, 40]
     assert v["final"] < v["initial"] - 1.0, v  # measured: 5.69 -> 2.51
     assert report["compute"]["steps"] == 40 and report["compute"]["train_tokens"] > 0
-    assert report["eval"]["prompts"] == 3 and report["eval"]["tau"] >= 1.0
+    e = report["eval"]
+    assert e["prompts"] == 3 and e["greedy"]["tau"] >= 1.0 and e["sampled"]["tau"] >= 1.0
+    assert (e["greedy"]["temperature"], e["sampled"]["temperature"]) == (0.0, 1.0)  # --eval-temperature default
+    assert e["greedy"]["per_position_acceptance"] != e["sampled"]["per_position_acceptance"]
+    assert "at temperature 0 / 1 on 3 held-out prompts" in result.stderr
+    assert report["teacher"] == {"temperature": [0.0], "top_p": [1.0], "samples_per_prompt": 1}
+    assert report["soft_labels"] is None and report["loss"] == "ce"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000020", "step-0000040"]
 
 
@@ -146,14 +152,14 @@ def test_mask_token_inside_vocabulary_is_never_proposed(masked_target, prompts, 
 def test_batches_have_the_l2r_drafting_pattern():
     seqs = torch.arange(3 * 40).view(3, 40)  # P = 8 prompt tokens, L = 32
     pattern = Pattern(context=8, gamma=6, steps=3, mask_id=-1)
-    b = make_batch(seqs, pattern, 64, torch.Generator().manual_seed(0), prompt_tokens=8, context=8)
+    b = make_batch(Sequences(seqs), pattern, 64, torch.Generator().manual_seed(0), prompt_tokens=8, context=8)
     assert b.x0.shape == (64, 14) and torch.equal(b.xt[:, :8], b.x0[:, :8])
     assert torch.all(b.x0.diff(dim=1) == 1) and torch.all(b.x0[:, 8] % 40 >= 8)  # draft inside the continuation
     committed = (b.xt[:, 8:] != -1).sum(dim=1)
     assert set(committed.tolist()) == {0, 2, 4}  # blocks of 2: before step 1, 2, 3
     assert torch.all((b.xt[:, 8:] != -1) == (torch.arange(6) < committed[:, None]))  # a clean prefix
     raw = torch.arange(1000, 1100)
-    r = make_batch(seqs, pattern, 16, torch.Generator().manual_seed(0), 8, raw, 1.0, context=8)
+    r = make_batch(Sequences(seqs), pattern, 16, torch.Generator().manual_seed(0), 8, raw, 1.0, context=8)
     assert torch.all(r.x0 >= 1000) and torch.all(r.x0.diff(dim=1) == 1)
 
 
@@ -161,7 +167,7 @@ def test_losses_score_exactly_what_drafting_reads(tiny):
     drafter = load_drafter(str(tiny.drafter))
     g = torch.Generator().manual_seed(0)
     seqs = torch.randint(0, 300, (4, 40), generator=g)
-    b = make_batch(seqs, Pattern(16, 6, 3, drafter.mask_id), 8, g, prompt_tokens=16, context=16)
+    b = make_batch(Sequences(seqs), Pattern(16, 6, 3, drafter.mask_id), 8, g, prompt_tokens=16, context=16)
     logits = draft_logits(drafter, b.xt, 16)
     masked = b.xt[:, 16:] == drafter.mask_id
     reference = drafter.x0_logits(b.xt)[:, 16:]
@@ -177,7 +183,14 @@ def test_losses_score_exactly_what_drafting_reads(tiny):
     (["--continuation-tokens", "2"], "must be >= --gamma"),
     (["--drafter", "x", "--layers", "2"], "--drafter fixes the architecture"),
     (["--raw-fraction", "0.5"], "--raw-fraction needs --raw-text"),
-    (["--loss", "streak"], "unknown loss 'streak' (choose from ce, mdlm)"),
+    (["--loss", "nope"], "unknown loss 'nope' (choose from ce, mdlm, kl, streak, ce-streak, or a sum such as ce+kl)"),
+    (["--loss", "ce+nope"], "unknown loss 'ce+nope'"),
+    (["--loss", "kl"], "--soft-labels must be >= 0, and > 0 (e.g. 32) for the kl loss; got 0"),
+    (["--teacher-temperature", "1,0.8", "--teacher-top-p", "1,0.9,0.8"], "--teacher-top-p needs one value or one per"),
+    (["--teacher-temperature", "1,-1"], "--teacher-temperature and --eval-temperature must be >= 0"),
+    (["--teacher-top-p", "0"], "--teacher-top-p must lie in (0, 1], got 0.0"),
+    (["--teacher-temperature", "1,x"], "'1,x' is not a comma-separated list of numbers"),
+    (["--samples-per-prompt", "0"], "--samples-per-prompt must be >= 1"),
     (["--mask-token", "<|nope|>"], "not a token of the target's tokenizer"),
 ])
 def test_bad_options_give_one_error_line(tiny, prompts, tmp_path, args, fragment):
@@ -197,8 +210,9 @@ def test_time_budget_stops_early_with_a_complete_drafter(tiny, prompts, tmp_path
     assert load_drafter(str(out)).context_length == 16
 
 
-@pytest.mark.parametrize("option, value", [("lr", "nan"), ("lr", "inf"), ("temperature", "nan"),
-                                           ("time_budget", "inf"), ("raw_fraction", "nan")])
+@pytest.mark.parametrize("option, value", [("lr", "nan"), ("lr", "inf"), ("draft_temperature", "nan"),
+                                           ("eval_temperature", "inf"), ("time_budget", "inf"),
+                                           ("raw_fraction", "nan")])
 def test_non_finite_float_options_are_refused_before_any_work(tiny, prompts, tmp_path, option, value):
     flag = f"--{option.replace('_', '-')}"
     result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts),

@@ -14,8 +14,8 @@ seconds: the loss on a fixed evenly spaced subset of val.bin, a log line and a c
 the whole of val.bin, the model saved with save_pretrained (safetensors, --save-dtype) beside the
 tokenizer, and --work/compute.json (wall time, steps, tokens seen, threads, losses).
 
-With --sequences DIR (the data/ directory of a `specdiff distill` run: the target's own greedy
-continuations of P-token prompts) and --init MODEL, it instead fine-tunes MODEL on those sequences,
+With --sequences DIR (the data/ directory of a `specdiff distill` run: the target's own greedy or
+sampled continuations of P-token prompts) and --init MODEL, it instead fine-tunes MODEL on those sequences,
 scoring only the continuation tokens: sequence-level distillation of an AR drafter, the same
 data the diffusion drafter is distilled on (the spec-ar baseline gets the same advantage).
 """
@@ -188,7 +188,8 @@ def main(argv=None) -> None:
         log(args, f"resumed from {ckpt} at step {state['step']} ({state['train_s']:.0f} s trained)")
     state["runs"] += 1
     if args.sequences:
-        train_windows, val_windows, spec = read_sequences(args.sequences)  # (M, P + L) prompts + continuations
+        train_seqs, val_seqs, spec = read_sequences(args.sequences)
+        train_windows, val_windows = train_seqs.ids, val_seqs.ids  # (M, P + L) prompts + continuations
         skip, args.context = spec.prompt_tokens - 1, train_windows.shape[1] - 1
     else:
         train_windows, val_windows = (windows(args.data / f"{s}.bin", args.context) for s in ("train", "val"))

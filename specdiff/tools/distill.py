@@ -1,17 +1,32 @@
 """`specdiff distill`: train a diffusion drafter to draft what one given target says.
 
-Data (specdiff.tools.distill_data): the target's own continuations of random windows of a text file,
+Data (specdiff.tools.distill_data): the target's own continuations of random windows of a text file
+(greedy or sampled: teacher settings, several samples per prompt, the target's top-k soft labels),
 optionally mixed with raw text windows; every example is shaped like a drafting call: N clean
 context tokens, then gamma slots masked as the l2r schedule with T steps masks them at one of
 its steps (all gamma masked = oneshot / the first l2r step).
 
 Objective, a loss registered by name in LOSSES ((drafter, Batch) -> scalar), over the masked
 draft slots whose clean token is not the mask id:
-    ce    mean cross-entropy -log p_theta(x0) over those slots (the default)
-    mdlm  the MDLM ELBO: each slot's CE weighted by sigma'(t) / expm1(sigma(t)) (= 1/t for the
-          log-linear schedule), summed per row over its n + gamma positions and divided by them;
-          with t the fraction masked that is the row's mean CE.
-p_theta is the SUBS x0 distribution at a masked slot: softmax of the raw logits over the real
+    ce         mean cross-entropy -log q(x0) over those slots (the default)
+    mdlm       the MDLM ELBO: each slot's CE weighted by sigma'(t) / expm1(sigma(t)) (= 1/t for
+               the log-linear schedule), summed per row over its n + gamma positions and divided
+               by them; with t the fraction masked that is the row's mean CE.
+    kl         forward KL(p || q) at each slot, averaged over slots, p = the target's
+               distribution at that slot as the soft labels keep it: its top k ids, and the rest
+               of the vocabulary as one more bin (one-hot on x0 for raw text rows). DistillSpec:
+               acceptance min(1, p/q) when sampling rewards q close to p, which greedy-only hard
+               labels do not teach; the rest bin keeps q from piling p's tail on the top k.
+    a+b        the sum of two of these (e.g. ce+kl).
+    streak     SpecDiff-2: -(mean over rows of sum_m c_m), c_m = prod_{i <= m} q_i, q_i the
+               drafter's probability of the teacher token at slot i at the deployment
+               temperature (draft_temperature): minus the expected accepted length when each
+               token is accepted with its probability.
+    ce-streak  SpecDiff-2: -(mean over rows of sum_j w_j log q_j), w_1 = 1, w_j = stop-gradient
+               c_{j-1}: each slot's CE weighted by the chance of reaching it.
+In the streak losses the product runs over a row's masked slots (clean l2r slots before them
+count as reached; a slot whose token is the mask id, raw text only, as accepted).
+q is the SUBS x0 distribution at a masked slot: softmax of the raw logits over the real
 vocabulary, the mask id excluded (exactly what DiffusionProposer drafts from), with
 sigma = loglinear_sigma(fraction of the row masked), as at inference.
 
@@ -20,8 +35,9 @@ A checkpoint (weights, optimizer, step, batch RNG state = data position, validat
 is written every K steps to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; --resume
 continues from the newest. At the end the drafter is written to DIR in the project's format
 (config.json last: DIR is a drafter once config.json exists; it records gamma, T and the l2r
-schedule as the drafter's defaults, which generate and bench use), then tau and alpha of greedy
-specdiff against the target are measured on held-out prompts and DIR/report.json is written.
+schedule as the drafter's defaults, which generate and bench use), then tau and alpha of specdiff
+against the target are measured on held-out prompts, greedy and at eval_temperature, and
+DIR/report.json is written (with the share of p's mass the soft labels keep).
 A run whose loss or weights stop being finite raises DivergedError and writes no drafter: a
 new run removes what it wrote to DIR, a resumed one keeps the earlier checkpoints.
 """
@@ -38,12 +54,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
+from functools import partial
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..atomic import check_new_directory, new_directory, new_file
-from .distill_data import Batch, DataSpec, Pattern, build_sequences, make_batch, read_tokens
+from .distill_data import Batch, DataSpec, Pattern, Sequences, build_sequences, make_batch, read_tokens
 from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
 from ..errors import DivergedError, UsageError
 from ..loading import check_pair, load_diffusion_drafter, load_target
@@ -77,7 +96,12 @@ class DistillConfig:
     steps_per_draft: int = 4
     num_prompts: int = 512
     continuation_tokens: int = 64
-    temperature: float = 0.0
+    teacher_temperature: tuple[float, ...] = (0.0,)  # one teacher setting per entry, chunks alternate
+    teacher_top_p: tuple[float, ...] = (1.0,)  # one entry for all settings, or one per setting
+    samples_per_prompt: int = 1
+    soft_labels: int = 0  # k of the target's top-k distribution kept per position (kl needs it)
+    draft_temperature: float = 1.0  # the drafter's softmax temperature in the streak losses
+    eval_temperature: float = 1.0  # tau / alpha are measured greedy and at this temperature
     batch_size: int = 32
     lr: float = 5e-4
     max_steps: int = 1000
@@ -101,13 +125,17 @@ def draft_logits(drafter: DiffusionDrafter, xt: torch.Tensor, n: int) -> torch.T
     return logits
 
 
+def _scored(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
+    """The draft slots a loss scores (B, gamma): masked, and the clean token not the mask id."""
+    return (batch.xt[:, batch.n:] == drafter.mask_id) & (batch.x0[:, batch.n:] != drafter.mask_id)
+
+
 def _slot_ce(drafter: DiffusionDrafter, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """-> CE at each draft slot (B, gamma), zero where not scored, and the scored slots (B, gamma)."""
-    x0 = batch.x0[:, batch.n:]
-    scored = (batch.xt[:, batch.n:] == drafter.mask_id) & (x0 != drafter.mask_id)
+    scored = _scored(drafter, batch)
     logits = draft_logits(drafter, batch.xt, batch.n)
-    ce = F.cross_entropy(logits.transpose(1, 2), x0.masked_fill(~scored, -100), reduction="none")
-    return ce, scored
+    x0 = batch.x0[:, batch.n:].masked_fill(~scored, -100)
+    return F.cross_entropy(logits.transpose(1, 2), x0, reduction="none"), scored
 
 
 def masked_ce(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
@@ -122,7 +150,63 @@ def mdlm_elbo(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
     return (weight[:, None] * ce).sum(dim=1).mean() / batch.xt.shape[1]
 
 
-LOSSES = {"ce": masked_ce, "mdlm": mdlm_elbo}
+def soft_kl(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
+    """KL(p || q) per scored slot, averaged, over k + 1 bins: the soft labels' ids and the rest
+    of the vocabulary as one bin (p's rest = 1 - the mass kept; q's = its mass elsewhere), so
+    that q keeps p's tail mass instead of piling it on the top k."""
+    if batch.soft_ids is None or batch.soft_p is None:
+        raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
+    scored = _scored(drafter, batch)
+    log_q_all = draft_logits(drafter, batch.xt, batch.n).log_softmax(-1)  # (B, gamma, V)
+    kept = batch.soft_p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
+    log_q = log_q_all.gather(-1, batch.soft_ids)  # (B, gamma, k)
+    elsewhere = log_q_all.scatter(-1, batch.soft_ids.where(kept, batch.soft_ids[..., :1]), float("-inf"))
+    p_rest = (1 - batch.soft_p.sum(-1)).clamp(min=0)  # (B, gamma)
+    kl = (torch.xlogy(batch.soft_p, batch.soft_p) - batch.soft_p * log_q).sum(-1) \
+        + torch.xlogy(p_rest, p_rest) - p_rest * elsewhere.logsumexp(-1).clamp(min=-1e4)
+    return (kl * scored).sum() / scored.sum().clamp(min=1)
+
+
+def expected_streak(log_q: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """log q_i (B, gamma), 0 where not scored; scored (B, gamma) -> sum over scored m of
+    c_m = prod_{i <= m} q_i (B,): the expected accepted length if slot i is accepted with q_i."""
+    return (log_q.cumsum(1).exp() * scored).sum(1)
+
+
+def reach_weighted_log_q(log_q: torch.Tensor) -> torch.Tensor:
+    """log q_i (B, gamma) -> sum_j w_j log q_j (B,), w_1 = 1, w_j = c_{j-1} held constant."""
+    log_reach = F.pad(log_q.cumsum(1)[:, :-1], (1, 0))  # log c_{j-1}, 0 for the first slot
+    return (log_reach.detach().exp() * log_q).sum(1)
+
+
+def _streak_log_q(drafter: DiffusionDrafter, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> log q_i of the teacher token at each draft slot at the drafter's temperature (B, gamma),
+    0 where not scored, and the scored slots (B, gamma)."""
+    scored = _scored(drafter, batch)
+    logits = draft_logits(drafter, batch.xt, batch.n) / temperature
+    log_q = logits.log_softmax(-1).gather(-1, batch.x0[:, batch.n:, None])[..., 0]
+    return log_q.masked_fill(~scored, 0), scored
+
+
+def streak(drafter: DiffusionDrafter, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    return -expected_streak(*_streak_log_q(drafter, batch, temperature)).mean()
+
+
+def ce_streak(drafter: DiffusionDrafter, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    log_q, _ = _streak_log_q(drafter, batch, temperature)
+    return -reach_weighted_log_q(log_q).mean()
+
+
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"ce": masked_ce, "mdlm": mdlm_elbo, "kl": soft_kl, "streak": streak, "ce-streak": ce_streak}
+AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
+
+
+def loss_function(cfg: DistillConfig) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
+    """The configured loss, with the deployment temperature where it takes one; "a+b" is the
+    sum of losses a and b (e.g. ce+kl: the hard labels' argmax and the soft labels' spread)."""
+    parts = [partial(LOSSES[name], temperature=cfg.draft_temperature) if name in AT_DRAFT_TEMPERATURE
+             else LOSSES[name] for name in cfg.loss.split("+")]
+    return lambda drafter, batch: sum(part(drafter, batch) for part in parts)  # type: ignore[return-value]
 
 
 def learning_rate(step: int, peak: float, max_steps: int) -> float:
@@ -145,14 +229,17 @@ class TrainState:
 
 def _check(cfg: DistillConfig) -> None:
     for name in ("gamma", "steps_per_draft", "num_prompts", "continuation_tokens", "batch_size",
-                 "max_steps", "val_every", "checkpoint_every", "eval_prompts"):
+                 "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.loss not in LOSSES:
-        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)})")
+    if any(name not in LOSSES for name in cfg.loss.split("+")):
+        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)}, or a sum such as ce+kl)")
     _check_finite(cfg)
-    if cfg.lr <= 0 or cfg.temperature < 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
-        raise UsageError("lr and time_budget must be > 0 and temperature >= 0")
+    if cfg.lr <= 0 or cfg.draft_temperature <= 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
+        raise UsageError("lr, draft_temperature and time_budget must be > 0")
+    _check_teacher(cfg)
+    if cfg.soft_labels < 0 or ("kl" in cfg.loss.split("+") and cfg.soft_labels == 0):
+        raise UsageError(f"`soft_labels` must be >= 0, and > 0 (e.g. 32) for the kl loss; got {cfg.soft_labels}")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
     if cfg.continuation_tokens < cfg.gamma:
@@ -162,6 +249,16 @@ def _check(cfg: DistillConfig) -> None:
     out = Path(cfg.out)
     if not cfg.resume:
         check_new_directory(out)
+
+
+def _check_teacher(cfg: DistillConfig) -> None:
+    temperatures, top_ps = cfg.teacher_temperature, cfg.teacher_top_p
+    if not temperatures or len(top_ps) not in (1, len(temperatures)):
+        raise UsageError(f"`teacher_top_p` needs one value or one per `teacher_temperature` ({len(temperatures)})")
+    if min(temperatures) < 0 or cfg.eval_temperature < 0:
+        raise UsageError("`teacher_temperature` and `eval_temperature` must be >= 0 (0 = greedy)")
+    if not all(0 < p <= 1 for p in top_ps):
+        raise UsageError(f"`teacher_top_p` must lie in (0, 1], got {', '.join(map(str, top_ps))}")
 
 
 def _mask_id(tokenizer, mask_token: str | None) -> int:
@@ -203,8 +300,11 @@ def _check_finite(cfg: DistillConfig) -> None:
     """Every float option is a finite number: nan passes every comparison, inf makes no sense."""
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        if f.type in ("float", "float | None") and value is not None and not math.isfinite(value):
-            raise UsageError(f"{f.name} must be a finite number, got {value}")
+        values = value if f.type == "tuple[float, ...]" else (value,)
+        if f.type in ("float", "float | None", "tuple[float, ...]") and value is not None:
+            for v in values:
+                if not math.isfinite(v):
+                    raise UsageError(f"{f.name} must be a finite number, got {v}")
 
 
 def _check_loss(loss: float, step: int) -> None:
@@ -285,22 +385,19 @@ def _publish(out: Path, drafter: DiffusionDrafter, tokenizer) -> None:
 
 
 @torch.no_grad()
-def validation_loss(drafter: DiffusionDrafter, batches: list[Batch], loss: str, device) -> float:
+def validation_loss(drafter: DiffusionDrafter, batches: list[Batch], cfg: DistillConfig) -> float:
     drafter.eval()
-    values = [LOSSES[loss](drafter, _to(b, device)).item() for b in batches]
+    loss = loss_function(cfg)
+    values = [loss(drafter, b.to(cfg.device)).item() for b in batches]
     drafter.train()
     return round(sum(values) / len(values), 5)
-
-
-def _to(batch: Batch, device) -> Batch:
-    return Batch(batch.x0.to(device), batch.xt.to(device), batch.n)
 
 
 def _step(drafter: DiffusionDrafter, opt, batch: Batch, lr: float, cfg: DistillConfig) -> float:
     """One optimizer step -> the batch's loss."""
     for group in opt.param_groups:
         group["lr"] = lr
-    loss = LOSSES[cfg.loss](drafter, _to(batch, cfg.device))
+    loss = loss_function(cfg)(drafter, batch.to(cfg.device))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(drafter.parameters(), MAX_GRAD_NORM)
@@ -324,7 +421,7 @@ def _train(drafter, opt, state: TrainState, cfg: DistillConfig, data: Data, prog
         _check_loss(loss, state.step + 1)
         state.step, state.tokens, state.rng = state.step + 1, state.tokens + batch.x0.numel(), generator.get_state()
         if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
-            state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+            state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg)])
         if state.step % cfg.checkpoint_every == 0:
             state.train_s, last = state.train_s + time.perf_counter() - last, time.perf_counter()
             _save_checkpoint(root, drafter, opt, state)
@@ -333,14 +430,14 @@ def _train(drafter, opt, state: TrainState, cfg: DistillConfig, data: Data, prog
     bar.close()
     state.train_s += time.perf_counter() - last
     if state.history[-1][0] != state.step:
-        state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+        state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg)])
     _save_checkpoint(root, drafter, opt, state)
 
 
 @dataclass
 class Data:
-    train: torch.Tensor  # (M, P + L) prompts and the target's continuations
-    val: torch.Tensor  # (M_val, P + L) held-out
+    train: Sequences  # (M, P + L) prompts and the target's continuations, soft labels
+    val: Sequences  # (M_val, P + L) held-out
     val_batches: list[Batch]  # fixed validation examples
     pattern: Pattern
     raw: torch.Tensor | None  # raw text tokens (n,)
@@ -357,7 +454,8 @@ def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bo
                          f"exceed the target's context window ({target.max_length})")
     banned = drafter.mask_id if drafter.mask_id < target.vocab_size else None
     spec = DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, L, cfg.num_prompts,
-                    max(2, min(64, cfg.num_prompts // 8)), cfg.temperature, cfg.seed, banned)
+                    max(2, min(64, cfg.num_prompts // 8)), list(cfg.teacher_temperature),
+                    list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels, cfg.seed, banned)
     raw = read_tokens(cfg.raw_text, target.tokenizer, "raw text") if cfg.raw_text else None
     if raw is not None and len(raw) < P + cfg.gamma:
         raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.gamma}")
@@ -370,19 +468,32 @@ def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bo
     return Data(train, val, val_batches, pattern, raw, fraction, generate_s, (len(train) + len(val)) * L)
 
 
-def _evaluate(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: torch.Tensor, P: int) -> dict:
-    """tau and alpha of greedy specdiff (l2r, T steps) against the target on held-out prompts."""
+def evaluate_drafter(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
+    """tau and alpha of specdiff (l2r, T steps) against the target on held-out prompts (distinct
+    prompts: the S samples of one share it), greedy and at eval_temperature (seed cfg.seed)."""
     from ..generation import generate
 
-    texts = [t for t in target.tokenizer.batch_decode(val[:, :P]) if t.strip()][:cfg.eval_prompts]
+    prompts = val.ids[::cfg.samples_per_prompt, :P]
+    texts = [t for t in target.tokenizer.batch_decode(prompts) if t.strip()][:cfg.eval_prompts]
     drafter.eval()
-    result = generate(texts, target=target, drafter=drafter, method="specdiff", gamma=cfg.gamma,
-                      steps=cfg.steps_per_draft, schedule="l2r", temperature=0.0,
-                      max_new_tokens=cfg.continuation_tokens)
-    m = result.metrics
-    return {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens, "tau": round(m.tau, 4),
-            "alpha": None if m.alpha is None else round(m.alpha, 4),
-            "per_position_acceptance": m.to_dict()["per_position_acceptance"]}
+    report: dict = {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens}
+    for key, temperature in (("greedy", 0.0), ("sampled", cfg.eval_temperature)):
+        m = generate(texts, target=target, drafter=drafter, method="specdiff", gamma=cfg.gamma,
+                     steps=cfg.steps_per_draft, schedule="l2r", temperature=temperature,
+                     max_new_tokens=cfg.continuation_tokens, seed=cfg.seed).metrics
+        report[key] = {"temperature": temperature, "tau": round(m.tau, 4),
+                       "alpha": None if m.alpha is None else round(m.alpha, 4),
+                       "per_position_acceptance": m.to_dict()["per_position_acceptance"]}
+    return report
+
+
+def _soft_label_report(cfg: DistillConfig, data: Data) -> dict | None:
+    """How much of p the soft labels keep: the mean over positions of their summed probability."""
+    if data.train.soft_p is None:
+        return None
+    mass = data.train.soft_p.float().sum(-1)  # (M, L)
+    return {"k": cfg.soft_labels, "mass_kept": {"mean": round(mass.mean().item(), 4),
+                                                "p10": round(mass.quantile(0.1).item(), 4)}}
 
 
 def distill(cfg: DistillConfig, progress: bool = False) -> dict:
@@ -402,16 +513,19 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
         if opt_state is not None:
             opt.load_state_dict(opt_state)
         if not state.history:
-            state.history.append([0, validation_loss(drafter, data.val_batches, cfg.loss, cfg.device)])
+            state.history.append([0, validation_loss(drafter, data.val_batches, cfg)])
         _train(drafter, opt, state, cfg, data, progress)
     _publish(out, drafter, target.tokenizer)
     report = {
-        "target": target.name, "drafter": str(out), "loss": cfg.loss, "gamma": cfg.gamma,
+        "target": target.name, "drafter": str(out), "loss": cfg.loss, "draft_temperature": cfg.draft_temperature,
+        "teacher": {"temperature": list(cfg.teacher_temperature), "top_p": list(cfg.teacher_top_p),
+                    "samples_per_prompt": cfg.samples_per_prompt},
+        "soft_labels": _soft_label_report(cfg, data), "gamma": cfg.gamma,
         "steps_per_draft": cfg.steps_per_draft, "context_length": drafter.context_length,
         "mask_id": drafter.mask_id, "vocab_size": drafter.vocab_size,
         "parameters": sum(p.numel() for p in drafter.parameters()),
         "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
-        "eval": _evaluate(cfg, target, drafter, data.val, data.pattern.context),
+        "eval": evaluate_drafter(cfg, target, drafter, data.val, data.pattern.context),
         "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
                     "generated_tokens": data.generated_tokens, "generate_s": round(data.generate_s, 3),
                     "wall_s": round(time.perf_counter() - wall, 3), "device": cfg.device,

@@ -1,12 +1,23 @@
 """Data for `specdiff distill`: the target's own continuations, and batches shaped like drafting.
 
 Sequence-level distillation: a prompt is a random window of P tokens of a text file (P = the
-drafter's context length N), the target continues it by L tokens (greedy, or sampled at a
-temperature) in one batched loop over its KV cache, and the drafter learns to predict those L
-tokens. The last HELD_OUT of the file's tokens give the held-out prompts (validation loss, tau).
+drafter's context length N), the target continues it by L tokens in one batched loop over its KV
+cache, and the drafter learns to predict those L tokens. The last HELD_OUT of the file's tokens
+give the held-out prompts (validation loss, tau).
+
+Teacher settings (SpecDiff-2 / DistillSpec: a drafter that must be accepted when the target samples
+has to learn from the target's samples, not its argmax): each prompt is continued S times
+(samples_per_prompt); training chunk c of prompts is continued with teacher setting c mod
+(number of settings), a (temperature, top-p) pair; temperature 0 is greedy; the held-out
+sequences (validation loss) with the first setting. Soft labels: at every
+continuation position the target's own distribution p (temperature 1, no top-p: the p that
+sampling at any temperature warps, see docs/lossless.md), top-k truncated: the k most likely ids
+(int32) and their probabilities (fp16); the mass the k keep is reported by the distill report.
 
     DIR/data/meta.json                 the settings the cache was made with
-    DIR/data/train-00000.safetensors   {"ids": (<= CHUNK, P + L) int64}, one per CHUNK prompts
+    DIR/data/train-00000.safetensors   {"ids": (<= CHUNK * S, P + L) int64, and with k > 0
+                                        "soft_ids": (.., L, k) int32, "soft_p": (.., L, k) fp16},
+                                        one per CHUNK prompts
     DIR/data/val.safetensors           the held-out sequences
 
 Chunks are written as they are generated, so an interrupted run resumes where it stopped.
@@ -33,6 +44,7 @@ from ..atomic import new_file
 from ..drafters.diffusion import block_sizes
 from ..errors import UsageError
 from ..nets.checkpoint import save_tensors
+from ..sampling import Sampling
 
 CHUNK = 64  # prompts per generation batch and cache file
 HELD_OUT = 0.1  # share of the prompt file's tokens kept for held-out prompts
@@ -49,9 +61,44 @@ class DataSpec:
     continuation_tokens: int  # L
     num_prompts: int
     val_prompts: int
-    temperature: float
+    teacher_temperature: list[float]  # one setting per entry (top-p broadcast when it has one)
+    teacher_top_p: list[float]
+    samples_per_prompt: int  # S
+    soft_labels: int  # k most likely ids of p kept per position; 0: none
     seed: int
     banned_id: int | None  # a mask id inside the vocabulary: never generated
+
+    def teacher(self, stream: int) -> Sampling:
+        """The teacher setting of a stream (0: validation, c + 1: training chunk c)."""
+        n = len(self.teacher_temperature)
+        i = max(0, stream - 1) % n
+        return Sampling(self.teacher_temperature[i], top_p=self.teacher_top_p[i % len(self.teacher_top_p)])
+
+
+@dataclass
+class Sequences:
+    """Prompts and the target's continuations, with its soft labels where kept."""
+
+    ids: torch.Tensor  # (M, P + L) int64
+    soft_ids: torch.Tensor | None = None  # (M, L, k) int32: the k most likely next ids at each position
+    soft_p: torch.Tensor | None = None  # (M, L, k) fp16: their probabilities under p
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        soft = {"soft_ids": self.soft_ids, "soft_p": self.soft_p}
+        return {"ids": self.ids, **{k: t for k, t in soft.items() if t is not None}}
+
+    def cpu(self) -> Sequences:
+        return Sequences(**{k: t.cpu() for k, t in self.tensors().items()})
+
+    @staticmethod
+    def cat(parts: list[Sequences]) -> Sequences:
+        soft = parts[0].soft_ids is not None
+        return Sequences(torch.cat([p.ids for p in parts]),
+                         torch.cat([p.soft_ids for p in parts]) if soft else None,  # type: ignore[misc]
+                         torch.cat([p.soft_p for p in parts]) if soft else None)  # type: ignore[misc]
 
 
 def read_tokens(path: str, tokenizer, what: str) -> torch.Tensor:
@@ -70,34 +117,38 @@ def windows(tokens: torch.Tensor, count: int, length: int, generator: torch.Gene
 
 
 @torch.no_grad()
-def continue_batch(model, prompts: torch.Tensor, length: int, vocab: int, temperature: float,
-                   generator: torch.Generator, banned_id: int | None) -> torch.Tensor:
-    """The target's continuation of equal-length prompts (B, P) -> (B, P + length), one batched
-    decoding loop over its KV cache (no padding needed)."""
+def continue_batch(model, prompts: torch.Tensor, length: int, vocab: int, teacher: Sampling,
+                   generator: torch.Generator, banned_id: int | None, soft_labels: int = 0) -> Sequences:
+    """The target's continuation of equal-length prompts (B, P) -> (B, P + length), drawn from
+    `teacher` (the target's p warped by its temperature / top-p), one batched decoding loop over
+    its KV cache (no padding needed); with soft_labels = k, p's k most likely ids and probabilities
+    at each continuation position (B, length, k)."""
     out = model(input_ids=prompts, use_cache=True)
-    ids = [prompts]
+    ids, soft = [prompts], []
     for i in range(length):
         logits = out.logits[:, -1, :vocab].float()  # (B, V) real vocabulary only
         if banned_id is not None:
             logits[:, banned_id] = float("-inf")
-        if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(prompts.device)
-        else:
-            nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        if soft_labels:
+            soft.append(logits.softmax(-1).topk(min(soft_labels, vocab), dim=-1))
+        probs = teacher.probs(logits)
+        nxt = teacher.sample(probs.cpu(), generator).to(prompts.device)[:, None]  # (B, 1)
         ids.append(nxt)
         if i + 1 < length:
             out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-    return torch.cat(ids, dim=1)
+    if not soft:
+        return Sequences(torch.cat(ids, dim=1))
+    return Sequences(torch.cat(ids, dim=1), torch.stack([t.indices for t in soft], 1).int(),
+                     torch.stack([t.values for t in soft], 1).half())
 
 
-def _generate(target, tokens: torch.Tensor, count: int, spec: DataSpec, stream: int) -> torch.Tensor:
-    """`count` prompts drawn from `tokens` and their continuations -> (count, P + L); `stream`
-    (0: validation, c + 1: training chunk c) makes each chunk's randomness its own."""
+def _generate(target, tokens: torch.Tensor, count: int, spec: DataSpec, stream: int) -> Sequences:
+    """`count` prompts drawn from `tokens`, S continuations of each -> (count * S, P + L);
+    `stream` (0: validation, c + 1: training chunk c) makes each chunk's randomness its own."""
     generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + stream)
-    prompts = windows(tokens, count, spec.prompt_tokens, generator)
-    return continue_batch(target.model, prompts.to(target.device), spec.continuation_tokens,
-                          target.vocab_size, spec.temperature, generator, spec.banned_id).cpu()
+    prompts = windows(tokens, count, spec.prompt_tokens, generator).repeat_interleave(spec.samples_per_prompt, 0)
+    return continue_batch(target.model, prompts.to(target.device), spec.continuation_tokens, target.vocab_size,
+                          spec.teacher(stream), generator, spec.banned_id, spec.soft_labels).cpu()
 
 
 def _check_meta(data: Path, spec: DataSpec) -> None:
@@ -114,9 +165,13 @@ def _write_meta(data: Path, spec: DataSpec) -> None:
     (data / "meta.json").write_text(json.dumps(asdict(spec), indent=2) + "\n", encoding="utf-8")
 
 
-def _save(path: Path, ids: torch.Tensor) -> None:
+def _save(path: Path, seqs: Sequences) -> None:
     with new_file(path) as tmp:
-        save_tensors({"ids": ids.contiguous()}, tmp)
+        save_tensors({k: t.contiguous() for k, t in seqs.tensors().items()}, tmp)
+
+
+def _load(path: Path) -> Sequences:
+    return Sequences(**load_file(str(path)))
 
 
 def _files(data: Path, spec: DataSpec) -> dict[int, Path]:
@@ -125,16 +180,16 @@ def _files(data: Path, spec: DataSpec) -> dict[int, Path]:
     return {c + 1: data / f"train-{c:05d}.safetensors" for c in range(n_chunks)} | {0: data / "val.safetensors"}
 
 
-def read_sequences(data: Path) -> tuple[torch.Tensor, torch.Tensor, DataSpec]:
-    """A complete cache -> (train (num_prompts, P + L), val (val_prompts, P + L), its settings)."""
+def read_sequences(data: Path) -> tuple[Sequences, Sequences, DataSpec]:
+    """A complete cache -> (train (num_prompts * S, P + L), val (val_prompts * S, P + L), its settings)."""
     spec = DataSpec(**json.loads((data / "meta.json").read_text(encoding="utf-8")))
     files = _files(data, spec)
-    train = torch.cat([load_file(str(files[k]))["ids"] for k in sorted(files) if k])
-    return train, load_file(str(files[0]))["ids"], spec
+    train = Sequences.cat([_load(files[k]) for k in sorted(files) if k])
+    return train, _load(files[0]), spec
 
 
-def build_sequences(data: Path, target, spec: DataSpec, progress: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """-> (train (num_prompts, P + L), val (val_prompts, P + L), seconds spent generating),
+def build_sequences(data: Path, target, spec: DataSpec, progress: bool) -> tuple[Sequences, Sequences, float]:
+    """-> (train (num_prompts * S, P + L), val (val_prompts * S, P + L), seconds spent generating),
     from the cache in `data` where it has them, else generated by the target and cached."""
     _check_meta(data, spec)
     files = _files(data, spec)
@@ -175,28 +230,45 @@ class Batch:
     x0: torch.Tensor  # (B, n + gamma) clean tokens
     xt: torch.Tensor  # (B, n + gamma) the drafter's input: some draft slots masked
     n: int  # context tokens in this batch
+    soft_ids: torch.Tensor | None = None  # (B, gamma, k) the target's k most likely ids at each draft slot
+    soft_p: torch.Tensor | None = None  # (B, gamma, k) their probabilities (one-hot on x0 for raw text rows)
+
+    def to(self, device) -> Batch:
+        soft = (None, None) if self.soft_ids is None or self.soft_p is None else \
+            (self.soft_ids.to(device), self.soft_p.to(device))
+        return Batch(self.x0.to(device), self.xt.to(device), self.n, *soft)
 
 
-def make_batch(seqs: torch.Tensor, pattern: Pattern, size: int, generator: torch.Generator,
+def make_batch(seqs: Sequences, pattern: Pattern, size: int, generator: torch.Generator,
                prompt_tokens: int, raw: torch.Tensor | None = None, raw_fraction: float = 0.0,
                context: int | None = None) -> Batch:
     """`size` examples from sequences (M, P + L): a split s in the continuation, x0 =
-    seq[s - n : s + gamma], draft slots masked as at a random l2r step; rows drawn from raw text
-    windows with probability raw_fraction. n = `context`, else N (or, in a SHORT_CONTEXT share
-    of batches, fewer: drafting early in a generation sees less than N tokens)."""
+    seq[s - n : s + gamma], draft slots masked as at a random l2r step, and the soft labels of
+    the draft slots where the sequences have them; rows drawn from raw text windows with
+    probability raw_fraction. n = `context`, else N (or, in a SHORT_CONTEXT share of batches,
+    fewer: drafting early in a generation sees less than N tokens)."""
     n = context or pattern.context
     if context is None and torch.rand((), generator=generator) < SHORT_CONTEXT:
         n = int(torch.randint(1, pattern.context + 1, (), generator=generator))
-    width = n + pattern.gamma
-    rows = torch.randint(0, len(seqs), (size,), generator=generator)
-    splits = torch.randint(prompt_tokens, seqs.shape[1] - pattern.gamma + 1, (size,), generator=generator)
-    x0 = seqs[rows[:, None], splits[:, None] - n + torch.arange(width)]  # (B, n + gamma)
+    width, ids = n + pattern.gamma, seqs.ids
+    rows = torch.randint(0, len(ids), (size,), generator=generator)
+    splits = torch.randint(prompt_tokens, ids.shape[1] - pattern.gamma + 1, (size,), generator=generator)
+    x0 = ids[rows[:, None], splits[:, None] - n + torch.arange(width)]  # (B, n + gamma)
+    soft_ids = soft_p = None
+    if seqs.soft_ids is not None and seqs.soft_p is not None:
+        at = rows[:, None], splits[:, None] - prompt_tokens + torch.arange(pattern.gamma)  # (B, gamma) positions in L
+        soft_ids, soft_p = seqs.soft_ids[at].long(), seqs.soft_p[at].float()  # (B, gamma, k)
     if raw is not None and raw_fraction > 0:
         use_raw = torch.rand(size, generator=generator) < raw_fraction
         x0 = torch.where(use_raw[:, None], windows(raw, size, width, generator), x0)
+        if soft_ids is not None and soft_p is not None:
+            one_hot = torch.zeros_like(soft_p)
+            one_hot[..., 0] = 1
+            soft_ids = torch.where(use_raw[:, None, None], x0[:, n:, None].expand_as(soft_ids), soft_ids)
+            soft_p = torch.where(use_raw[:, None, None], one_hot, soft_p)
     starts = pattern.committed()
     committed = starts[torch.randint(0, len(starts), (size,), generator=generator)]  # (B,)
     masked = torch.arange(pattern.gamma) >= committed[:, None]  # (B, gamma)
     xt = x0.clone()
     xt[:, n:] = x0[:, n:].masked_fill(masked, pattern.mask_id)
-    return Batch(x0, xt, n)
+    return Batch(x0, xt, n, soft_ids, soft_p)
