@@ -32,11 +32,12 @@ def main() -> None:
     ap.add_argument("--cpus-per-worker", type=float, default=0.9)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--local-threads", default="1,2", help="Thread counts of the local runs (comma-separated).")
     ap.add_argument("--out", help="Also write the JSON here.")
     args = ap.parse_args()
     prompts = heldout(args.prompts)
     options = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    runs = {f"local_{t}_thread": _local(prompts, t, options) for t in (1, 2)}
+    runs = {f"local_{t}_thread": _local(prompts, t, options) for t in map(int, args.local_threads.split(","))}
     start = time.perf_counter()
     result = sray.generate(prompts, address="local", workers=args.workers, threads=1,
                            cpus_per_worker=args.cpus_per_worker, **options)

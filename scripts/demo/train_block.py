@@ -32,7 +32,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from specdiff.loading import load_target
 from specdiff.nets.sdar import save_sdar
-from train_lm import batch_at, log, lr_at, optimizer_for, save_checkpoint, windows
+from train_lm import batch_at, log, lr_at, optimizer_for, resume, save_checkpoint, windows
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -157,15 +157,8 @@ def main(argv=None) -> None:
     model = load_target(args.init, dtype="fp32").model.train() if args.init else build(args, tokenizer)
     args.teacher_model = load_target(args.teacher, dtype="fp32").model if args.teacher else None
     opt = optimizer_for(model, args)
-    state = {"step": 0, "train_s": 0.0, "train_loss": None, "val_curve": [], "runs": 0}
     ckpt = args.work / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=True)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-        log(args, f"resumed at step {state['step']}")
-    state["runs"] += 1
+    state = resume(args, ckpt, model, opt)
     train_windows, val_windows = (windows(args.data / f"{s}.bin", args.context) for s in ("train", "val"))
     val = val_windows[np.linspace(0, len(val_windows) - 1, args.eval_windows).round().astype(int), :args.context]
     log(args, f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, block {args.block_size}, "

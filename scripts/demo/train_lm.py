@@ -130,6 +130,19 @@ def save_checkpoint(path: Path, model, opt, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def resume(args: argparse.Namespace, ckpt: Path, model, opt) -> dict:
+    """The training state, restored with model and optimizer from `ckpt` if it exists."""
+    state = {"step": 0, "train_s": 0.0, "train_loss": None, "val_curve": [], "runs": 0}
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=True)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        log(args, f"resumed from {ckpt} at step {state['step']} ({state['train_s']:.0f} s trained)")
+    state["runs"] += 1
+    return state
+
+
 def log(args: argparse.Namespace, message: str) -> None:
     line = f"{time.strftime('%H:%M:%S')} {message}"
     print(line, file=sys.stderr, flush=True)
@@ -178,15 +191,8 @@ def main(argv=None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     model = build(args, tokenizer)
     opt = optimizer_for(model, args)
-    state = {"step": 0, "train_s": 0.0, "train_loss": None, "val_curve": [], "runs": 0}
     ckpt = args.work / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=True)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        state = saved["state"]
-        log(args, f"resumed from {ckpt} at step {state['step']} ({state['train_s']:.0f} s trained)")
-    state["runs"] += 1
+    state = resume(args, ckpt, model, opt)
     if args.sequences:
         train_seqs, val_seqs, spec = read_sequences(args.sequences)
         train_windows, val_windows = train_seqs.ids, val_seqs.ids  # (M, P + L) prompts + continuations
