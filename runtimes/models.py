@@ -75,6 +75,15 @@ class GraphTarget:
         self.past = [out[name] for name in self._present_names]  # each (B, H, P + S, D)
         return out["logits"][..., : self.vocab_size].float()
 
+    def extend_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (K, S) -> logits (K, S, V): the one cached row repeated K times, each extended by
+        its row of ids (K candidate drafts, specdiff.selection); keep_row(k) goes back to one."""
+        self.past = [t.expand(ids.shape[0], -1, -1, -1) for t in self.past]  # (K, H, P, D), no copy
+        return self.extend(ids)
+
+    def keep_row(self, k: int) -> None:
+        self.past = [t[k:k + 1] for t in self.past]
+
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions."""
         if length < self.length:

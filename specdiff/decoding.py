@@ -5,7 +5,8 @@ it appended (streaming); the row's metrics are complete once the iterator is exh
 
 Speculative step (cache invariant: the target has cached every token but the last one, x):
     draft   x_1..x_g ~ q                        proposer.propose(row, g)
-    verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call
+    verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call (K candidate drafts:
+                                                 K rows in one call, selection.verify)
     accept  n, y = rule(draft, q, p)            n draft tokens kept, then y
     roll back the target to len(row) + n, append x_1..x_n, y
 g = gamma, clipped so that neither max_new_tokens nor the context window is overshot.
@@ -18,6 +19,7 @@ from typing import Callable, Generator, Iterator
 
 import torch
 
+from . import selection
 from .contracts import Draft, Proposer, Rule, Target
 from .metrics import Metrics
 from .sampling import Sampling
@@ -116,6 +118,8 @@ def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: S
                        gamma: int) -> Iterator[list[int]]:
     """Speculative decoding with any proposer and acceptance rule (see the module docstring)."""
     m, clock = row.metrics, _Clock(row.metrics)
+    verify: Callable[..., tuple[list[int], int]] = (  # K candidate drafts (rule: a selection rule) or one
+        selection.verify if isinstance(proposer, selection.SelfSelection) else _verify)
     x = yield from _first(target, row, sampling, clock)
     while not row.stop_reason:
         clock.resume()
@@ -124,17 +128,23 @@ def decode_speculative(target: Target, proposer: Proposer, row: Row, sampling: S
         with m.timed("draft", target.sync):
             draft = proposer.propose(context, g, sampling, row.generator) if g else _empty(target, row)
         with m.timed("verify", target.sync):
-            fed = torch.cat([torch.tensor([[x]], device=row.device), draft.tokens], dim=1)  # (1, g + 1)
-            p = sampling.target_probs(target.extend(fed), context, draft.tokens)  # (1, g + 1, V)
-            n_t, y = rule(draft.tokens, draft.q, p, row.generator)
-            n, x = int(n_t[0]), int(y[0])
-            target.rollback(n_row + n)
+            accepted, x = verify(target, draft, x, context, sampling, rule, row.generator)
+            target.rollback(n_row + len(accepted))
         m.target_calls += 1
         m.drafter_calls += draft.calls
-        m.record(n, g)
-        pushed = row.push(draft.tokens[0, :n].tolist() + [x])
+        m.record(len(accepted), g)
+        pushed = row.push(accepted + [x])
         clock.pause(row)
         yield pushed
+
+
+def _verify(target: Target, draft: Draft, x: int, context: torch.Tensor, sampling: Sampling, rule: Rule,
+            generator: torch.Generator | None) -> tuple[list[int], int]:
+    """One row's verify call over its draft (1, g) -> (the accepted draft tokens, the next token)."""
+    fed = torch.cat([draft.tokens.new_full((1, 1), x), draft.tokens], dim=1)  # (1, g + 1)
+    p = sampling.target_probs(target.extend(fed), context, draft.tokens)  # (1, g + 1, V)
+    n, y = rule(draft.tokens, draft.q, p, generator)
+    return draft.tokens[0, :int(n[0])].tolist(), int(y[0])
 
 
 def _next_p(sampling: Sampling, logits: torch.Tensor, row: Row) -> torch.Tensor:

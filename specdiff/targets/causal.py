@@ -63,6 +63,18 @@ class CausalLMTarget:
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
         return out.logits[..., : self.vocab_size].float()
 
+    @torch.no_grad()
+    def extend_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (K, S) -> logits (K, S, V): the one cached row repeated K times, each extended by
+        its row of ids (K candidate drafts, specdiff.selection); keep_row(k) goes back to one."""
+        assert self.cache is not None, "prefill first"
+        self.cache.batch_repeat_interleave(ids.shape[0])
+        return self.extend(ids)
+
+    def keep_row(self, k: int) -> None:
+        assert self.cache is not None, "prefill first"
+        self.cache.batch_select_indices(torch.tensor([k], device=self.device))
+
     def rollback(self, length: int) -> None:
         drop = self.length - length
         if drop > 0 and self.cache is not None:
