@@ -245,7 +245,7 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
         raise UsageError(
             f"{acceptance} acceptance would not be exact with these drafts: {proposer!r} declares "
             f"only {', '.join(sorted(exact))} exact "
-            "(docs/lossless.md); use `acceptance` match, or `temperature` 0")
+            f"(docs/lossless.md); use `acceptance` {'select' if draft.drafts > 1 else 'match'}, or `temperature` 0")
     return acceptance
 
 
