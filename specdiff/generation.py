@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from tqdm import tqdm
 
-from . import names, selection
+from . import selection
 from .acceptance import RULES, get_rule
 from .contracts import Proposer, Target
 from .decoding import Row
@@ -228,8 +228,9 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
         if sampling.greedy or draft.drafts > 1:
             return "greedy" if sampling.greedy else "select"
         return next(r for r in method.rules if r in exact and r != "greedy" and r in RULES)
-    if acceptance not in names.RULES:
-        raise UsageError(f"unknown acceptance rule '{acceptance}' (choose from {', '.join(names.RULES)})")
+    known = [*RULES, *(r for r in selection.RULES if r not in RULES)]
+    if acceptance not in known:
+        raise UsageError(f"unknown acceptance rule '{acceptance}' (choose from {', '.join(known)})")
     if draft.drafts > 1:
         selection.get_rule(acceptance)
     elif acceptance not in RULES:
