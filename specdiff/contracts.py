@@ -2,8 +2,10 @@
 
     Target    specdiff.targets.causal.CausalLMTarget (PyTorch, the reference),
               runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
-    Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer
-    Rule      the functions of specdiff.acceptance (greedy, standard, match)
+    Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer,
+              specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
+    Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
+              candidates, those of specdiff.selection (greedy, select, multi)
     Runtime   runtimes.onnxruntime.OrtRuntime, runtimes.tensorrt.TrtRuntime
 
 Exactness is a property a proposer *declares* (`exact_rules`) and `generation.plan` enforces:
@@ -66,7 +68,7 @@ class Proposer(Protocol):
 
     propose(context (B, L) int64, gamma, sampling, generator) -> Draft
         q[b, j] is warped by `sampling`, the same function that warps the target's p.
-    exact_rules: the acceptance rules (names in specdiff.acceptance.RULES) that keep the output
+    exact_rules: the acceptance rules (names in specdiff.names.RULES) that keep the output
         exactly the target's when sampling with this proposer's drafts. `standard` belongs here
         only if x_j was drawn from q_j given x_<j (docs/lossless.md).
     """
