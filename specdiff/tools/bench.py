@@ -189,10 +189,11 @@ Pass = Callable[[list[str], list[list[int]]], Iterator[tuple[list[int], float]]]
 
 def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     drafter = getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
-    several = (v.drafts or 1) > 1
+    k, temperature = v.drafts or 1, _temperature(v, s)
+    default = s.acceptance if s.acceptance and fits(s.acceptance, k, temperature) else None  # e.g. a pair's
     p = plan(target=models.target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
-             schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if several else None,
-             acceptance=v.acceptance or s.acceptance, temperature=_temperature(v, s), top_k=s.top_k,
+             schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
+             acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
              top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed)
 
     def one_pass(prompts, encoded):
