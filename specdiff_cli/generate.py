@@ -33,8 +33,12 @@ from .threads import set_threads, threads_option
               help="Denoising steps T per draft [default: the pair's, else the drafter's, else 4; oneshot: 1].")
 @click.option("--schedule", type=click.Choice(names.SCHEDULES),
               help="Order in which draft slots are committed [default: the pair's, else the drafter's, else l2r].")
+@click.option("--drafts", type=int,
+              help="K candidate drafts per step from one drafter call, the target keeping one (specdiff) [default: 1].")
+@click.option("--draft-temperature", type=float,
+              help="Temperature candidates 2..K are sampled at [default: --temperature, 1 when greedy].")
 @click.option("--acceptance", type=click.Choice(names.RULES),
-              help="Verification rule [default: greedy at temperature 0, else standard].")
+              help="Verification rule [default: greedy at temperature 0, else select with --drafts > 1, else standard].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = all).")
 @click.option("--top-p", type=float, help="Nucleus mass in (0, 1].")
