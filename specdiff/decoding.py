@@ -14,8 +14,9 @@ Speculative step (cache invariant: the target has cached every token of a row bu
     draft   x_1..x_g ~ q                        proposer.propose(context, g)
     verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call for the batch (K
                                                  candidate drafts: each row's cache repeated K
-                                                 times, B * K rows in the call, selection.verify)
-    accept  n, y = rule(draft, q, p)            n draft tokens kept, then y
+                                                 times, B * K rows in the call, _verify_selected)
+    accept  n, y = rule(draft, q, p)            n draft tokens kept, then y (K drafts: the rule
+                                                 also picks the candidate k whose copy is kept)
     roll back the row to len(row) + n, append x_1..x_n, y
 g = gamma, clipped per row so that neither max_new_tokens nor the context window is overshot;
 rows drafting the same g share a proposer call.
@@ -172,7 +173,6 @@ def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], 
                        batch_size: int = 1) -> Iterator[tuple[Row, list[int]]]:
     """Speculative decoding with any proposer and acceptance rule (see the module docstring): a
     selection rule (specdiff.selection.RULES) when the proposer is a SelfSelection."""
-
     K = proposer.drafts if isinstance(proposer, selection.SelfSelection) else 1  # candidates per row
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:

@@ -312,3 +312,10 @@ def test_cli_sweeps_drafts_rules_and_temperatures_into_one_report(tiny, tmp_path
     assert all(rows[f"specdiff g=3 T=1 l2r K=2 {r} t=0"]["matches_ar"] for r in ("select", "multi"))
     assert rows["specdiff g=3 T=1 l2r K=2 multi t=1"]["matches_ar"] is None
     assert report["config"]["top_p"] == 0.9 and all(r["tau"] >= 1 for r in rows.values())
+
+
+def test_drafts_and_batch_sizes_combine():
+    """Each K row runs at each batch size (the batched loop serves self-selection too)."""
+    rows = variants(["specdiff"], gammas=(3,), steps=(1,), drafts=(1, 2), batch_sizes=(1, 3))
+    base = "specdiff g=3 T=1 l2r"
+    assert [v.label for v in rows] == ["ar", "ar b=3", f"{base} K=1", f"{base} K=1 b=3", f"{base} K=2", f"{base} K=2 b=3"]
