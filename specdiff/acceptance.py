@@ -9,6 +9,10 @@ docs/lossless.md:
               Exact only if x_j ~ q_j given x_<j (AR drafters, oneshot and l2r schedules).
     match     draw y_j ~ p_j; accept while y_j == x_j; emit y_j at the first mismatch. Exact for
               any drafter.
+    select    the point-mass rule (standard with q = one-hot on the draft): accept x_j with prob.
+              p_j(x_j); at the first rejection emit a draw from p_j with x_j removed; after gamma
+              acceptances a bonus draw from p. Exact for any draft chosen without looking at the
+              coins (SpecDiff-2; over K candidates: specdiff.selection).
 
 Every rule: (draft (B, g) int64, q (B, g, V), p (B, g+1, V), generator) -> (n (B,), nxt (B,)):
 n accepted draft tokens, then the token nxt.
@@ -61,7 +65,18 @@ def match(draft, q, p, generator=None):
     return n, _at(y, n)
 
 
-RULES: dict[str, Rule] = {"greedy": greedy, "standard": standard, "match": match}
+def select(draft, q, p, generator=None):
+    B, g = draft.shape
+    p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]  # (B, g)
+    n = leading_true(torch.rand(B, g, generator=generator, device=p.device) < p_x)
+    p_n = _at(p, n)  # (B, V)
+    x_n = _at(torch.cat([draft, draft.new_full((B, 1), -1)], dim=1), n)  # -1: the bonus slot removes nothing
+    rest = p_n.masked_fill(torch.arange(p.shape[-1], device=p.device) == x_n[:, None], 0)
+    empty = rest.sum(-1, keepdim=True) <= 0  # only reachable through rounding
+    return n, sample(torch.where(empty, p_n, rest), generator)
+
+
+RULES: dict[str, Rule] = {"greedy": greedy, "standard": standard, "match": match, "select": select}
 
 
 def get_rule(name: str) -> Rule:

@@ -2,8 +2,10 @@
 
     Target    specdiff.targets.causal.CausalLMTarget (PyTorch, the reference),
               runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
-    Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer
-    Rule      the functions of specdiff.acceptance (greedy, standard, match)
+    Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer,
+              specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
+    Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
+              candidates, those of specdiff.selection (greedy, select, multi)
     Runtime   runtimes.onnxruntime.OrtRuntime, runtimes.tensorrt.TrtRuntime
 
 Exactness is a property a proposer *declares* (`exact_rules`) and `generation.plan` enforces:
@@ -81,7 +83,7 @@ class Proposer(Protocol):
         generator: one, or one per row (row b draws only from generator[b], as it would alone).
         lengths: given when rows differ in length: row b is context[b, L - lengths[b]:], the
         columns before it are padding.
-    exact_rules: the acceptance rules (names in specdiff.acceptance.RULES) that keep the output
+    exact_rules: the acceptance rules (names in specdiff.names.RULES) that keep the output
         exactly the target's when sampling with this proposer's drafts. `standard` belongs here
         only if x_j was drawn from q_j given x_<j (docs/lossless.md).
     """

@@ -12,8 +12,11 @@ a row's output does not depend on the rows beside it. The target re-aligns its c
 
 Speculative step (cache invariant: the target has cached every token of a row but the last, x):
     draft   x_1..x_g ~ q                        proposer.propose(context, g)
-    verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call for the batch
-    accept  n, y = rule(draft, q, p)            n draft tokens kept, then y
+    verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call for the batch (K
+                                                 candidate drafts: each row's cache repeated K
+                                                 times, B * K rows in the call, _verify_selected)
+    accept  n, y = rule(draft, q, p)            n draft tokens kept, then y (K drafts: the rule
+                                                 also picks the candidate k whose copy is kept)
     roll back the row to len(row) + n, append x_1..x_n, y
 g = gamma, clipped per row so that neither max_new_tokens nor the context window is overshot;
 rows drafting the same g share a proposer call.
@@ -24,11 +27,14 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Callable, Iterable, Iterator, cast
 
 import torch
 
+from . import selection
 from .contracts import Draft, Proposer, Rule, Target
+from .errors import UsageError
 from .metrics import Metrics
 from .sampling import Sampling
 
@@ -105,11 +111,16 @@ class _Parts:
             m.new_tokens, m.stop_reason = len(row.new_tokens), row.stop_reason
 
 
-def _decode(target: Target, rows: Iterable[Row], sampling: Sampling, batch_size: int,
-            step: Step) -> Iterator[tuple[Row, list[int]]]:
-    """Run `step` over batches of up to batch_size rows, refilled from `rows` as rows finish."""
+def _decode(target: Target, rows: Iterable[Row], sampling: Sampling, batch_size: int, step: Step,
+            copies: int = 1) -> Iterator[tuple[Row, list[int]]]:
+    """Run `step` over batches of up to batch_size rows, refilled from `rows` as rows finish;
+    `copies`: cached rows per row in the step's target calls (K candidate drafts)."""
     pending, active = iter(rows), list[Row]()
-    batch_size = min(batch_size, target.max_rows or batch_size)
+    if target.max_rows:
+        if target.max_rows < copies:
+            raise UsageError(f"`drafts` {copies} verifies {copies} rows per target call; this target takes "
+                             f"at most {target.max_rows}")
+        batch_size = min(batch_size, target.max_rows // copies)
     target.keep([])
     while True:
         while len(active) < batch_size and (row := next(pending, None)) is not None:
@@ -158,38 +169,66 @@ def decode_ar(target: Target, rows: Iterable[Row], sampling: Sampling,
 
 
 def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], sampling: Sampling,
-                       rule: Rule, gamma: int, batch_size: int = 1) -> Iterator[tuple[Row, list[int]]]:
-    """Speculative decoding with any proposer and acceptance rule (see the module docstring)."""
+                       rule: Rule | selection.SelectRule, gamma: int,
+                       batch_size: int = 1) -> Iterator[tuple[Row, list[int]]]:
+    """Speculative decoding with any proposer and acceptance rule (see the module docstring): a
+    selection rule (specdiff.selection.RULES) when the proposer is a SelfSelection."""
+    K = proposer.drafts if isinstance(proposer, selection.SelfSelection) else 1  # candidates per row
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
         g = [min(gamma, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
         with parts.timed("draft"):
             drafts = _draft(proposer, batch, g, sampling, target)
         with parts.timed("verify"):
-            logits = target.extend(_fed(batch, drafts, target.device), torch.tensor(g) + 1)  # (B, max g + 1, V)
-            accepted = [_accept(sampling, rule, row, d, logits[b:b + 1, :g[b] + 1])
-                        for b, (row, d) in enumerate(zip(batch, drafts))]
-            target.rollback(torch.tensor([len(row.ids) + n for row, (n, _) in zip(batch, accepted)]))
+            accepted = (_verify(target, batch, drafts, g, sampling, cast(Rule, rule)) if K == 1
+                        else _verify_selected(target, batch, drafts, g, sampling, cast(selection.SelectRule, rule), K))
+            target.rollback(torch.tensor([len(row.ids) + len(x) for row, (x, _) in zip(batch, accepted)]))
         pushed = []
-        for row, d, g_b, (n, y) in zip(batch, drafts, g, accepted):
+        for row, d, g_b, (x, y) in zip(batch, drafts, g, accepted):
             row.metrics.drafter_calls += d.calls
-            row.metrics.record(n, g_b)
-            pushed.append(row.push(d.tokens[0, :n].tolist() + [y]))
+            row.metrics.record(len(x), g_b)
+            pushed.append(row.push(x + [y]))
         return pushed
 
-    return _decode(target, rows, sampling, batch_size, step)
+    return _decode(target, rows, sampling, batch_size, step, K)
 
 
-def _accept(sampling: Sampling, rule: Rule, row: Row, draft: Draft, logits: torch.Tensor) -> tuple[int, int]:
-    """One row's acceptance, with its own context, p and generator; -> (n, next token)."""
-    p = sampling.target_probs(logits, row.tensor(), draft.tokens)  # (1, g + 1, V)
-    n, y = rule(draft.tokens, draft.q, p, row.generator)
-    return int(n[0]), int(y[0])
+def _verify(target: Target, batch: list[Row], drafts: list[Draft], g: list[int], sampling: Sampling,
+            rule: Rule) -> list[tuple[list[int], int]]:
+    """One target call over every row's draft (1, g_b); -> per row (accepted draft tokens, next token)."""
+    logits = target.extend(_fed(batch, [d.tokens for d in drafts], target.device), torch.tensor(g) + 1)  # (B, G + 1, V)
+    accepted = []
+    for b, (row, d) in enumerate(zip(batch, drafts)):
+        p = sampling.target_probs(logits[b:b + 1, :g[b] + 1], row.tensor(), d.tokens)  # (1, g_b + 1, V)
+        n, y = rule(d.tokens, d.q, p, row.generator)  # the row's own coins
+        accepted.append((d.tokens[0, :int(n[0])].tolist(), int(y[0])))
+    return accepted
+
+
+def _verify_selected(target: Target, batch: list[Row], drafts: list[Draft], g: list[int], sampling: Sampling,
+                     rule: selection.SelectRule, K: int) -> list[tuple[list[int], int]]:
+    """K candidate drafts per row (selection.Candidates, tokens (1, K, g_b)): each row's cache is
+    repeated K times, the B * K candidates are extended in one target call, the rule chooses a
+    candidate per row, and only the chosen copy of each row stays cached.
+    -> per row (the chosen candidate's accepted draft tokens, next token)."""
+    target.keep(torch.arange(len(batch)).repeat_interleave(K))  # row b -> rows b*K .. b*K + K - 1
+    tokens = [selection.candidates(d, K) for d in drafts]  # each (K, g_b)
+    new = (torch.tensor(g) + 1).repeat_interleave(K)
+    logits = target.extend(_fed(batch, tokens, target.device), new)  # (B * K, G + 1, V)
+    chosen, accepted = [], []
+    for b, (row, d) in enumerate(zip(batch, drafts)):
+        x, y, k = selection.choose(rule, tokens[b], d.q, logits[b * K:(b + 1) * K, :g[b] + 1], row.tensor(),
+                                   sampling, row.generator)
+        chosen.append(b * K + k)
+        accepted.append((x, y))
+    target.keep(chosen)
+    return accepted
 
 
 def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Sampling, target: Target) -> list[Draft]:
-    """One proposer call per distinct draft length among the rows; -> one Draft (1, g_b) per row.
-    Rows of different lengths go left-padded, with their `lengths`."""
+    """One proposer call per distinct draft length among the rows; -> one Draft (1, g_b) per row
+    (selection.Candidates (1, K, g_b) from a SelfSelection). Rows of different lengths go
+    left-padded, with their `lengths`."""
     groups = defaultdict(list)
     for b, g_b in enumerate(g):
         groups[g_b].append(b)
@@ -203,7 +242,7 @@ def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Samplin
         ragged = {"lengths": lengths} if bool((lengths < context.shape[1]).any()) else {}
         d = proposer.propose(context, g_b, sampling, generators, **ragged)
         for i, b in enumerate(members):
-            drafts[b] = Draft(d.tokens[i:i + 1], d.q[i:i + 1], d.calls)
+            drafts[b] = replace(d, tokens=d.tokens[i:i + 1], q=d.q[i:i + 1])
     return drafts
 
 
@@ -216,14 +255,15 @@ def _left_padded(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, t
     return ids.to(device), torch.tensor([len(row.ids) for row in rows], device=device)
 
 
-def _fed(batch: list[Row], drafts: list[Draft], device: torch.device) -> torch.Tensor:
-    """[x, x_1..x_g] per row, right-padded with 0 -> (B, max g + 1)."""
-    G = max(d.tokens.shape[1] for d in drafts)
-    fed = torch.zeros(len(batch), G + 1, dtype=torch.long)
-    for b, (row, d) in enumerate(zip(batch, drafts)):
-        fed[b, 0] = row.ids[-1]
-        fed[b, 1:1 + d.tokens.shape[1]] = d.tokens[0].cpu()
-    return fed.to(device)
+def _fed(batch: list[Row], tokens: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[x, x_1..x_g] for each of the R drafts (R, g_b) of each row (x: the row's last token),
+    right-padded with 0 -> (B * R, max g + 1)."""
+    R, G = tokens[0].shape[0], max(t.shape[1] for t in tokens)
+    fed = torch.zeros(len(batch), R, G + 1, dtype=torch.long)
+    for b, (row, t) in enumerate(zip(batch, tokens)):
+        fed[b, :, 0] = row.ids[-1]
+        fed[b, :, 1:1 + t.shape[1]] = t.cpu()
+    return fed.reshape(len(batch) * R, G + 1).to(device)
 
 
 def _next_p(sampling: Sampling, logits: torch.Tensor, row: Row) -> torch.Tensor:

@@ -26,7 +26,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from tqdm import tqdm
 
-from .acceptance import get_rule
+from . import selection
+from .acceptance import RULES, get_rule
 from .block_decoding import REMASKING, BlockSettings
 from .contracts import Proposer, Target
 from .decoding import Row
@@ -38,14 +39,15 @@ from .metrics import Metrics
 from .registry import Registry, load_registry
 from .requests import check_counts, check_prompts, check_request
 from .sampling import Sampling
+from .selection import SelfSelection
 from .targets.block import BlockDiffusionTarget
 from .text import StopStrings
 
 DEFAULT_STEPS = 4
-DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "max_new_tokens": 64,
-                                        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0,
-                                        "batch_size": 8,
-                                        "remasking": "static", "threshold": 0.9}  # the last two: block-diffusion targets
+DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "drafts": 1, "draft_temperature": None,
+                            "max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+                            "repetition_penalty": 1.0, "batch_size": 8,
+                            "remasking": "static", "threshold": 0.9}  # the last two: block-diffusion targets
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
 
 
@@ -174,9 +176,11 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     opts = values(settings)
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
                         float(opts["repetition_penalty"]))
-    draft = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"])
+    draft = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"], opts["drafts"], opts["draft_temperature"])
     proposer = _proposer(chosen, target, drafter, draft)
-    rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer) if proposer else None
+    rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer, draft) if proposer else None
+    if proposer and draft.drafts > 1:
+        proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop),
@@ -231,6 +235,10 @@ def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[
 def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSettings) -> Proposer | None:
     """The method's proposer around the drafter, checked against the target (None for methods
     without one: block-diffusion methods drive their drafter themselves)."""
+    if settings.drafts > 1 and "drafts" not in method.settings:
+        raise UsageError(f"method '{method.name}' drafts one candidate; `drafts` > 1 needs specdiff")
+    if settings.draft_temperature is not None and settings.drafts == 1:
+        raise UsageError("`draft_temperature` warps candidate drafts 2..K: it needs `drafts` > 1")
     if method.needs is None:
         return None
     method.check_drafter(drafter)
@@ -246,14 +254,24 @@ def _check_settings(settings: dict[str, Setting]) -> Method | None:
     return get_method(opts["method"]) if opts["method"] else None
 
 
-def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, proposer: Proposer) -> str:
-    """The acceptance rule: by default greedy at temperature 0, else the method's first rule that
-    the proposer declares exact (contracts.Proposer.exact_rules); a rule asked for must be one of
-    the method's and, when sampling, one the proposer declares exact."""
+def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, proposer: Proposer,
+               draft: DraftSettings) -> str:
+    """The acceptance rule: by default greedy at temperature 0, else select over K > 1 drafts, else
+    the method's first rule that the proposer declares exact (contracts.Proposer.exact_rules); a
+    rule asked for must be one of the method's, fit the number of drafts and, when sampling, be
+    one the proposer declares exact."""
     exact = proposer.exact_rules
     if acceptance is None:
-        return "greedy" if sampling.greedy else next(r for r in method.rules if r in exact and r != "greedy")
-    get_rule(acceptance)
+        if sampling.greedy or draft.drafts > 1:
+            return "greedy" if sampling.greedy else "select"
+        return next(r for r in method.rules if r in exact and r != "greedy" and r in RULES)
+    known = [*RULES, *(r for r in selection.RULES if r not in RULES)]
+    if acceptance not in known:
+        raise UsageError(f"unknown acceptance rule '{acceptance}' (choose from {', '.join(known)})")
+    if draft.drafts > 1:
+        selection.get_rule(acceptance)
+    elif acceptance not in RULES:
+        raise UsageError(f"{acceptance} acceptance chooses among candidate drafts: it needs `drafts` > 1")
     if acceptance not in method.rules:
         raise UsageError(f"method '{method.name}' does not use {acceptance} acceptance "
                          f"(choose from {', '.join(method.rules)})")
@@ -265,7 +283,7 @@ def _rule_name(acceptance: str | None, sampling: Sampling, method: Method, propo
         raise UsageError(
             f"{acceptance} acceptance would not be exact with these drafts: {proposer!r} declares "
             f"only {', '.join(sorted(exact))} exact "
-            "(docs/lossless.md); use `acceptance` match, or `temperature` 0")
+            f"(docs/lossless.md); use `acceptance` {'select' if draft.drafts > 1 else 'match'}, or `temperature` 0")
     return acceptance
 
 
@@ -349,7 +367,8 @@ def _loop(p: Plan, rows: Iterator[Row]) -> Iterator[tuple[Row, list[int]]]:
                 for tokens in p.method.loop(p.target, p.drafter, row, p.sampling, p.block))
     if p.proposer is None or p.rule_name is None:
         return p.method.loop(p.target, rows, p.sampling, p.batch_size)
-    return p.method.loop(p.target, p.proposer, rows, p.sampling, get_rule(p.rule_name), p.draft.gamma,
+    rules = selection.get_rule if isinstance(p.proposer, SelfSelection) else get_rule
+    return p.method.loop(p.target, p.proposer, rows, p.sampling, rules(p.rule_name), p.draft.gamma,
                          p.batch_size)
 
 
@@ -374,7 +393,8 @@ def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
 
 def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,
              method: str | None = None, gamma: int | None = None, steps: int | None = None,
-             schedule: str | None = None, acceptance: str | None = None, temperature: float | None = None,
+             schedule: str | None = None, drafts: int | None = None, draft_temperature: float | None = None,
+             acceptance: str | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              max_new_tokens: int | None = None, seed: int = 0, device: str = "cpu", dtype: str = "auto",
              truncate_prompt: bool = False, progress: bool = False, chat: bool = False,
@@ -391,11 +411,14 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     batch_size: prompts decoded together (default 8); the output does not depend on it.
     remasking / threshold / steps: for block-diffusion targets (block_decoding.py), the rule that
     picks the slots each denoising step commits, dynamic's confidence threshold, steps per block.
+    drafts: K > 1 candidate drafts per step, one kept by the target (specdiff.selection;
+    acceptance greedy, select or multi); draft_temperature: how candidates 2..K are sampled.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
     p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
-             seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule,
+             seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule, drafts=drafts,
+             draft_temperature=draft_temperature,
              temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
              max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
              remasking=remasking, threshold=threshold)

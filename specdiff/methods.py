@@ -9,7 +9,7 @@ this table; a new method is its own proposer module plus one entry here (and its
     build      (drafter, DraftSettings) -> Proposer   (None: no proposer)
     rules      acceptance rules it can run, preferred first when sampling; the proposer it builds
                declares which of them are exact (contracts.Proposer.exact_rules)
-    settings   the draft settings it reads (gamma, steps, schedule): what `specdiff bench` sweeps
+    settings   the draft settings it reads (gamma, steps, schedule, drafts, ...): what `specdiff bench` sweeps
     loop       which decoding loop runs it (decoding.decode_ar / decode_speculative;
                block_decoding.decode_block / decode_simsd_exact; simsd.decode_simsd)
 """
@@ -33,6 +33,8 @@ class DraftSettings:
     gamma: int
     steps: int
     schedule: str
+    drafts: int = 1  # K candidate drafts per step (specdiff.selection)
+    draft_temperature: float | None = None  # warping of candidates 2..K (None: SelfSelection's default)
 
 
 def is_diffusion(drafter: Any) -> bool:
@@ -94,7 +96,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("specdiff", "a masked-diffusion drafter drafts gamma tokens in T steps (SpecDiff)",
            loop=decode_speculative, needs="diffusion",
            build=lambda drafter, s: DiffusionProposer(drafter, s.schedule, s.steps, s.gamma),
-           rules=("standard", "match", "greedy"), settings=("gamma", "steps", "schedule")),
+           rules=("standard", "match", "greedy", "select", "multi"),
+           settings=("gamma", "steps", "schedule", "drafts", "draft_temperature")),
     Method("block", "block-diffusion decoding, one block at a time in `steps` steps (SDAR): the reference",
            loop=decode_block, target="block-diffusion", settings=("steps", "remasking", "threshold")),
     Method("simsd-exact", "a smaller block-diffusion model drafts a block's denoising; verified by "

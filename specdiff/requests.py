@@ -20,7 +20,7 @@ from .errors import InputError, UsageError
 from .names import SCHEDULES
 
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
-COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size")  # integers >= 1 when given
+COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
 
 
@@ -84,6 +84,9 @@ def check_request(target, drafter, *, seed, device, temperature=None, top_k=None
     check_seed(seed)
     check_sampling(temperature, top_k, top_p, repetition_penalty)
     check_counts(options)
+    draft_temperature = options.get("draft_temperature")
+    if draft_temperature is not None and not (_is_real(draft_temperature) and 0 < draft_temperature < math.inf):
+        raise UsageError(f"draft_temperature must be a finite number > 0, got {_short(draft_temperature)}")
     if not _is_device(device):
         raise UsageError(f"device must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
     return _name(target), _name(drafter)

@@ -62,11 +62,20 @@ def _report_dir(ctx, param, value):
 @click.option("--schedule", "schedules", callback=_list(str), metavar="LIST",
               help="Schedules to sweep (specdiff): l2r, oneshot, confidence [default: the pair's, "
                    "else the drafter's, else l2r].")
+@click.option("--drafts", callback=_list(int), metavar="LIST",
+              help="Candidate drafts K to sweep (specdiff; self-selection when K > 1) [default: 1].")
+@click.option("--draft-temperature", type=float, help="Temperature candidates 2..K are sampled at.")
+@click.option("--acceptance", "rules", callback=_list(str), metavar="LIST",
+              help="Acceptance rules to sweep for spec-ar / specdiff, each on the rows it fits (single-draft "
+                   "rules for K = 1, greedy / select / multi for K > 1, greedy only at temperature 0) "
+                   "[default: greedy at temperature 0, else select for K > 1, else standard].")
+@click.option("--temperature", "temperatures", callback=_list(float), metavar="LIST",
+              help="Temperatures to sweep, each with its own ar reference; 0 = greedy [default: 0].")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling rows: top-k (0 = all).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Sampling rows: nucleus mass in (0, 1].")
 @click.option("--batch-size", "batch_sizes", callback=_list(int), metavar="LIST",
               help="Prompts per forward pass to sweep, e.g. 1,4,8,16 (ar, spec-ar, specdiff; the HF peers "
                    "run batch 1) [default: 1].")
-@click.option("--acceptance", help="Acceptance rule for spec-ar / specdiff [default: greedy at temperature 0].")
-@click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
@@ -77,14 +86,15 @@ def _report_dir(ctx, param, value):
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
-          repeats, warmup, gammas, steps, schedules, batch_sizes, acceptance, temperature, seed, out, check, threads, device,
-          dtype, truncate_prompt, no_plots):
+          repeats, warmup, gammas, steps, schedules, drafts, draft_temperature, rules, temperatures, top_k, top_p,
+          batch_sizes, seed, out, check, threads, device, dtype, truncate_prompt, no_plots):
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
 
     \b
     Examples:
       specdiff bench --pair demo --gamma 4,8,12 --steps 1,2,4
+      specdiff bench --methods specdiff --drafts 1,4,8 --acceptance select,multi --temperature 0,0.8 --top-p 0.95
       specdiff bench --target gpt2-xl --drafter ./drafter --ar-drafter gpt2 --check
       specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
       specdiff bench --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
@@ -94,9 +104,12 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     from specdiff.tools import bench as lib
     from specdiff.tools.bench_output import format_table, require_matplotlib, summary, write_report
     from specdiff.errors import UsageError
-    from specdiff.requests import check_seed
+    from specdiff.requests import check_sampling, check_seed
 
     check_seed(seed)  # before minutes of loading and timing, not at the first plan()
+    for t in temperatures or ():
+        check_sampling(temperature=t)
+    check_sampling(top_k=top_k, top_p=top_p)
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.DEFAULT_PROMPTS), sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
@@ -105,17 +118,19 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     pick = values(choose({}, defaults, models.drafter))  # the pair's, the drafter's, then the global ones
     settings = lib.Settings(
         max_new_tokens=max_new_tokens or pick["max_new_tokens"], repeats=repeats, warmup=warmup,
-        temperature=pick["temperature"] if temperature is None else temperature,
-        acceptance=acceptance or pick.get("acceptance"), seed=seed, threads=threads or default_threads(),
-        truncate_prompt=truncate_prompt)
-    if check and settings.temperature > 0:
+        temperature=temperatures[0] if temperatures else pick["temperature"],
+        acceptance=pick.get("acceptance"), top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
+        seed=seed, threads=threads or default_threads(), truncate_prompt=truncate_prompt)
+    if check and (settings.temperature > 0 or any(t > 0 for t in temperatures or ())):
         raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
     if getattr(models.target, "kind", None) == "block-diffusion":
         _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],), gammas or (pick["gamma"],),
                      pick, out, check)
         return
     rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
-                        steps or (pick["steps"],), schedules or (pick["schedule"],), batch_sizes or (1,))
+                        steps or (pick["steps"],), schedules or (pick["schedule"],), drafts or (None,),
+                        rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
+                        batch_sizes or (1,))
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))

@@ -37,8 +37,12 @@ from .threads import set_threads, threads_option
               help="Block-diffusion targets: which masked slots a denoising step commits [default: static].")
 @click.option("--threshold", type=float,
               help="Block-diffusion targets, --remasking dynamic: confidence to commit a slot [default: 0.9].")
+@click.option("--drafts", type=int,
+              help="K candidate drafts per step from one drafter call, the target keeping one (specdiff) [default: 1].")
+@click.option("--draft-temperature", type=float,
+              help="Temperature candidates 2..K are sampled at [default: --temperature, 1 when greedy].")
 @click.option("--acceptance", type=click.Choice(names.RULES),
-              help="Verification rule [default: greedy at temperature 0, else standard].")
+              help="Verification rule [default: greedy at temperature 0, else select with --drafts > 1, else standard].")
 @click.option("--temperature", type=float, help="0 = greedy [default: 0].")
 @click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = all).")
 @click.option("--top-p", type=float, help="Nucleus mass in (0, 1].")

@@ -125,8 +125,21 @@ USAGE = {  # the request itself is wrong: options, names, combinations
                                         "greedy acceptance needs --temperature 0"),
     "confidence with standard when sampling": (
         "--drafter {drafter} --schedule confidence --acceptance standard --temperature 1",
-        "DiffusionProposer(schedule=confidence, steps=4) declares only greedy, match exact", "would not be exact",
-        "--acceptance match"),
+        "DiffusionProposer(schedule=confidence, steps=4) declares only greedy, match, select exact",
+        "would not be exact", "--acceptance match"),
+    "drafts < 1": ("--drafter {drafter} --drafts 0", "drafts must be an integer >= 1, got 0"),
+    "multi with confidence when sampling": (
+        "--drafter {drafter} --schedule confidence --drafts 4 --acceptance multi --temperature 1",
+        "multi acceptance would not be exact", "--acceptance select"),
+    "standard over several drafts": ("--drafter {drafter} --drafts 4 --acceptance standard --temperature 1",
+                                     "standard acceptance checks a single draft; with --drafts > 1 use greedy, select, multi"),
+    "multi over one draft": ("--drafter {drafter} --acceptance multi --temperature 1",
+                             "multi acceptance chooses among candidate drafts: it needs --drafts > 1"),
+    "draft temperature with one draft": ("--drafter {drafter} --draft-temperature 1.5", "it needs --drafts > 1"),
+    "draft temperature 0": ("--drafter {drafter} --drafts 2 --draft-temperature 0",
+                            "draft_temperature must be a finite number > 0, got 0.0"),
+    "several drafts with spec-ar": ("--drafter {ar} --method spec-ar --drafts 2",
+                                    "method 'spec-ar' drafts one candidate; --drafts > 1 needs specdiff"),
     "oneshot with several steps": ("--drafter {drafter} --schedule oneshot --steps 3", "exactly 1 step"),
     "unknown device": ("--device nonsense", "unknown device 'nonsense'"),
 }
@@ -173,6 +186,8 @@ def test_missing_cuda_exit_1(tmp_path, models):
     "--schedule confidence --acceptance match --temperature 1",
     "--schedule confidence --temperature 1",  # match by default
     "--schedule l2r --acceptance standard --temperature 1",
+    "--schedule confidence --drafts 3 --temperature 1",  # select by default
+    "--schedule l2r --drafts 2 --acceptance multi --temperature 1 --draft-temperature 1.5",
 ])
 def test_exact_schedule_acceptance_combinations_are_allowed(models, case):
     args = ["generate", "--target", models["gpt2"], "--drafter", models["drafter"], *expand(case, models),

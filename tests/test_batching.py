@@ -12,6 +12,7 @@ import torch
 
 from specdiff import generate, load_drafter, load_target, stream
 from specdiff.drafters.diffusion import DiffusionProposer
+from specdiff.errors import UsageError
 from specdiff.generation import plan
 from specdiff.sampling import Sampling
 
@@ -220,3 +221,34 @@ def test_batched_sampling_has_the_target_distribution_and_naive_positions_fail(k
     assert chi_square_pvalue(cells, joint) > P_EXACT
     broken = _batched_cells(NaivePositions(model, _tokenizer()), proposer, sampling, 150)
     assert chi_square_pvalue(broken, joint) < P_BROKEN
+
+
+@pytest.mark.parametrize("drafts", [2, 4])
+@pytest.mark.parametrize("acceptance,temperature", [("greedy", 0.0), ("select", 1.0), ("multi", 1.0)])
+def test_self_selection_output_does_not_depend_on_the_batch_size(models, drafts, acceptance, temperature):
+    """K candidate drafts per row (each row's cache repeated K times in one verify call): batch 3
+    equals batch 1 on ragged prompts, on GPT-Neo's local attention; greedy also equals ar."""
+    options = {"temperature": temperature, "seed": 7, "acceptance": acceptance, "drafts": drafts,
+               **({"top_k": 20} if temperature else {})}
+    one, three = (_run(models, "neo", "specdiff-l2r", b, **options) for b in (1, 3))
+    assert [o.tokens for o in three.outputs] == [o.tokens for o in one.outputs]
+    if not temperature:
+        reference = _run(models, "neo", "ar", 1)
+        assert [o.tokens for o in one.outputs] == [o.tokens for o in reference.outputs]
+
+
+def test_self_selection_batches_fit_the_rows_a_target_takes(models, monkeypatch):
+    """A target of at most 4 rows per call (a TensorRT profile) decodes K = 2 two rows at a time,
+    with the same output; K above its rows is refused in one line."""
+    target, calls = models["neo"], []
+    extend = target.extend
+    monkeypatch.setattr(target, "extend", lambda ids, new=None: calls.append(ids.shape[0]) or extend(ids, new))
+    options = {"drafts": 2, "acceptance": "greedy"}
+    want = _run(models, "neo", "specdiff-l2r", 3, **options)
+    monkeypatch.setattr(target, "max_rows", 4)
+    calls.clear()
+    got = _run(models, "neo", "specdiff-l2r", 3, **options)
+    assert [o.tokens for o in got.outputs] == [o.tokens for o in want.outputs] and max(calls) == 4
+    monkeypatch.setattr(target, "max_rows", 1)
+    with pytest.raises(UsageError, match=r"^`drafts` 2 verifies 2 rows per target call; this target takes at most 1$"):
+        _run(models, "neo", "specdiff-l2r", 3, **options)

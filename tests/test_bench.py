@@ -296,3 +296,26 @@ def test_bench_refuses_a_batch_size_below_1(tiny):
     result = CliRunner().invoke(cli, ["bench", "--target", str(tiny.gpt2), "--methods", "ar", "--batch-size", "1,0",
                                       "--no-plots", "--num-prompts", "1"])
     assert result.exit_code == 2 and result.stderr == "specdiff: error: batch_size values must be >= 1, got 1, 0\n"
+
+
+def test_cli_sweeps_drafts_rules_and_temperatures_into_one_report(tiny, tmp_path):
+    """--drafts 1,2 --acceptance select,multi --temperature 0,1: each rule on the rows it fits
+    (multi needs K > 1), an ar reference per temperature, the greedy check on the t=0 rows only."""
+    result = _cli(tiny, tmp_path, "--methods", "specdiff", "--gamma", "3", "--steps", "1", "--drafts", "1,2",
+                  "--acceptance", "select,multi", "--temperature", "0,1", "--top-p", "0.9", "--no-plots")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    rows = {r["label"]: r for r in report["rows"]}
+    assert list(rows) == ["ar t=0", "ar t=1"] + [f"specdiff g=3 T=1 l2r {k} t={t}" for t in (0, 1)
+                                                  for k in ("K=1 select", "K=2 select", "K=2 multi")]
+    assert report["check"] == {"greedy": True, "passed": True, "mismatched": []}
+    assert all(rows[f"specdiff g=3 T=1 l2r K=2 {r} t=0"]["matches_ar"] for r in ("select", "multi"))
+    assert rows["specdiff g=3 T=1 l2r K=2 multi t=1"]["matches_ar"] is None
+    assert report["config"]["top_p"] == 0.9 and all(r["tau"] >= 1 for r in rows.values())
+
+
+def test_drafts_and_batch_sizes_combine():
+    """Each K row runs at each batch size (the batched loop serves self-selection too)."""
+    rows = variants(["specdiff"], gammas=(3,), steps=(1,), drafts=(1, 2), batch_sizes=(1, 3))
+    base = "specdiff g=3 T=1 l2r"
+    assert [v.label for v in rows] == ["ar", "ar b=3", f"{base} K=1", f"{base} K=1 b=3", f"{base} K=2", f"{base} K=2 b=3"]

@@ -51,6 +51,19 @@ def test_specdiff_greedy_equals_ar(models, reference, target, gamma, steps, sche
 
 
 @pytest.mark.parametrize("target", ["gpt2", "neo"])
+@pytest.mark.parametrize("drafts,schedule,steps,acceptance", [
+    (2, "l2r", 2, None), (8, "oneshot", 1, None), (8, "confidence", 3, "select"), (2, "l2r", 3, "multi"),
+])
+def test_self_selection_greedy_equals_ar(models, reference, target, drafts, schedule, steps, acceptance):
+    """K candidate rows forked from the target's cache, one kept: still plain greedy decoding
+    (on 20 of the prompts: K rows cost K times the verify work on a CPU)."""
+    result = generate(PROMPTS[:20], target=models[target], drafter=models["drafter"], method="specdiff", gamma=5,
+                      steps=steps, schedule=schedule, drafts=drafts, acceptance=acceptance, max_new_tokens=MAX_NEW)
+    for i, (got, want) in enumerate(zip(result.outputs, reference[target].outputs[:20])):
+        assert got.tokens == want.tokens, f"prompt {i} ({PROMPTS[i]!r}) diverged"
+
+
+@pytest.mark.parametrize("target", ["gpt2", "neo"])
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_spec_ar_greedy_equals_ar(models, reference, target, gamma):
     result = generate(PROMPTS, target=models[target], drafter=models["ar"], method="spec-ar",

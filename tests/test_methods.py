@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from specdiff import acceptance, load_drafter, load_target, methods, names, stream
+from specdiff import acceptance, load_drafter, load_target, methods, names, selection, stream
 from specdiff.drafters.autoregressive import ARProposer
 from specdiff.drafters.diffusion import SCHEDULES
 from specdiff.errors import UsageError
@@ -21,7 +21,7 @@ PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
 
 def test_torch_free_names_equal_the_registries():
     assert names.METHODS == tuple(methods.METHODS)
-    assert names.RULES == tuple(acceptance.RULES)
+    assert names.RULES == tuple(dict.fromkeys([*acceptance.RULES, *selection.RULES]))
     assert names.SCHEDULES == tuple(SCHEDULES)
     assert (*names.METHODS, *names.PEERS) == tuple(PASSES)
 

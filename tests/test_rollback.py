@@ -21,6 +21,23 @@ def test_rollback_matches_full_forward(tiny, model):
     torch.testing.assert_close(got, full[:, 13:40], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["gpt2", "neo"])
+def test_forked_rows_match_full_forwards(tiny, model):
+    """keep([0, 0, 0]) forks the cached row into K rows, keep([k]) keeps one (self-selection): each
+    row's logits, and the kept row after a rollback, equal from-scratch forward passes."""
+    target = load_target(str(getattr(tiny, model)))
+    ids = torch.randint(0, target.vocab_size, (3, 40), generator=torch.Generator().manual_seed(0))
+    ids[:, :12] = ids[0, :12]  # a shared context, three different continuations
+    target.prefill(ids[:1, :12])
+    full = target.model(ids).logits[..., : target.vocab_size]
+    target.keep([0, 0, 0])
+    torch.testing.assert_close(target.extend(ids[:, 12:20]), full[:, 12:20], atol=1e-5, rtol=1e-5)
+    target.keep([2])
+    target.rollback(15)
+    got = target.extend(ids[2:, 15:40])  # past the local-attention window of GPT-Neo (8)
+    torch.testing.assert_close(got, full[2:, 15:40], atol=1e-5, rtol=1e-5)
+
+
 def test_rollback_to_longer_length_is_a_no_op(tiny):
     target = load_target(str(tiny.gpt2))
     target.prefill(torch.tensor([[1, 2, 3]]))

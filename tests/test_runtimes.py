@@ -56,6 +56,21 @@ def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
             assert ours.length == ref.length == keep
 
 
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
+def test_graph_target_forks_rows_as_the_pytorch_target(tiny, request, which, model):
+    """keep with repeats (self-selection's K rows) and back to one row, against CausalLMTarget."""
+    ours = load_models("onnxruntime", request.getfixturevalue(which))["target"]
+    ref = load_target(str(getattr(tiny, model)))
+    ids = torch.randint(0, 300, (3, 30), generator=torch.Generator().manual_seed(0))
+    assert close(ours.prefill(ids[:1, :12]), ref.prefill(ids[:1, :12]))
+    for t in (ours, ref):
+        t.keep([0, 0, 0])
+    assert close(ours.extend(ids[:, 12:18]), ref.extend(ids[:, 12:18]))
+    for t in (ours, ref):
+        t.keep([1]), t.rollback(14)
+    assert ours.length == ref.length == 14 and close(ours.extend(ids[1:2, 14:30]), ref.extend(ids[1:2, 14:30]))
+
+
 def test_chunked_steps_match_one_step(onnx_pair):
     """A runtime with a step limit (TensorRT profiles) feeds long prompts in chunks."""
     whole = load_models("onnxruntime", onnx_pair)["target"]
@@ -77,11 +92,11 @@ def test_drafts_match_the_pytorch_drafter(tiny, onnx_pair):
     assert close(graph.x0_logits(ids), torch_drafter.x0_logits(ids))
 
 
-@pytest.mark.parametrize("method", ["ar", "specdiff"])
+@pytest.mark.parametrize("method", ["ar", "specdiff", "specdiff --drafts 3"])  # 3 rows forked from the cache
 @pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
 def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, method, which, model):
     artifacts = request.getfixturevalue(which)
-    common = ["generate", "--method", method, "--max-new-tokens", "24", "--jsonl", "--gamma", "5",
+    common = ["generate", "--method", *method.split(), "--max-new-tokens", "24", "--jsonl", "--gamma", "5",
               *[a for p in PROMPTS for a in ("--prompt", p)]]
     drafter = [] if which == "onnx_pair" else ["--drafter", str(tiny.drafter)]  # neo: ORT target + torch drafter
     torch_run = run_cli([*common, "--target", str(getattr(tiny, model)), "--drafter", str(tiny.drafter)])

@@ -88,7 +88,15 @@ def speculative_samples(target, proposer, rule, sampling, seed, verify_p=None):
     logits = target(torch.cat([ctx, draft.tokens], 1)).logits[:, CONTEXT.shape[1] - 1:]  # (N, gamma+1, V)
     p = (verify_p or sampling.target_probs)(logits, ctx, draft.tokens)
     n, y = rule(draft.tokens, draft.q, p, g)
-    emitted = torch.cat([draft.tokens, y[:, None]], 1)  # row i: tokens[:n_i] then y at index n_i
+    return first_tokens(target, draft.tokens, n, y, sampling, g), n
+
+
+@torch.no_grad()
+def first_tokens(target, tokens, n, y, sampling, g):
+    """A step's outcome, tokens (N, gamma) of which n (N,) were accepted, then y (N,) -> the cell
+    ids (N,) of the first DEPTH tokens, completed by plain target sampling."""
+    ctx = CONTEXT.repeat(N, 1)
+    emitted = torch.cat([tokens, y[:, None]], 1)  # row i: tokens[:n_i] then y at index n_i
     emitted[torch.arange(N), n] = y
     seqs = torch.cat([ctx, emitted], 1)
     for d in range(DEPTH):  # positions the step did not emit: plain target sampling
@@ -98,7 +106,7 @@ def speculative_samples(target, proposer, rule, sampling, seed, verify_p=None):
             nxt = sample(_p(target, seqs[missing, :col], sampling)[:, -1], g)
             seqs[missing, col] = nxt
     firsts = seqs[:, CONTEXT.shape[1]: CONTEXT.shape[1] + DEPTH]
-    return (firsts * V ** torch.arange(DEPTH - 1, -1, -1)).sum(1), n
+    return (firsts * V ** torch.arange(DEPTH - 1, -1, -1)).sum(1)
 
 
 def chi_square_pvalue(cells, joint):

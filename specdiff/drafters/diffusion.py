@@ -7,7 +7,7 @@ denoising steps. A schedule decides which slots a step commits:
     oneshot     l2r with T = 1: every slot from its marginal in one forward pass. Exact.
     confidence  step s commits the still-masked slots whose distribution is most peaked, as the
                 MDLM/SEDD samplers do. q_j is then not the conditional of x_j given x_<j, so only
-                greedy or match acceptance is exact with it.
+                greedy, match or select (point-mass) acceptance is exact with it.
 
 The x0 distribution at a masked slot is a softmax of the raw logits over the target's real
 vocabulary (the mask id and any padding rows are never proposed): both the MDLM (SUBS) and SEDD
@@ -115,7 +115,8 @@ def _pick_confidence(probs: torch.Tensor, masked: torch.Tensor, k: int) -> torch
     return score.topk(k, dim=1).indices
 
 
-ALL_RULES = frozenset({"greedy", "standard", "match"})
+ALL_RULES = frozenset({"greedy", "standard", "match", "select", "multi"})
+ORDER_FREE = ALL_RULES - {"standard", "multi"}  # exact whatever order the slots are committed in
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Schedule:
 SCHEDULES = {
     "l2r": Schedule("l2r", _pick_l2r, ALL_RULES),
     "oneshot": Schedule("oneshot", _pick_l2r, ALL_RULES, fixed_steps=1),
-    "confidence": Schedule("confidence", _pick_confidence, ALL_RULES - {"standard"}),
+    "confidence": Schedule("confidence", _pick_confidence, ORDER_FREE),
 }
 
 
@@ -166,8 +167,10 @@ class DiffusionProposer:
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling, generator: Generators,
-                lengths: torch.Tensor | None = None) -> Draft:
-        """context (B, L), left-padded when `lengths` (B,) are given -> Draft (B, gamma)."""
+                lengths: torch.Tensor | None = None, record: Sampling | None = None) -> Draft:
+        """context (B, L), left-padded when `lengths` (B,) are given -> Draft (B, gamma).
+        record: the warping of the q recorded for each slot when it differs from the one the
+        tokens are drawn with (`sampling`); specdiff.selection draws further candidates from it."""
         d = self.drafter
         ctx = context[:, -context_window(d, gamma):]  # (B, n)
         B, n = ctx.shape
@@ -177,9 +180,10 @@ class DiffusionProposer:
         rows = torch.arange(B, device=ctx.device)[:, None]
         sizes = block_sizes(gamma, self.steps)
         for k in sizes:
-            probs = sampling.probs(d.x0_logits(x, gamma, pad))  # (B, gamma, V)
+            logits = d.x0_logits(x, gamma, pad)  # (B, gamma, V)
+            probs = sampling.probs(logits)
             slots = self.schedule.pick(probs, x[:, n:] == d.mask_id, k)  # (B, k)
             chosen = probs[rows, slots]  # (B, k, V)
             x[rows, n + slots] = sampling.sample(chosen, generator)
-            q[rows, slots] = chosen
+            q[rows, slots] = record.probs(logits[rows, slots]) if record else chosen
         return Draft(tokens=x[:, n:], q=q, calls=len(sizes))

@@ -40,6 +40,8 @@ import transformers
 from transformers.utils import logging as hf_logging
 
 from .callstats import CallLog, mean_seconds, verifications
+from .. import selection
+from ..acceptance import RULES
 from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import UsageError
@@ -82,12 +84,17 @@ class Variant:
     gamma: int | None = None
     steps: int | None = None
     schedule: str | None = None
+    drafts: int | None = None  # K candidate drafts (None: the plan's default, 1)
+    acceptance: str | None = None  # None: Settings.acceptance, else the plan's default
+    temperature: float | None = None  # None: Settings.temperature
     batch_size: int = 1
 
     @property
     def label(self) -> str:
         parts = [self.method] + ([f"g={self.gamma}"] if self.gamma else [])
         parts += [f"T={self.steps}", str(self.schedule)] if self.steps else []
+        parts += ([f"K={self.drafts}"] if self.drafts else []) + ([self.acceptance] if self.acceptance else [])
+        parts += [f"t={self.temperature:g}"] if self.temperature is not None else []
         return " ".join(parts + ([f"b={self.batch_size}"] if self.batch_size != 1 else []))
 
 
@@ -96,8 +103,11 @@ class Settings:
     max_new_tokens: int = 64
     repeats: int = 3
     warmup: int = 1
-    temperature: float = 0.0
-    acceptance: str | None = None  # rule for spec-ar / specdiff; default from plan()
+    temperature: float = 0.0  # of variants that set none
+    acceptance: str | None = None  # rule for spec-ar / specdiff rows that set none; default from plan()
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_temperature: float | None = None  # of rows with drafts > 1
     seed: int = 0
     threads: int | None = None  # torch threads while timing; None: leave as is
     truncate_prompt: bool = False
@@ -125,28 +135,46 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
 
 
 def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],),
-             batch_sizes=(1,)) -> list[Variant]:
-    """One row per method and setting; `ar` first. specdiff sweeps gamma x schedule x steps (T is
-    at most gamma; a schedule with a fixed step count, e.g. oneshot, gets only that); the other
-    drafting methods sweep gamma; specdiff's own methods (not the peers) each batch size."""
+             drafts=(None,), rules=(None,), temperatures=(None,), batch_sizes=(1,)) -> list[Variant]:
+    """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
+    schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
+    only that) x drafts; the other drafting methods sweep gamma. Drafting rows sweep the rules
+    that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
+    each batch size."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
-    for name, values in (("gamma", gammas), ("steps", steps), ("batch_size", batch_sizes)):
+    for name, values in (("gamma", gammas), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
-    rows = [Variant("ar")]
+    rows = []
+    for temperature in temperatures:
+        rows.append(Variant("ar", temperature=temperature))
+        for v in _drafting(methods, gammas, steps, schedules):
+            for k in drafts if "drafts" in _settings(v.method) else (None,):
+                fit = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
+                rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
+    return [replace(v, batch_size=b) for v in rows for b in dict.fromkeys(batch_sizes)
+            if b == 1 or v.method in REGISTRY]
+
+
+def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
     for method in [m for m in METHODS if m in methods and m != "ar"]:
         for g in gammas:
             if "steps" not in _settings(method):
-                rows.append(Variant(method, g))
+                yield Variant(method, g)
                 continue
             for s in schedules:
                 fixed = get_schedule(s).fixed_steps
                 for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
-                    rows.append(Variant(method, g, t, s))
-    return [replace(v, batch_size=b) for v in rows for b in dict.fromkeys(batch_sizes)
-            if b == 1 or v.method in REGISTRY]
+                    yield Variant(method, g, t, s)
+
+
+def fits(rule: str, drafts: int, temperature: float | None) -> bool:
+    """Whether a row with this many drafts, at this temperature (None: unknown), can run the rule:
+    single-draft rules for one draft, selection rules for several, greedy only at temperature 0."""
+    single = rule in RULES and rule != "multi"
+    return (single if drafts == 1 else rule in selection.RULES) and not (rule == "greedy" and temperature)
 
 
 def _settings(method: str) -> tuple[str, ...]:
@@ -172,9 +200,12 @@ Pass = Callable[[list[str], list[list[int]]], Iterator[tuple[list[int], float]]]
 
 def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     drafter = getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
+    k, temperature = v.drafts or 1, _temperature(v, s)
+    default = s.acceptance if s.acceptance and fits(s.acceptance, k, temperature) else None  # e.g. a pair's
     p = plan(target=models.target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
-             schedule=v.schedule, acceptance=s.acceptance, temperature=s.temperature,
-             max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size)
+             schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
+             acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
+             top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size)
 
     def one_pass(prompts, encoded):
         for out in iter_generate(prompts, p, s.truncate_prompt):
@@ -182,12 +213,16 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     return one_pass
 
 
+def _temperature(v: Variant, s: Settings) -> float:
+    return s.temperature if v.temperature is None else v.temperature
+
+
 def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict:
-    t = models.target
-    kw: dict[str, Any] = {"do_sample": s.temperature > 0, "pad_token_id": t.eos_token_id,
+    t, temperature = models.target, _temperature(v, s)
+    kw: dict[str, Any] = {"do_sample": temperature > 0, "pad_token_id": t.eos_token_id,
                           "eos_token_id": t.eos_token_id}
-    if s.temperature > 0:
-        kw.update(temperature=s.temperature, top_k=0, top_p=1.0)
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
     head_rows = t.model.get_output_embeddings().weight.shape[0]
     if head_rows > t.vocab_size:  # padded head rows: never emitted, as in Target
         kw["suppress_tokens"] = list(range(t.vocab_size, head_rows))
@@ -408,7 +443,8 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     """Time every variant on the prompts; -> the report (what bench.json holds)."""
     if settings.repeats < 1 or settings.warmup < 0:
         raise UsageError("repeats must be >= 1 and warmup >= 0")
-    rows = [Variant("ar")] + [v for v in rows if v != Variant("ar")]
+    refs = [Variant("ar", temperature=t) for t in dict.fromkeys([v.temperature for v in rows] or [None])]
+    rows = refs + [v for v in rows if v not in refs]  # the batch-1 reference at every temperature first
     _check_models(models, rows)
     encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt)
     _check_room(models.target, rows, encoded, settings.max_new_tokens)
@@ -459,12 +495,14 @@ def unreliable(runs: list[float], ar_runs: list[float], speedup_range: list[floa
 
 
 def _report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, context: dict) -> dict:
-    """Speed-up: per round of passes, a variant's tokens/s over ar's in the same round; the
-    median over rounds, and its range."""
-    (ar, ar_passes), greedy = out[0], s.temperature == 0
-    c_1 = ar["call_cost_s"]["verify"]
+    """Speed-up: per round of passes, a variant's tokens/s over ar's (at the same temperature) in
+    the same round; the median over rounds, and its range."""
+    temperature = {id(row): s.temperature if row["temperature"] is None else row["temperature"] for row, _ in out}
+    refs = {temperature[id(row)]: (row, passes) for row, passes in reversed(out) if row["method"] == "ar"}
     failed = []
     for row, passes in out:
+        (ar, ar_passes), greedy = refs[temperature[id(row)]], temperature[id(row)] == 0
+        c_1 = ar["call_cost_s"]["verify"]
         ratios = [p.tokens_per_s / a.tokens_per_s for p, a in zip(passes, ar_passes)]
         row["speedup"] = statistics.median(ratios)
         row["speedup_range"] = [min(ratios), max(ratios)]
@@ -475,6 +513,7 @@ def _report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, contex
         row["matches_ar"] = not row["mismatches"] if greedy else None
         if row["mismatches"]:
             failed.append(row["label"])
+    greedy = 0 in temperature.values()
     check = {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed}
     config = {**asdict(s), **context}
     noisy = [row["label"] for row, _ in out if row["unreliable"]]
