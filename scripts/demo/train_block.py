@@ -32,7 +32,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from specdiff.loading import load_target
 from specdiff.nets.sdar import save_sdar
-from train_lm import batch_at, log, lr_at, optimizer_for, resume, save_checkpoint, windows
+from train_lm import batch_at, log, lr_at, optimizer_for, optimizer_step, resume, save_checkpoint, windows
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -126,10 +126,7 @@ def train(args, model, opt, train_windows, val, mask_id: int, state: dict) -> di
             group["lr"] = lr_at(args, state["step"], progress)
         x0 = batch_at(train_windows, state["step"], args.batch_size, args.seed)[:, :args.context]
         loss = diffusion_loss(model, x0, args.block_size, mask_id, attn, g, args.teacher_model)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss)
         now = time.time()
         state["train_s"] += now - t_last
         state["step"] += 1

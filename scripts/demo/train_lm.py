@@ -130,6 +130,14 @@ def save_checkpoint(path: Path, model, opt, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def optimizer_step(model, opt, loss: torch.Tensor) -> None:
+    """Backward, clip the gradient norm to 1, step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def resume(args: argparse.Namespace, ckpt: Path, model, opt) -> dict:
     """The training state, restored with model and optimizer from `ckpt` if it exists."""
     state = {"step": 0, "train_s": 0.0, "train_loss": None, "val_curve": [], "runs": 0}
@@ -160,10 +168,7 @@ def train(args: argparse.Namespace, model, opt, train_windows, val_subset, state
         for group in opt.param_groups:
             group["lr"] = lr_at(args, state["step"], progress)
         loss = lm_loss(model, batch_at(train_windows, state["step"], args.batch_size, args.seed), skip)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(model, opt, loss)
         now = time.time()
         state["train_s"] += now - t_last
         state["step"] += 1
