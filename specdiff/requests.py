@@ -60,13 +60,13 @@ def check_seed(seed) -> None:
 def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=None) -> None:
     """The sampling parameters given (None: the default): types and ranges."""
     if temperature is not None and not (_is_real(temperature) and 0 <= temperature < math.inf):
-        raise UsageError(f"temperature must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
+        raise UsageError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
     if top_k is not None and not (_is_int(top_k) and top_k >= 0):
-        raise UsageError(f"top_k must be an integer >= 0 (0 disables it), got {_short(top_k)}")
+        raise UsageError(f"`top_k` must be an integer >= 0 (0 disables it), got {_short(top_k)}")
     if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
-        raise UsageError(f"top_p must be a number in (0, 1], got {_short(top_p)}")
+        raise UsageError(f"`top_p` must be a number in (0, 1], got {_short(top_p)}")
     if repetition_penalty is not None and not (_is_real(repetition_penalty) and 0 < repetition_penalty < math.inf):
-        raise UsageError(f"repetition_penalty must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
+        raise UsageError(f"`repetition_penalty` must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
 
 
 def check_counts(values: dict) -> None:
@@ -74,7 +74,7 @@ def check_counts(values: dict) -> None:
     for key in COUNTS:
         value = values.get(key)
         if value is not None and not (_is_int(value) and value >= 1):
-            raise UsageError(f"{key} must be an integer >= 1, got {_short(value)}")
+            raise UsageError(f"`{key}` must be an integer >= 1, got {_short(value)}")
 
 
 def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
@@ -86,9 +86,9 @@ def check_request(target, drafter, *, seed, device, temperature=None, top_k=None
     check_counts(options)
     draft_temperature = options.get("draft_temperature")
     if draft_temperature is not None and not (_is_real(draft_temperature) and 0 < draft_temperature < math.inf):
-        raise UsageError(f"draft_temperature must be a finite number > 0, got {_short(draft_temperature)}")
+        raise UsageError(f"`draft_temperature` must be a finite number > 0, got {_short(draft_temperature)}")
     if not _is_device(device):
-        raise UsageError(f"device must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
+        raise UsageError(f"`device` must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
     return _name(target), _name(drafter)
 
 

@@ -169,7 +169,7 @@ def test_cli_streams_a_batch_in_input_order(tiny, models, eos, monkeypatch):
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_cli_refuses_a_bad_batch_size_in_one_line(tiny, value):
     result = _cli(["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--batch-size", value])
-    assert result.exit_code == 2 and result.stderr == f"specdiff: error: batch_size must be an integer >= 1, got {value}\n"
+    assert result.exit_code == 2 and result.stderr == f"specdiff: error: --batch-size must be an integer >= 1, got {value}\n"
 
 
 class NaivePositions:

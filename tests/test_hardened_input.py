@@ -60,7 +60,7 @@ def test_non_finite_logits_are_one_error(logit):
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), -1e-300])
 def test_non_finite_or_negative_temperature_is_refused(value):
-    with pytest.raises(UsageError, match="temperature must be a finite number >= 0"):
+    with pytest.raises(UsageError, match="`temperature` must be a finite number >= 0"):
         Sampling(value)
 
 

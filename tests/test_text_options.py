@@ -119,7 +119,7 @@ def test_chat_prompts_go_through_the_template(chat_target, models):
     ({"chat": True}, "has no chat template"),
     ({"system": "x"}, "needs `chat`"),
     ({"stop": [""]}, "`stop` strings must be non-empty"),
-    ({"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0"),
+    ({"repetition_penalty": 0}, "`repetition_penalty` must be a finite number > 0"),
 ])
 def test_bad_text_options_are_refused(models, options, message):
     with pytest.raises(UsageError, match=message):
