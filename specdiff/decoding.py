@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Iterable, Iterator, cast
 
@@ -88,25 +87,22 @@ Step = Callable[[list[Row], "_Parts"], list[list[int]]]
 
 
 class _Parts:
-    """Seconds of one batched step spent drafting and verifying, shared out among its rows."""
+    """Seconds of one batched step spent drafting and verifying (a Metrics' draft_s / verify_s),
+    shared out among its rows."""
 
     def __init__(self, sync: Callable[[], None]):
-        self.sync, self.draft_s, self.verify_s = sync, 0.0, 0.0
+        self.sync, self.m = sync, Metrics()
 
-    @contextmanager
     def timed(self, part: str):
-        start = time.perf_counter()
-        yield
-        self.sync()
-        setattr(self, f"{part}_s", getattr(self, f"{part}_s") + time.perf_counter() - start)
+        return self.m.timed(part, self.sync)
 
     def charge(self, rows: list[Row], wall_s: float) -> None:
         """Each row's share of the step: a prompt's wall_s sums to the decoding time it used."""
         for row in rows:
             m = row.metrics
             m.wall_s += wall_s / len(rows)
-            m.draft_s += self.draft_s / len(rows)
-            m.verify_s += self.verify_s / len(rows)
+            m.draft_s += self.m.draft_s / len(rows)
+            m.verify_s += self.m.verify_s / len(rows)
             m.target_calls += 1
             m.new_tokens, m.stop_reason = len(row.new_tokens), row.stop_reason
 
