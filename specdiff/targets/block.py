@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .causal import context_window, real_vocab_size
+from .causal import context_window, eos_token_id, real_vocab_size
 
 
 def block_causal(n: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
@@ -54,8 +54,7 @@ class BlockDiffusionTarget:
         self.mask_id = mask_id
         self.vocab_size = real_vocab_size(tokenizer, model, self.name)
         self.max_length = context_window(model.config)
-        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-        self.eos_token_id = eos if isinstance(eos, int) else None
+        self.eos_token_id = eos_token_id(tokenizer, model.config)
         self.cache = DynamicCache(config=model.config)
 
     @property

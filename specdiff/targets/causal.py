@@ -25,6 +25,12 @@ def context_window(config) -> int:
     raise IncompatibleModelsError(f"cannot tell the context window of model type '{config.model_type}'")
 
 
+def eos_token_id(tokenizer, config) -> int | None:
+    """The tokenizer's EOS id, else the config's; None unless a single id."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
+    return eos if isinstance(eos, int) else None
+
+
 def real_vocab_size(tokenizer, model, name: str) -> int:
     """len(tokenizer), checked against the rows of the model's output head."""
     vocab = len(tokenizer)
@@ -46,8 +52,7 @@ class CausalLMTarget(RowCache):
         self.name = name or getattr(model.config, "_name_or_path", "target")
         self.vocab_size = real_vocab_size(tokenizer, model, self.name)
         self.max_length = context_window(model.config)
-        eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-        self.eos_token_id = eos if isinstance(eos, int) else None
+        self.eos_token_id = eos_token_id(tokenizer, model.config)
 
     @property
     def device(self) -> torch.device:
