@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 from .errors import SpecdiffError, UsageError
 from .extras import require
+from .generation import GenerationResult
 from .requests import check_prompts, check_request
 
 TASK_SIZE = 32  # prompts per map_batches call: a worker's unit of work and of retry, refilling
@@ -40,23 +41,14 @@ TASK_SIZE = 32  # prompts per map_batches call: a worker's unit of work and of r
 
 
 @dataclass
-class RayResult:
-    """GenerationResult's outputs plus Ray's overhead: `ray` = {"init_s", "wall_s", "workers",
-    "batches", "batch_s" (each batch's seconds inside its worker, model loading excluded)}."""
+class RayResult(GenerationResult):
+    """A GenerationResult (outputs in input order, `.texts`, `.metrics`) plus Ray's overhead:
+    `ray` = {"init_s", "wall_s" (the pool's run), "workers", "batches", "batch_s" (each batch's
+    seconds inside its worker, model loading excluded), "decode_s"}; `settings`: {"method",
+    "settings"} of the plan the workers ran, as --stats prints them."""
 
-    outputs: list = field(default_factory=list)
     ray: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)  # {"method", "settings"} as --stats prints
-
-    @property
-    def texts(self) -> list[str]:
-        return [o.text for o in self.outputs]
-
-    @property
-    def metrics(self):
-        from .generation import GenerationResult
-
-        return GenerationResult(self.outputs).metrics
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def init(address: str | None = None, **ray_init: Any) -> float:
@@ -122,11 +114,11 @@ def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus
                 task_size: int = TASK_SIZE, threads: int | None = None, truncate_prompt: bool = False,
                 **options: Any) -> Any:
     """A Ray Dataset with a "prompt" column (and "index", the prompt's place in the whole input;
-    added in dataset order when absent) -> the lazy Dataset of its rows with "output" (a pickled
-    generation.Output), "batch" and "batch_s" (Worker). `options`: as for specdiff.generate (models by name)."""
-    check_request(options.get("target"), options.get("drafter"), seed=options.get("seed", 0),
-                  device=options.get("device", "cpu"),
-                  **{k: options.get(k) for k in ("temperature", "top_k", "top_p", "repetition_penalty")})
+    added in dataset order when absent) -> the lazy Dataset of its rows with the columns Worker
+    adds. `options`: as for specdiff.generate (models by name), checked here before any worker
+    starts."""
+    checked = {"target": None, "drafter": None, "seed": 0, "device": "cpu", **options}
+    check_request(checked.pop("target"), checked.pop("drafter"), **checked)
     _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
     ray = require("ray", "ray")
     if "index" not in ds.columns():
@@ -137,14 +129,16 @@ def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus
                           num_cpus=cpus_per_worker, num_gpus=gpus_per_worker or None)
 
 
-def generate(prompts: str | list[str], *, address: str | None = None, workers: int = 2,
-             cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0, task_size: int = TASK_SIZE,
-             threads: int | None = None, truncate_prompt: bool = False, **options: Any) -> RayResult:
+def generate(prompts: str | list[str], *, address: str | None = None, ray_init: dict[str, Any] | None = None,
+             workers: int = 2, cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0,
+             task_size: int = TASK_SIZE, threads: int | None = None, truncate_prompt: bool = False,
+             **options: Any) -> RayResult:
     """specdiff.generate over a Ray actor pool: the same outputs, in input order.
-    address: see `init`; the other Ray parameters: see `map_prompts`."""
+    address, ray_init (ray.init's keyword arguments): see `init`; the other Ray parameters: see
+    `map_prompts`."""
     prompts = check_prompts(prompts)
     _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
-    init_s = init(address)
+    init_s = init(address, **(ray_init or {}))
     ray = require("ray", "ray")
     start = time.perf_counter()
     ds = ray.data.from_items([{"index": i, "prompt": p} for i, p in enumerate(prompts)])

@@ -59,15 +59,14 @@ def run_on_ray(prompts: list[str], options: dict, address: str, workers: int, cp
     """-> specdiff.ray.RayResult, Ray quiet but for its warnings."""
     import specdiff.ray as sray
 
-    _init_quiet(address)
-    return sray.generate(prompts, workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
-                         threads=threads or max(1, int(cpus)), truncate_prompt=truncate_prompt, **options)
+    return sray.generate(prompts, address=address or None, ray_init=_quiet(), workers=workers,
+                         cpus_per_worker=cpus, gpus_per_worker=gpus, threads=threads or max(1, int(cpus)),
+                         truncate_prompt=truncate_prompt, **options)
 
 
-def _init_quiet(address: str) -> None:
-    import specdiff.ray as sray
-
-    sray.init(address or None, logging_level=logging.ERROR)
+def _quiet() -> dict:
+    """Keep Ray's warnings, progress lines and execution notes off stderr, and its results in
+    input order; -> the ray.init arguments that do the same for Ray's own logger."""
     from ray.data import DataContext
 
     warnings.filterwarnings("ignore", module="ray")  # advice on pool sizes and deprecations
@@ -75,6 +74,7 @@ def _init_quiet(address: str) -> None:
     context = DataContext.get_current()
     context.print_on_execution_start = False
     context.execution_options.preserve_order = True
+    return {"logging_level": logging.ERROR}
 
 
 MAX_CHUNKS = 4096  # read tasks of --output-dir's input, at most
@@ -147,7 +147,7 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict,
     fmt = _file_format(path, fmt)
     directory = _shard_dir(out_dir)
     chunks = index_file(path, fmt, sray.TASK_SIZE)
-    _init_quiet(address)
+    sray.init(address or None, **_quiet())
     ds = ray.data.from_items([asdict(c) for c in chunks]).flat_map(
         read_chunk, fn_kwargs={"path": os.path.abspath(path), "fmt": fmt})
     done = sray.map_prompts(ds, workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
