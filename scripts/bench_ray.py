@@ -16,11 +16,11 @@ import torch
 
 import specdiff.ray as sray
 from specdiff.generation import GenerationResult, iter_generate, plan
-from specdiff.resources import data_path
+from specdiff.tools.bench import DEFAULT_PROMPTS
 
 
 def heldout(n: int) -> list[str]:
-    with open(data_path("prompts/heldout.jsonl"), encoding="utf-8") as f:
+    with open(DEFAULT_PROMPTS, encoding="utf-8") as f:
         prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     return [prompts[i % len(prompts)] for i in range(n)]
 
