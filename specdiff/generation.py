@@ -29,6 +29,7 @@ from tqdm import tqdm
 from . import selection
 from .acceptance import RULES, get_rule
 from .block_decoding import REMASKING, BlockSettings
+from .compiled import compile_models, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
@@ -140,6 +141,13 @@ class Plan:
     sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from (SOURCES)
     batch_size: int = 1  # rows decoded together
     block: BlockSettings | None = None  # a block-diffusion target's decoding settings
+    compiled: bool = False  # static cache and compiled steps (specdiff.compiled)
+
+    @property
+    def warmup_s(self) -> float:
+        """Seconds spent compiling (`compiled`), kept out of every prompt's decoding time."""
+        denoiser = getattr(self.drafter, "backbone", None)
+        return getattr(self.target, "warmup_s", 0.0) + getattr(denoiser, "warmup_s", 0.0)
 
     def settings(self) -> dict[str, dict[str, Any]]:
         """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the
@@ -157,10 +165,12 @@ class Plan:
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
          device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
          chat: bool = False, system: str | None = None, stop: Iterable[str] | str | None = None,
-         registry: Registry | None = None, **options: Any) -> Plan:
+         registry: Registry | None = None, compile: bool = False, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), fill the settings not given (see `choose`:
     option > pair > drafter > DEFAULTS), validate. With neither pair nor target: the `demo` pair,
-    if models.yaml has one."""
+    if models.yaml has one. compile: run through specdiff.compiled (static cache, torch.compile)."""
+    if not isinstance(compile, bool):
+        raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
@@ -173,6 +183,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     settings = choose(given, defaults, drafter)
     chosen = _check_settings(settings) or default_method(drafter, target)
     chosen.check_target(target)
+    if compile:
+        target, drafter = compile_models(target, drafter)
     opts = values(settings)
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
                         float(opts["repetition_penalty"]))
@@ -184,7 +196,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop),
-                _sources(settings, chosen, drafter), opts["batch_size"], block)
+                _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
 
 
 def _block_settings(settings: dict[str, Setting], sampling: Sampling, target: Any, drafter: Any) -> BlockSettings | None:
@@ -340,6 +352,9 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     p = p or plan(**options)
     indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
+    if p.compiled and prompts:
+        copies = p.proposer.drafts if isinstance(p.proposer, SelfSelection) else 1
+        warm_up(p.target, p.drafter, min(p.batch_size, len(prompts)), p.proposer and p.draft.gamma, copies)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
     rows = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
                 torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)
@@ -400,7 +415,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              truncate_prompt: bool = False, progress: bool = False, chat: bool = False,
              system: str | None = None, stop: Iterable[str] | str | None = None,
              batch_size: int | None = None, remasking: str | None = None,
-             threshold: float | None = None) -> GenerationResult:
+             threshold: float | None = None, compile: bool = False) -> GenerationResult:
     """Generate a continuation of each prompt with the target, accelerated by the drafter.
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects
@@ -413,6 +428,8 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     picks the slots each denoising step commits, dynamic's confidence threshold, steps per block.
     drafts: K > 1 candidate drafts per step, one kept by the target (specdiff.selection;
     acceptance greedy, select or multi); draft_temperature: how candidates 2..K are sampled.
+    compile: the static KV cache and torch.compile'd steps (specdiff.compiled): the same tokens,
+    compiled once per run before decoding.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
@@ -421,5 +438,5 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              draft_temperature=draft_temperature,
              temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
              max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
-             remasking=remasking, threshold=threshold)
+             remasking=remasking, threshold=threshold, compile=compile)
     return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))

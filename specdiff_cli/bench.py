@@ -76,6 +76,9 @@ def _report_dir(ctx, param, value):
 @click.option("--batch-size", "batch_sizes", callback=_list(int), metavar="LIST",
               help="Prompts per forward pass to sweep, e.g. 1,4,8,16 (ar, spec-ar, specdiff; the HF peers "
                    "run batch 1) [default: 1].")
+@click.option("--compile", "compiled", is_flag=True,
+              help="Also run ar / spec-ar / specdiff compiled (static KV cache, torch.compile), each beside "
+                   "its eager row; compile time is reported apart (compile_s) and timed in no pass.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
@@ -87,7 +90,7 @@ def _report_dir(ctx, param, value):
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
           repeats, warmup, gammas, steps, schedules, drafts, draft_temperature, rules, temperatures, top_k, top_p,
-          batch_sizes, seed, out, check, threads, device, dtype, truncate_prompt, no_plots):
+          batch_sizes, compiled, seed, out, check, threads, device, dtype, truncate_prompt, no_plots):
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
 
@@ -98,6 +101,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
       specdiff bench --target gpt2-xl --drafter ./drafter --ar-drafter gpt2 --check
       specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
       specdiff bench --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
+      specdiff bench --methods ar,specdiff --compile --threads 1
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
     """
     from specdiff.generation import choose, values
@@ -124,13 +128,15 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     if check and (settings.temperature > 0 or any(t > 0 for t in temperatures or ())):
         raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
     if getattr(models.target, "kind", None) == "block-diffusion":
+        if compiled:
+            raise UsageError("--compile runs causal LM targets; block-diffusion targets run eager")
         _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],), gammas or (pick["gamma"],),
                      pick, out, check)
         return
     rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
                         steps or (pick["steps"],), schedules or (pick["schedule"],), drafts or (None,),
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
-                        batch_sizes or (1,))
+                        batch_sizes or (1,), (False, True) if compiled else (False,))
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))

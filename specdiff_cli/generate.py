@@ -62,6 +62,9 @@ from .threads import set_threads, threads_option
               show_default=True, help="auto: fp32 on CPU, fp16 on CUDA.")
 @click.option("--runtime", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch",
               show_default=True, help="What runs the models; onnxruntime / tensorrt need --artifacts.")
+@click.option("--compile", is_flag=True,
+              help="torch runtime: static KV cache and torch.compile'd steps (the same tokens; compiled "
+                   "before the first prompt decodes, warmup_s in --stats).")
 @click.option("--artifacts", metavar="DIR", help="A `specdiff export` directory: its target / drafter replace --target / --drafter.")
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
 @click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields with prompt, text, metrics).")
@@ -110,6 +113,8 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
         _ray(records, options, pool, threads, truncate_prompt, layout, output, stats)
         return
     set_threads(threads)
+    if options["compile"] and options["runtime"] != "torch":
+        raise click.UsageError("--compile is for the torch runtime; exported graphs are compiled by their runtime")
     options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
     p = plan(**options)
     if stream:
@@ -156,7 +161,9 @@ def _write_results(records, outputs, layout: Layout, output):
 def _stats(wanted: bool, p, total) -> None:
     """--stats: the settings that ran and the aggregate metrics, one JSON line on stderr."""
     if wanted and total is not None:
-        click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict()}), err=True)
+        warmup = {"warmup_s": round(p.warmup_s, 6)} if p.compiled else {}
+        click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict(), **warmup}),
+                   err=True)
 
 
 def _layout(jsonl: bool, raw: bool, separator: str | None, echo: bool) -> Layout:

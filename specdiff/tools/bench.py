@@ -54,6 +54,7 @@ from ..registry import Registry, load_registry
 from ..resources import data_path
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
+from ..targets.static import StaticTarget
 
 METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
 SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
@@ -88,6 +89,7 @@ class Variant:
     acceptance: str | None = None  # None: Settings.acceptance, else the plan's default
     temperature: float | None = None  # None: Settings.temperature
     batch_size: int = 1
+    compiled: bool = False  # specdiff.compiled: static cache, torch.compile
 
     @property
     def label(self) -> str:
@@ -95,7 +97,8 @@ class Variant:
         parts += [f"T={self.steps}", str(self.schedule)] if self.steps else []
         parts += ([f"K={self.drafts}"] if self.drafts else []) + ([self.acceptance] if self.acceptance else [])
         parts += [f"t={self.temperature:g}"] if self.temperature is not None else []
-        return " ".join(parts + ([f"b={self.batch_size}"] if self.batch_size != 1 else []))
+        parts += [f"b={self.batch_size}"] if self.batch_size != 1 else []
+        return " ".join(parts + (["compiled"] if self.compiled else []))
 
 
 @dataclass
@@ -135,12 +138,13 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
 
 
 def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],),
-             drafts=(None,), rules=(None,), temperatures=(None,), batch_sizes=(1,)) -> list[Variant]:
+             drafts=(None,), rules=(None,), temperatures=(None,), batch_sizes=(1,),
+             compiled=(False,)) -> list[Variant]:
     """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
     only that) x drafts; the other drafting methods sweep gamma. Drafting rows sweep the rules
     that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
-    each batch size."""
+    each batch size, and `compiled` (False, True: eager and compiled rows)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
@@ -154,8 +158,8 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
             for k in drafts if "drafts" in _settings(v.method) else (None,):
                 fit = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
-    return [replace(v, batch_size=b) for v in rows for b in dict.fromkeys(batch_sizes)
-            if b == 1 or v.method in REGISTRY]
+    return [replace(v, batch_size=b, compiled=c) for v in rows for b in dict.fromkeys(batch_sizes)
+            for c in dict.fromkeys(compiled) if (b == 1 and not c) or v.method in REGISTRY]
 
 
 def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
@@ -205,11 +209,13 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     p = plan(target=models.target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
              schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
              acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
-             top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size)
+             top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size,
+             compile=v.compiled)
 
     def one_pass(prompts, encoded):
         for out in iter_generate(prompts, p, s.truncate_prompt):
             yield out.tokens, out.metrics.wall_s, out.metrics
+    one_pass.plan = p  # type: ignore[attr-defined]  # its target holds the KV peak (and warm-up)
     return one_pass
 
 
@@ -293,14 +299,17 @@ class Repeat:
 
 
 def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repeat:
-    roles = {"target": models.target.model}
-    if models.drafter_module(v.method) is not None:
+    """One pass with every forward call logged, except in compiled rows: a hook would make
+    torch.compile recompile, and their calls are the loop's own (metrics)."""
+    roles = {} if v.compiled else {"target": models.target.model}
+    if models.drafter_module(v.method) is not None and not v.compiled:
         roles["drafter"] = models.drafter_module(v.method)
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    target = models.target
-    assert isinstance(target, CausalLMTarget)  # block-diffusion targets are timed by bench_block
+    plan = getattr(one_pass, "plan", None)
+    target = plan.target if plan else models.target
+    assert isinstance(target, (CausalLMTarget, StaticTarget))  # block-diffusion targets: bench_block
     target.kv_peak_bytes = 0
     with CallLog(roles, device) as log:
         for tokens, seconds, *metrics in one_pass(prompts, encoded):
@@ -314,10 +323,12 @@ def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repea
     return r
 
 
-def _measure(models: Models, rows: list[Variant], s: Settings, prompts, encoded, log) -> list[list[Repeat]]:
+def _measure(models: Models, rows: list[Variant], s: Settings, prompts, encoded,
+             log) -> tuple[list[list[Repeat]], list[float | None]]:
     """Warm-up passes of every variant, then the timed passes round-robin (pass i of every variant,
     then pass i + 1), so that a slow spell of a shared machine hits all methods alike instead of
-    all the passes of one. -> per variant, its timed passes."""
+    all the passes of one. -> per variant, its timed passes and its compile seconds (compiled
+    rows: spent before their first pass decoded, in no pass's time)."""
     passes = [PASSES[v.method](models, v, s) for v in rows]
     for v, one_pass in zip(rows, passes):
         log(f"bench: warm-up {v.label}")
@@ -329,7 +340,8 @@ def _measure(models: Models, rows: list[Variant], s: Settings, prompts, encoded,
         log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} variants")
         for v, one_pass, out in zip(rows, passes, repeats):
             out.append(_timed_pass(models, v, one_pass, prompts, encoded))
-    return repeats
+    plans = [getattr(one_pass, "plan", None) for one_pass in passes]
+    return repeats, [p.warmup_s if p and p.compiled else None for p in plans]
 
 
 def spread(xs: list[float]) -> dict:
@@ -362,7 +374,7 @@ def _row(v: Variant, repeats: list[Repeat], encoded) -> dict:
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
     target, drafter = mid.role_calls("target"), mid.role_calls("drafter")
-    m = _acceptance(mid, encoded, v.batch_size > 1).to_dict()
+    m = _acceptance(mid, encoded, v.batch_size > 1 or v.compiled).to_dict()
     histogram = m["accepted_length_histogram"]
     histogram += [0] * (len(m["per_position_acceptance"]) + 1 - len(histogram))  # k = 0..gamma
     wall, verify, draft = sum(mid.seconds), sum(c.seconds for c in target), sum(c.seconds for c in drafter)
@@ -451,8 +463,9 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads or threads)
     try:
-        repeats = _measure(models, rows, settings, prompts, encoded, log)
-        out = [({**_row(v, r, encoded), "memory": _memory(r)}, r) for v, r in zip(rows, repeats)]
+        repeats, warmups = _measure(models, rows, settings, prompts, encoded, log)
+        out = [({**_row(v, r, encoded), "memory": _memory(r), "compile_s": w}, r)
+               for v, r, w in zip(rows, repeats, warmups)]
         env = environment(models)
     finally:
         torch.set_num_threads(threads)
