@@ -50,9 +50,11 @@ class _Slots:
         self.keys, self.values, self.cols = keys, values, cols  # cols (B, W)
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
-        index = self.cols[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        self.keys[layer_idx].scatter_(2, index, k.to(self.keys[layer_idx].dtype))
-        self.values[layer_idx].scatter_(2, index, v.to(self.values[layer_idx].dtype))
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1) beside cols (B, W)
+        for buffer, new in ((self.keys[layer_idx], k), (self.values[layer_idx], v)):
+            # index_put_, not scatter_: torch.compile writes it in place (a scatter_ on a graph
+            # input is compiled as copy, scatter, copy back: the whole buffer, every step)
+            buffer[rows, :, self.cols] = new.transpose(1, 2).to(buffer.dtype)  # (B, W, H, D)
         return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
