@@ -24,7 +24,7 @@ from torch import nn
 from .drafters.diffusion import DiffusionDrafter, context_window
 from .errors import UsageError
 from .targets.causal import CausalLMTarget
-from .targets.static import StaticTarget
+from .targets.static import StaticTarget, compile_step
 
 
 class StaticDenoiser(nn.Module):
@@ -38,7 +38,8 @@ class StaticDenoiser(nn.Module):
         self.shape = (0, 0, 0)  # (rows, length, last) it runs at
         self.shapes: set[tuple[int, int, int]] = set()
         self.warmup_s = 0.0
-        self._compiled = torch.compile(backbone, dynamic=False) if compile else backbone
+        self.device = next(backbone.parameters()).device
+        self._compiled = compile_step(backbone, self.device) if compile else backbone
 
     def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
                 pad: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,7 +58,8 @@ class StaticDenoiser(nn.Module):
             out = self._compiled(ids, sigma, M, pad)
             self.warmup_s += time.perf_counter() - start
             self.shapes.add(self.shape)
-        return out[:B, M - last:]
+        out = out[:B, M - last:]
+        return out.clone() if self.device.type == "cuda" else out  # a CUDA graph's output is reused
 
 
 def compile_models(target: Any, drafter: Any, compile: bool = True) -> tuple[StaticTarget, Any]:

@@ -15,6 +15,20 @@ from .prompts import read_prompts
 from .threads import default_threads, threads_option
 
 
+def _graphs(runtime: str, artifacts: str, device: str, threads: int) -> dict:
+    """The export's target / drafter on `runtime`, its sessions opened with the bench's threads."""
+    import torch
+
+    from runtimes import load_models
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return load_models(runtime, artifacts, device)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _list(kind):
     def parse(ctx, param, value):
         if value is None:
@@ -79,6 +93,10 @@ def _report_dir(ctx, param, value):
 @click.option("--compile", "compiled", is_flag=True,
               help="Also run ar / spec-ar / specdiff compiled (static KV cache, torch.compile), each beside "
                    "its eager row; compile time is reported apart (compile_s) and timed in no pass.")
+@click.option("--artifacts", metavar="DIR",
+              help="A `specdiff export` directory: also run ar and specdiff on its graphs with --runtime.")
+@click.option("--runtime", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
+              help="What runs the --artifacts graphs.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
@@ -90,7 +108,7 @@ def _report_dir(ctx, param, value):
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
           repeats, warmup, gammas, steps, schedules, drafts, draft_temperature, rules, temperatures, top_k, top_p,
-          batch_sizes, compiled, seed, out, check, threads, device, dtype, truncate_prompt, no_plots):
+          batch_sizes, compiled, artifacts, runtime, seed, out, check, threads, device, dtype, truncate_prompt, no_plots):
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
 
@@ -101,7 +119,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
       specdiff bench --target gpt2-xl --drafter ./drafter --ar-drafter gpt2 --check
       specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
       specdiff bench --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
-      specdiff bench --methods ar,specdiff --compile --threads 1
+      specdiff bench --methods ar,specdiff --compile --artifacts demo-onnx --threads 1
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
     """
     from specdiff.generation import choose, values
@@ -128,15 +146,17 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     if check and (settings.temperature > 0 or any(t > 0 for t in temperatures or ())):
         raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
     if getattr(models.target, "kind", None) == "block-diffusion":
-        if compiled:
-            raise UsageError("--compile runs causal LM targets; block-diffusion targets run eager")
+        if compiled or artifacts:
+            raise UsageError("--compile and --artifacts run causal LM targets; block-diffusion targets run eager")
         _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],), gammas or (pick["gamma"],),
                      pick, out, check)
         return
     rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
                         steps or (pick["steps"],), schedules or (pick["schedule"],), drafts or (None,),
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
-                        batch_sizes or (1,), (False, True) if compiled else (False,))
+                        batch_sizes or (1,), ("torch",) + ("compiled",) * compiled + (runtime,) * bool(artifacts))
+    if artifacts:
+        models.graphs[runtime] = _graphs(runtime, artifacts, device, settings.threads)
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))

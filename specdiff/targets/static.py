@@ -42,6 +42,15 @@ def check_static(config) -> None:
                                       "sliding-window layers (drop `compile`)")
 
 
+def compile_step(fn, device: torch.device | None = None):
+    """torch.compile for one fixed shape: on CUDA with CUDA graphs (mode reduce-overhead: a step
+    replays without launch overhead), on CPU with inductor's C++ wrapper (no Python between
+    kernels: 4.1 -> 3.5 ms per demo-target step here)."""
+    if device is not None and device.type == "cuda":
+        return torch.compile(fn, dynamic=False, mode="reduce-overhead")
+    return torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
+
+
 class _Slots:
     """The cache object the model writes through: `update` scatters the step's keys and values
     (B, H, W, D) of row b to columns cols[b] and returns the whole buffers (B, H, C, D)."""
@@ -108,9 +117,7 @@ class StaticTarget:
         return _step(self.model, self.vocab_size, self.max_length, *args)
 
     def _compile(self):
-        if self.device.type == "cuda":  # CUDA graphs replay the step without launch overhead
-            return torch.compile(self._eager, dynamic=False, mode="reduce-overhead")
-        return torch.compile(self._eager, dynamic=False, options={"cpp_wrapper": True})
+        return compile_step(self._eager, self.device)
 
     @property
     def device(self) -> torch.device:
@@ -190,7 +197,8 @@ class StaticTarget:
         lengths = torch.zeros(R, dtype=torch.long)
         lengths[:self.rows] = self.lengths
         logits = self._timed((R, W, self.keys[0].shape[2]), padded, lengths.to(ids.device), self.keys, self.values)
-        return logits[:B, :S]
+        # on CUDA a graph's output is overwritten by its next replay: the caller gets its own copy
+        return logits[:B, :S].clone() if self.device.type == "cuda" else logits[:B, :S]
 
     def rollback(self, lengths: torch.Tensor | int) -> None:
         lengths = torch.as_tensor(lengths, dtype=torch.long).cpu().expand(self.rows)

@@ -67,6 +67,7 @@ class Models:
     target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
     drafter: DiffusionDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
+    graphs: dict[str, dict] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
 
     def drafter_module(self, method: str):
         """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
@@ -89,7 +90,17 @@ class Variant:
     acceptance: str | None = None  # None: Settings.acceptance, else the plan's default
     temperature: float | None = None  # None: Settings.temperature
     batch_size: int = 1
-    compiled: bool = False  # specdiff.compiled: static cache, torch.compile
+    runtime: str = "torch"  # or "compiled" (specdiff.compiled), or a graph runtime (RUNTIMES)
+
+    @property
+    def compiled(self) -> bool:
+        return self.runtime == "compiled"
+
+    @property
+    def logged(self) -> bool:
+        """Whether its forward calls can be logged by hooks: eager torch only (a hook would make
+        torch.compile recompile; exported graphs are no modules)."""
+        return self.runtime == "torch"
 
     @property
     def label(self) -> str:
@@ -98,7 +109,7 @@ class Variant:
         parts += ([f"K={self.drafts}"] if self.drafts else []) + ([self.acceptance] if self.acceptance else [])
         parts += [f"t={self.temperature:g}"] if self.temperature is not None else []
         parts += [f"b={self.batch_size}"] if self.batch_size != 1 else []
-        return " ".join(parts + (["compiled"] if self.compiled else []))
+        return " ".join(parts + ([self.runtime] if self.runtime != "torch" else []))
 
 
 @dataclass
@@ -139,12 +150,13 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
 
 def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],),
              drafts=(None,), rules=(None,), temperatures=(None,), batch_sizes=(1,),
-             compiled=(False,)) -> list[Variant]:
+             runtimes=("torch",)) -> list[Variant]:
     """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
     only that) x drafts; the other drafting methods sweep gamma. Drafting rows sweep the rules
     that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
-    each batch size, and `compiled` (False, True: eager and compiled rows)."""
+    each batch size and on each of `runtimes` ("torch": eager; "compiled"; a graph runtime, which
+    runs ar and specdiff: exports hold a target and a diffusion drafter)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
@@ -158,8 +170,15 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
             for k in drafts if "drafts" in _settings(v.method) else (None,):
                 fit = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
-    return [replace(v, batch_size=b, compiled=c) for v in rows for b in dict.fromkeys(batch_sizes)
-            for c in dict.fromkeys(compiled) if (b == 1 and not c) or v.method in REGISTRY]
+    return [replace(v, batch_size=b, runtime=r) for v in rows for b in dict.fromkeys(batch_sizes)
+            for r in dict.fromkeys(runtimes) if _runs(v.method, b, r)]
+
+
+def _runs(method: str, batch_size: int, runtime: str) -> bool:
+    """The HF peers run eager torch at batch 1; graph runtimes run ar and specdiff."""
+    if method not in REGISTRY:
+        return batch_size == 1 and runtime == "torch"
+    return runtime in ("torch", "compiled") or method in ("ar", "specdiff")
 
 
 def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
@@ -193,6 +212,10 @@ def available_methods(models: Models) -> list[str]:
 def _check_models(models: Models, rows: list[Variant]) -> None:
     what = {"ar_drafter": "an autoregressive drafter (--ar-drafter)", "drafter": "a diffusion drafter (--drafter)"}
     for v in rows:
+        if v.runtime not in ("torch", "compiled"):
+            graphs = models.graphs.get(v.runtime, {})
+            if "target" not in graphs or (v.method == "specdiff" and "drafter" not in graphs):
+                raise UsageError(f"{v.runtime} rows of '{v.method}' need an export holding its models (--artifacts)")
         if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
 
@@ -203,10 +226,12 @@ Pass = Callable[[list[str], list[list[int]]], Iterator[tuple[list[int], float]]]
 
 
 def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
-    drafter = getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
+    target, drafter = models.target, getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
+    if v.runtime in models.graphs:
+        target, drafter = models.graphs[v.runtime]["target"], models.graphs[v.runtime].get("drafter")
     k, temperature = v.drafts or 1, _temperature(v, s)
     default = s.acceptance if s.acceptance and fits(s.acceptance, k, temperature) else None  # e.g. a pair's
-    p = plan(target=models.target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
+    p = plan(target=target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
              schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
              acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
              top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size,
@@ -299,17 +324,17 @@ class Repeat:
 
 
 def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repeat:
-    """One pass with every forward call logged, except in compiled rows: a hook would make
-    torch.compile recompile, and their calls are the loop's own (metrics)."""
-    roles = {} if v.compiled else {"target": models.target.model}
-    if models.drafter_module(v.method) is not None and not v.compiled:
+    """One pass with every forward call logged where calls can be (Variant.logged; elsewhere the
+    loop's own metrics count them)."""
+    roles = {"target": models.target.model} if v.logged else {}
+    if models.drafter_module(v.method) is not None and v.logged:
         roles["drafter"] = models.drafter_module(v.method)
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     plan = getattr(one_pass, "plan", None)
     target = plan.target if plan else models.target
-    assert isinstance(target, (CausalLMTarget, StaticTarget))  # block-diffusion targets: bench_block
+    assert not isinstance(target, BlockDiffusionTarget)  # timed by bench_block
     target.kv_peak_bytes = 0
     with CallLog(roles, device) as log:
         for tokens, seconds, *metrics in one_pass(prompts, encoded):
@@ -374,10 +399,12 @@ def _row(v: Variant, repeats: list[Repeat], encoded) -> dict:
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
     target, drafter = mid.role_calls("target"), mid.role_calls("drafter")
-    m = _acceptance(mid, encoded, v.batch_size > 1 or v.compiled).to_dict()
+    m = _acceptance(mid, encoded, v.batch_size > 1 or not v.logged).to_dict()
     histogram = m["accepted_length_histogram"]
     histogram += [0] * (len(m["per_position_acceptance"]) + 1 - len(histogram))  # k = 0..gamma
     wall, verify, draft = sum(mid.seconds), sum(c.seconds for c in target), sum(c.seconds for c in drafter)
+    if not v.logged:  # no call log: the loop's own split
+        verify, draft = m["time_s"]["verify"], m["time_s"]["draft"]
     cost = {key: _median_of([mean_seconds(r.role_calls(role), prefill) for r in repeats])
             for key, role, prefill in (("prefill", "target", True), ("verify", "target", False),
                                        ("drafter", "drafter", False))}
