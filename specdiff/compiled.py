@@ -15,7 +15,7 @@ greedy output is token-identical to the eager path (tests/test_compiled.py). The
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from torch import nn
 
 from .drafters.diffusion import DiffusionDrafter, context_window
 from .errors import UsageError
+from .nets.dit import DDiT
 from .targets.causal import CausalLMTarget
 from .targets.static import StaticTarget, compile_step
 
@@ -69,7 +70,8 @@ def compile_models(target: Any, drafter: Any, compile: bool = True) -> tuple[Sta
         raise UsageError("`compile` runs Hugging Face causal LM targets on the torch runtime; "
                          f"this target is a {type(target).__name__} (drop `compile`)")
     if isinstance(drafter, DiffusionDrafter):
-        drafter = DiffusionDrafter(StaticDenoiser(drafter.backbone, compile), vocab_size=drafter.vocab_size,
+        denoiser = cast(DDiT, StaticDenoiser(drafter.backbone, compile))  # a DDiT's forward and config
+        drafter = DiffusionDrafter(denoiser, vocab_size=drafter.vocab_size,
                                    mask_id=drafter.mask_id, context_length=drafter.context_length,
                                    parameterization=drafter.parameterization, tokenizer=drafter.tokenizer,
                                    source=drafter.source, length=drafter.length, defaults=drafter.defaults)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 import torch
 from tqdm import tqdm
@@ -42,6 +42,7 @@ from .requests import check_counts, check_prompts, check_request
 from .sampling import Sampling
 from .selection import SelfSelection
 from .targets.block import BlockDiffusionTarget
+from .targets.static import StaticTarget
 from .text import StopStrings
 
 DEFAULT_STEPS = 4
@@ -354,7 +355,8 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
     if p.compiled and prompts:
         copies = p.proposer.drafts if isinstance(p.proposer, SelfSelection) else 1
-        warm_up(p.target, p.drafter, min(p.batch_size, len(prompts)), p.proposer and p.draft.gamma, copies)
+        gamma = p.draft.gamma if p.proposer else None
+        warm_up(cast(StaticTarget, p.target), p.drafter, min(p.batch_size, len(prompts)), gamma, copies)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
     rows = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
                 torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)

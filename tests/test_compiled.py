@@ -133,7 +133,7 @@ def test_models_the_static_cache_cannot_run_exactly_are_refused_in_one_line(tiny
 def test_bench_puts_a_compiled_row_beside_each_eager_row_of_specdiffs_own_loop():
     from specdiff.tools.bench import variants
 
-    rows = variants(["ar", "specdiff", "hf-prompt-lookup"], gammas=[4], batch_sizes=[1, 8], compiled=(False, True))
+    rows = variants(["ar", "specdiff", "hf-prompt-lookup"], gammas=[4], batch_sizes=[1, 8], runtimes=("torch", "compiled"))
     labels = [v.label for v in rows]
     assert "ar compiled" in labels and "ar b=8 compiled" in labels and "specdiff g=4 T=4 l2r b=8 compiled" in labels
     assert "hf-prompt-lookup g=4" in labels and not any(v.compiled for v in rows if v.method.startswith("hf"))

@@ -239,3 +239,17 @@ def test_batched_decoding_on_onnxruntime_equals_torch_batch_1(tiny, request, whi
         want = generate(prompts, target=torch_target, drafter=load_drafter(str(tiny.drafter)), batch_size=1, **options)
         got = generate(prompts, target=ort["target"], drafter=drafter, batch_size=4, **options)
         assert [o.tokens for o in got.outputs] == [o.tokens for o in want.outputs], method
+
+
+def test_bench_runs_ar_and_specdiff_on_the_exported_graphs_beside_eager(tiny, onnx_pair, tmp_path):
+    """`bench --artifacts`: onnxruntime rows of ar and specdiff (batch 1 and 3), their greedy tokens
+    checked against eager ar, acceptance from the loop (no hooks on a graph)."""
+    result = run_cli(["bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--methods", "ar,specdiff",
+                      "--artifacts", str(onnx_pair), "--batch-size", "1,3", "--gamma", "4", "--max-new-tokens", "8",
+                      "--num-prompts", "3", "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots",
+                      "--out", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads((tmp_path / "bench" / "bench.json").read_text())["rows"]}
+    for label in ("ar onnxruntime", "ar b=3 onnxruntime", "specdiff g=4 T=4 l2r onnxruntime"):
+        assert rows[label]["matches_ar"] and rows[label]["runtime"] == "onnxruntime"
+    assert rows["specdiff g=4 T=4 l2r onnxruntime"]["tau"] == rows["specdiff g=4 T=4 l2r"]["tau"]

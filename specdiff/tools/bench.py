@@ -215,7 +215,8 @@ def _check_models(models: Models, rows: list[Variant]) -> None:
         if v.runtime not in ("torch", "compiled"):
             graphs = models.graphs.get(v.runtime, {})
             if "target" not in graphs or (v.method == "specdiff" and "drafter" not in graphs):
-                raise UsageError(f"{v.runtime} rows of '{v.method}' need an export holding its models (--artifacts)")
+                held = "a target and a diffusion drafter" if v.method == "specdiff" else "a target"
+                raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
         if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
 
