@@ -42,11 +42,11 @@ def real_vocab_size(tokenizer, model, name: str) -> int:
     return vocab
 
 
-class CausalLMTarget(RowCache):
-    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache)."""
+class HFModel:
+    """What a target over a Hugging Face causal LM knows of it: the model, its tokenizer, the real
+    vocabulary, the context window and EOS (CausalLMTarget, targets.static.StaticTarget)."""
 
     def __init__(self, model, tokenizer, name: str = ""):
-        super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "target")
@@ -57,6 +57,19 @@ class CausalLMTarget(RowCache):
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    def sync(self) -> None:
+        """Wait for queued device work (for honest timings on CUDA)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class CausalLMTarget(HFModel, RowCache):
+    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache)."""
+
+    def __init__(self, model, tokenizer, name: str = ""):
+        RowCache.__init__(self)
+        HFModel.__init__(self, model, tokenizer, name)
 
     @torch.no_grad()
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
@@ -73,8 +86,3 @@ class CausalLMTarget(RowCache):
                          use_cache=True)
         kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         return out.logits[..., : self.vocab_size].float(), kv
-
-    def sync(self) -> None:
-        """Wait for queued device work (for honest timings on CUDA)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)

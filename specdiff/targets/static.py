@@ -25,7 +25,7 @@ import time
 import torch
 
 from ..errors import IncompatibleModelsError
-from .causal import context_window, eos_token_id, real_vocab_size
+from .causal import HFModel
 
 STATIC_MODEL_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
 
@@ -84,7 +84,7 @@ def _step(model, vocab: int, max_position: int, ids: torch.Tensor, lengths: torc
     return out.logits[..., :vocab].float()
 
 
-class StaticTarget:
+class StaticTarget(HFModel):
     """A Hugging Face causal LM and its tokenizer over a static per-row KV cache (module
     docstring); `compile`: run extend through torch.compile (else eager, the same step).
     `warmup_s`: seconds spent in calls that compiled a new shape (kept out of generation time
@@ -94,12 +94,7 @@ class StaticTarget:
 
     def __init__(self, model, tokenizer, name: str = "", compile: bool = True):
         check_static(model.config)
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name or getattr(model.config, "_name_or_path", "target")
-        self.vocab_size = real_vocab_size(tokenizer, model, self.name)
-        self.max_length = context_window(model.config)
-        self.eos_token_id = eos_token_id(tokenizer, model.config)
+        super().__init__(model, tokenizer, name)
         self.lengths = torch.zeros(0, dtype=torch.long)  # (B,) live rows, in slots 0 .. B-1
         self.keys: list[torch.Tensor] = []  # each (R, H, C, D)
         self.values: list[torch.Tensor] = []
@@ -118,10 +113,6 @@ class StaticTarget:
 
     def _compile(self):
         return compile_step(self._eager, self.device)
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     @property
     def rows(self) -> int:
@@ -143,10 +134,6 @@ class StaticTarget:
     @property
     def length(self) -> int:
         return int(self.lengths.max()) if self.rows else 0
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
