@@ -77,19 +77,28 @@ def test_static_shapes_give_the_eager_greedy_tokens(models, name, settings):
     assert [o.tokens for o in got.outputs] == [o.tokens for o in reference.outputs]
 
 
-def test_compiled_steps_give_the_eager_tokens_and_compile_before_decoding(models):
-    """torch.compile for real (tiny GPT-2, target and drafter): specdiff at batch 3 equals eager;
-    every graph is built in the warm-up (no shape is new once decoding starts: ar's width-1 step is
-    the same code), and the warm-up is reported apart from decoding time."""
-    from specdiff.generation import iter_generate, plan
+def test_compiled_steps_give_the_eager_tokens_and_compile_before_decoding():
+    """torch.compile for real, target and drafter (the V = 8 models of the chi-square test below,
+    at its shapes: batch 16, gamma 3, so that both tests share the compiled graphs): specdiff's
+    greedy tokens equal eager on 20 prompts; every graph is built in the warm-up (no shape is new
+    once decoding starts), and the warm-up is reported apart from decoding time."""
+    from test_sampling_exact import _gpt2, _tokenizer
+    import test_sampling_exact as exact
 
-    settings = {"method": "specdiff", "gamma": 4, "steps": 2}
-    eager = _generate(models, models["gpt2"], None, settings, batch_size=3)
-    p = plan(target=models["gpt2"], drafter=models["diffusion"], max_new_tokens=MAX_NEW, batch_size=3,
-             compile=True, **settings)
-    outputs = list(iter_generate(PROMPTS, p))
+    from specdiff.generation import GenerationResult, iter_generate, plan
+    from specdiff.targets.causal import CausalLMTarget
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [" ".join(f"t{int(i)}" for i in torch.randint(0, 8, (int(n),), generator=g))
+               for n in torch.randint(1, 8, (20,), generator=g)]
+    target, drafter = CausalLMTarget(_gpt2(0, 60.0), _tokenizer()), exact.drafters.__wrapped__()["diffusion"]
+    settings = {"method": "specdiff", "gamma": 3, "steps": 2, "max_new_tokens": 8, "batch_size": 16}
+    eager = generate(prompts, target=target, drafter=drafter, **settings)
+    p = plan(target=target, drafter=drafter, compile=True, **settings)
+    outputs = list(iter_generate(prompts, p))
     assert [o.tokens for o in outputs] == [o.tokens for o in eager.outputs]
-    assert len(p.target.shapes) == 1 and p.target.slots == 3 and len(p.drafter.backbone.shapes) == 1
+    assert 1 < GenerationResult(outputs).metrics.tau < 4  # drafts both accepted and rejected
+    assert len(p.target.shapes) == 1 and p.target.slots == 16 and len(p.drafter.backbone.shapes) == 1
     assert p.warmup_s > sum(o.metrics.wall_s for o in outputs)  # compiling dwarfs these steps
 
 
