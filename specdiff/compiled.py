@@ -79,12 +79,14 @@ def compile_models(target: Any, drafter: Any, compile: bool = True) -> tuple[Sta
 
 
 @torch.no_grad()
-def warm_up(target: StaticTarget, drafter: Any, rows: int, gamma: int | None, copies: int = 1) -> float:
+def warm_up(target: StaticTarget, drafter: Any, rows: int, gamma: int | None, copies: int = 1,
+            length: int | None = None) -> float:
     """Compile, before decoding, the target's step for `rows` rows of `copies` cached copies each
-    (K drafts) and width gamma + 1 (1 without gamma: plain decoding), and the drafter's denoiser for
-    `rows` rows of gamma slots; -> the seconds it took."""
+    (K drafts), of up to `length` tokens (the cache holds no more columns), and width gamma + 1
+    (1 without gamma: plain decoding), and the drafter's denoiser for `rows` rows of gamma slots;
+    -> the seconds it took."""
     start = time.perf_counter()
-    target.warm_up(rows * copies, gamma + 1 if gamma else 1)
+    target.warm_up(rows * copies, gamma + 1 if gamma else 1, length)
     if isinstance(drafter, DiffusionDrafter) and gamma:
         n = context_window(drafter, gamma) + gamma
         ids = torch.full((rows, n), drafter.mask_id, device=target.device)

@@ -356,7 +356,8 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     if p.compiled and prompts:
         copies = p.proposer.drafts if isinstance(p.proposer, SelfSelection) else 1
         gamma = p.draft.gamma if p.proposer else None
-        warm_up(cast(StaticTarget, p.target), p.drafter, min(p.batch_size, len(prompts)), gamma, copies)
+        longest = max(map(len, encoded)) + p.max_new_tokens  # the cache holds no more per row
+        warm_up(cast(StaticTarget, p.target), p.drafter, min(p.batch_size, len(prompts)), gamma, copies, longest)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
     rows = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
                 torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)

@@ -66,6 +66,20 @@ def test_static_cache_gives_each_row_the_logits_of_the_row_alone(models, name):
         torch.testing.assert_close(logits[row, 0], alone, atol=1e-4, rtol=1e-4)
 
 
+def test_the_cache_holds_the_columns_the_run_needs_and_grows_for_a_longer_row(models):
+    """warm_up(length=L) sizes the columns to L + the step width (not the context window); a row
+    that outgrows it lifts the cache to the window, exact all the same."""
+    target = StaticTarget.of(models["gpt2"], compile=False)
+    target.warm_up(2, 5, length=20)
+    assert target.keys[0].shape[2] == 25 and target.slots == 2
+    seq = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    target.join(seq[:, :18])
+    logits = target.extend(seq[:, 18:23])  # 23 tokens: past the 20 planned
+    assert target.keys[0].shape[2] == target.max_length + 5
+    torch.testing.assert_close(logits[0], target.model(seq[:, :23]).logits[0, 18:, :target.vocab_size],
+                               atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name,settings", [("gpt2", s) for s in METHODS] + [("llama", METHODS[0]), ("llama", METHODS[-1])],
                          ids=lambda x: x if isinstance(x, str) else "-".join(map(str, x.values())))
 def test_static_shapes_give_the_eager_greedy_tokens(models, name, settings):

@@ -2,8 +2,8 @@
 the `--compile` target (contracts.Target), whose decode and verify steps have fixed shapes so that
 torch.compile builds them once (and, on CUDA, captures them as CUDA graphs, gpt-fast's recipe).
 
-Layout: per layer, keys and values are (R, H, C, D) buffers, R row slots and C = the context
-window plus the widest step. Row b holds its `lengths[b]` tokens in columns 0 .. lengths[b] - 1
+Layout: per layer, keys and values are (R, H, C, D) buffers, R row slots and C = the longest
+row the run needs (`warm_up`: prompt + new tokens; else the context window) plus the widest step. Row b holds its `lengths[b]` tokens in columns 0 .. lengths[b] - 1
 of slot b, so column = position. A step of width W writes row b's keys at columns lengths[b] ..
 lengths[b] + W - 1 and query j attends to columns <= lengths[b] + j (a 4-D mask, built in the
 step). Rollback only lowers `lengths` (columns beyond are overwritten before they are read);
@@ -99,6 +99,7 @@ class StaticTarget(HFModel):
         self.keys: list[torch.Tensor] = []  # each (R, H, C, D)
         self.values: list[torch.Tensor] = []
         self.widths: list[int] = []  # step widths compiled so far
+        self.length_limit = self.max_length  # tokens a row may hold (warm_up: what the run needs)
         self.shapes: set[tuple[int, int, int]] = set()  # (R, W, C) the compiled step has run
         self.warmup_s = 0.0
         self._compiled = self._compile() if compile else self._eager
@@ -146,6 +147,7 @@ class StaticTarget(HFModel):
         """Prefill one new row ids (1, S) alone, eager and exactly as CausalLMTarget does, and
         copy its cache into the next slot -> logits (1, S, V)."""
         b, S = self.rows, ids.shape[1]
+        self._within_limit(S)
         self._reserve(b + 1, 0)
         out = self.model(input_ids=ids, use_cache=True)
         for layer, k, v in zip(out.past_key_values.layers, self.keys, self.values):
@@ -165,9 +167,11 @@ class StaticTarget(HFModel):
         return logits
 
     @torch.no_grad()
-    def warm_up(self, rows: int, width: int) -> None:
-        """Size the buffers for `rows` rows and compile the step of `width` now (its time goes to
-        `warmup_s`); the cached rows are untouched."""
+    def warm_up(self, rows: int, width: int, length: int | None = None) -> None:
+        """Size the buffers for `rows` rows of up to `length` tokens (default: the context window)
+        and compile the step of `width` now (its time goes to `warmup_s`); cached rows are untouched."""
+        if length is not None and not self.rows:
+            self.length_limit = min(max(length, 1), self.max_length)
         self._forward(torch.zeros(rows, width, dtype=torch.long, device=self.device))
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -177,6 +181,7 @@ class StaticTarget(HFModel):
         W = min((w for w in self.widths if w >= S), default=S)
         if W not in self.widths:
             self.widths.append(W)
+        self._within_limit(self.length + S)
         self._reserve(B, W)
         R = self.slots
         padded = ids.new_zeros(R, W)
@@ -211,10 +216,16 @@ class StaticTarget(HFModel):
         self.shapes.add(shape)
         return logits
 
+    def _within_limit(self, length: int) -> None:
+        """A row is to hold `length` tokens: past the limit warm_up set, the limit becomes the
+        context window (the buffers grow at the next _reserve; a new shape compiles again)."""
+        if length > self.length_limit:
+            self.length_limit = self.max_length
+
     def _reserve(self, rows: int, width: int) -> None:
-        """Grow the buffers to at least `rows` slots and max_length + width columns (copying the
-        cache; a new shape compiles again, so `warm_up` sizes them first)."""
-        C = self.max_length + max([width, *self.widths])
+        """Grow the buffers to at least `rows` slots and length_limit + width columns (copying
+        the cache; a new shape compiles again, so `warm_up` sizes them first)."""
+        C = self.length_limit + max([width, *self.widths])
         if self.keys and rows <= self.slots and C <= self.keys[0].shape[2]:
             return
         if not self.keys:
