@@ -3,8 +3,8 @@ the `--compile` target (contracts.Target), whose decode and verify steps have fi
 torch.compile builds them once (and, on CUDA, captures them as CUDA graphs, gpt-fast's recipe).
 
 Layout: per layer, keys and values are (R, H, C, D) buffers, R row slots and C = the longest
-row the run needs (`warm_up`: prompt + new tokens; else the context window) plus the widest step. Row b holds its `lengths[b]` tokens in columns 0 .. lengths[b] - 1
-of slot b, so column = position. A step of width W writes row b's keys at columns lengths[b] ..
+row the run needs (`warm_up`: prompt + new tokens; else the context window) plus the widest step.
+Row b holds its `lengths[b]` tokens in columns 0 .. lengths[b] - 1 of slot b, so column = position. A step of width W writes row b's keys at columns lengths[b] ..
 lengths[b] + W - 1 and query j attends to columns <= lengths[b] + j (a 4-D mask, built in the
 step). Rollback only lowers `lengths` (columns beyond are overwritten before they are read);
 nothing is copied except when rows are reordered (`keep`).
@@ -52,7 +52,7 @@ def compile_step(fn, device: torch.device | None = None):
 
 
 class _Slots:
-    """The cache object the model writes through: `update` scatters the step's keys and values
+    """The cache object the model writes through: `update` writes the step's keys and values
     (B, H, W, D) of row b to columns cols[b] and returns the whole buffers (B, H, C, D)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], cols: torch.Tensor):
