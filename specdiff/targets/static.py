@@ -6,8 +6,9 @@ Layout: per layer, keys and values are (R, H, C, D) buffers, R row slots and C =
 row the run needs (`warm_up`: prompt + new tokens; else the context window) plus the widest step.
 Row b holds its `lengths[b]` tokens in columns 0 .. lengths[b] - 1 of slot b, so column =
 position. A step of width W writes row b's keys at columns lengths[b] .. lengths[b] + W - 1 and
-query j attends to columns <= lengths[b] + j (a 4-D mask, built in the step). Rollback only lowers `lengths` (columns beyond are overwritten before they are read);
-nothing is copied except when rows are reordered (`keep`).
+query j attends to columns <= lengths[b] + j (a 4-D mask, built in the step). Rollback only
+lowers `lengths` (columns beyond are overwritten before they are read); nothing is copied except
+when rows are reordered (`keep`).
 
     prefill / join   eager (prompt lengths vary): the row alone, its cache copied into its slot
     extend           the compiled step: ids padded to (R, W), W from `widths` (1 for plain
