@@ -253,3 +253,10 @@ def test_bench_runs_ar_and_specdiff_on_the_exported_graphs_beside_eager(tiny, on
     for label in ("ar onnxruntime", "ar b=3 onnxruntime", "specdiff g=4 T=4 l2r onnxruntime"):
         assert rows[label]["matches_ar"] and rows[label]["runtime"] == "onnxruntime"
     assert rows["specdiff g=4 T=4 l2r onnxruntime"]["tau"] == rows["specdiff g=4 T=4 l2r"]["tau"]
+
+
+def test_bench_refuses_graphs_of_another_tokenizer_in_one_line(onnx_pair, tmp_path):
+    result = run_cli(["bench", "--target", "demo-target", "--methods", "ar", "--artifacts", str(onnx_pair),
+                      "--num-prompts", "1", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert "the exported target's tokenizer differs from demo-target's" in result.stderr

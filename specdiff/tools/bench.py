@@ -44,7 +44,7 @@ from .. import selection
 from ..acceptance import RULES
 from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
-from ..errors import UsageError
+from ..errors import IncompatibleModelsError, UsageError
 from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
 from ..methods import METHODS as REGISTRY, is_block_diffusion
 from ..names import PEERS
@@ -217,6 +217,9 @@ def _check_models(models: Models, rows: list[Variant]) -> None:
             if "target" not in graphs or (v.method == "specdiff" and "drafter" not in graphs):
                 held = "a target and a diffusion drafter" if v.method == "specdiff" else "a target"
                 raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
+            if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
+                raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
+                                              "its rows would not be the same model's")
         if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
 
