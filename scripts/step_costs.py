@@ -80,7 +80,7 @@ def main() -> None:
             ms = {w: step_ms(target, args.rows, w, args.context, args.rounds, args.calls) for w in widths}
             out["step_ms"][name] = {str(w): round(v, 3) for w, v in ms.items()}
             out["step_ms"][name]["ratio_to_width_1"] = {str(w): round(ms[w] / ms[widths[0]], 3) for w in widths}
-    out["compile_s"] = round(runs["compiled"].warmup_s, 2)
+    out["compile_s"] = round(runs["compiled"].step.warmup_s, 2)
     print(json.dumps(out))
 
 

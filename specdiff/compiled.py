@@ -1,8 +1,8 @@
 """`--compile`: the torch runtime's fast path (gpt-fast's recipe: static cache, fixed shapes,
 compiled steps; CUDA graphs on CUDA).
 
-    target, drafter = compile_models(target, drafter)   # twins sharing the loaded weights
-    seconds = warm_up(plan, prompts)                     # compile every shape the run will use
+    target, drafter = compile_models(target, drafter)     # twins sharing the loaded weights
+    seconds = warm_up(target, drafter, rows, gamma)        # compile every shape the run will use
 
 The target becomes a targets.static.StaticTarget. A diffusion drafter's denoiser becomes a
 StaticDenoiser: every call padded to one shape (rows to the batch, positions on the left to the
@@ -25,7 +25,7 @@ from .drafters.diffusion import DiffusionDrafter, context_window
 from .errors import UsageError
 from .nets.dit import DDiT
 from .targets.causal import CausalLMTarget
-from .targets.static import StaticTarget, compile_step
+from .targets.static import CompiledStep, StaticTarget
 
 
 class StaticDenoiser(nn.Module):
@@ -37,10 +37,7 @@ class StaticDenoiser(nn.Module):
         self.backbone = backbone
         self.config = backbone.config
         self.shape = (0, 0, 0)  # (rows, length, last) it runs at
-        self.shapes: set[tuple[int, int, int]] = set()
-        self.warmup_s = 0.0
-        self.device = next(backbone.parameters()).device
-        self._compiled = compile_step(backbone, self.device) if compile else backbone
+        self.step = CompiledStep(backbone, next(backbone.parameters()).device, compile)
 
     def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
                 pad: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,15 +49,7 @@ class StaticDenoiser(nn.Module):
         ids = F.pad(input_ids, (N - L, 0, 0, R - B))  # token 0 at padding: masked, never read
         pad = F.pad(pad + (N - L), (0, R - B), value=N - 1)  # an idle row holds one real position
         sigma = F.pad(sigma, (0, R - B))
-        if self.shape in self.shapes:
-            out = self._compiled(ids, sigma, M, pad)
-        else:
-            start = time.perf_counter()
-            out = self._compiled(ids, sigma, M, pad)
-            self.warmup_s += time.perf_counter() - start
-            self.shapes.add(self.shape)
-        out = out[:B, M - last:]
-        return out.clone() if self.device.type == "cuda" else out  # a CUDA graph's output is reused
+        return self.step(self.shape, ids, sigma, M, pad)[:B, M - last:]
 
 
 def compile_models(target: Any, drafter: Any, compile: bool = True) -> tuple[StaticTarget, Any]:
@@ -76,6 +65,12 @@ def compile_models(target: Any, drafter: Any, compile: bool = True) -> tuple[Sta
                                    parameterization=drafter.parameterization, tokenizer=drafter.tokenizer,
                                    source=drafter.source, length=drafter.length, defaults=drafter.defaults)
     return StaticTarget.of(target, compile), drafter
+
+
+def compile_seconds(target: StaticTarget, drafter: Any) -> float:
+    """Seconds the twins of compile_models spent compiling (their `step`s' warm-up)."""
+    denoiser = drafter.backbone if isinstance(drafter, DiffusionDrafter) else None
+    return target.step.warmup_s + (denoiser.step.warmup_s if isinstance(denoiser, StaticDenoiser) else 0.0)
 
 
 @torch.no_grad()

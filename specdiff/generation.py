@@ -29,7 +29,7 @@ from tqdm import tqdm
 from . import selection
 from .acceptance import RULES, get_rule
 from .block_decoding import REMASKING, BlockSettings
-from .compiled import compile_models, warm_up
+from .compiled import compile_models, compile_seconds, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
@@ -147,8 +147,7 @@ class Plan:
     @property
     def warmup_s(self) -> float:
         """Seconds spent compiling (`compiled`), kept out of every prompt's decoding time."""
-        denoiser = getattr(self.drafter, "backbone", None)
-        return getattr(self.target, "warmup_s", 0.0) + getattr(denoiser, "warmup_s", 0.0)
+        return compile_seconds(cast(StaticTarget, self.target), self.drafter) if self.compiled else 0.0
 
     def settings(self) -> dict[str, dict[str, Any]]:
         """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the

@@ -112,7 +112,7 @@ def test_compiled_steps_give_the_eager_tokens_and_compile_before_decoding():
     outputs = list(iter_generate(prompts, p))
     assert [o.tokens for o in outputs] == [o.tokens for o in eager.outputs]
     assert 1 < GenerationResult(outputs).metrics.tau < 4  # drafts both accepted and rejected
-    assert len(p.target.shapes) == 1 and p.target.slots == 16 and len(p.drafter.backbone.shapes) == 1
+    assert len(p.target.step.shapes) == 1 and p.target.slots == 16 and len(p.drafter.backbone.step.shapes) == 1
     assert p.warmup_s > sum(o.metrics.wall_s for o in outputs)  # compiling dwarfs these steps
 
 

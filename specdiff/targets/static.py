@@ -22,6 +22,7 @@ sliding-window models would need a mask per layer type.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -43,13 +44,35 @@ def check_static(config) -> None:
                                       "sliding-window layers (drop `compile`)")
 
 
-def compile_step(fn, device: torch.device | None = None):
-    """torch.compile for one fixed shape: on CUDA with CUDA graphs (mode reduce-overhead: a step
-    replays without launch overhead), on CPU with inductor's C++ wrapper (no Python between
-    kernels: 4.1 -> 3.5 ms per demo-target step here)."""
-    if device is not None and device.type == "cuda":
-        return torch.compile(fn, dynamic=False, mode="reduce-overhead")
-    return torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
+class CompiledStep:
+    """`fn` at fixed shapes, through torch.compile (or eager, `compile=False`): on CUDA with CUDA
+    graphs (mode reduce-overhead: a step replays without launch overhead), on CPU with inductor's
+    C++ wrapper (no Python between kernels: 4.1 -> 3.5 ms per demo-target step here).
+    step(shape, *args): the first call of a shape compiles it, and its time goes to `warmup_s`.
+    On CUDA the output is copied: a CUDA graph's output is overwritten by its next replay."""
+
+    def __init__(self, fn, device: torch.device, compile: bool = True):
+        self.device = device
+        self.shapes: set[tuple[int, ...]] = set()  # the shapes it has run
+        self.warmup_s = 0.0
+        if not compile:
+            self.fn = fn
+        elif device.type == "cuda":
+            self.fn = torch.compile(fn, dynamic=False, mode="reduce-overhead")
+        else:
+            self.fn = torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
+
+    def __call__(self, shape: tuple[int, ...], *args) -> torch.Tensor:
+        if shape in self.shapes:
+            out = self.fn(*args)
+        else:
+            start = time.perf_counter()
+            out = self.fn(*args)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.warmup_s += time.perf_counter() - start
+            self.shapes.add(shape)
+        return out.clone() if self.device.type == "cuda" else out
 
 
 class _Slots:
@@ -88,8 +111,8 @@ def _step(model, vocab: int, max_position: int, ids: torch.Tensor, lengths: torc
 class StaticTarget(HFModel):
     """A Hugging Face causal LM and its tokenizer over a static per-row KV cache (module
     docstring); `compile`: run extend through torch.compile (else eager, the same step).
-    `warmup_s`: seconds spent in calls that compiled a new shape (kept out of generation time
-    by `warm_up`)."""
+    `step.warmup_s`: seconds spent in calls that compiled a new shape (kept out of generation
+    time by `warm_up`)."""
 
     max_rows: int | None = None
 
@@ -101,20 +124,13 @@ class StaticTarget(HFModel):
         self.values: list[torch.Tensor] = []
         self.widths: list[int] = []  # step widths compiled so far
         self.length_limit = self.max_length  # tokens a row may hold (warm_up: what the run needs)
-        self.shapes: set[tuple[int, int, int]] = set()  # (R, W, C) the compiled step has run
-        self.warmup_s = 0.0
-        self._compiled = self._compile() if compile else self._eager
+        self.step = CompiledStep(partial(_step, self.model, self.vocab_size, self.max_length), self.device,
+                                 compile)  # shapes (R, W, C)
 
     @classmethod
     def of(cls, target, compile: bool = True) -> "StaticTarget":
         """The static-cache twin of a CausalLMTarget (same model and tokenizer)."""
         return cls(target.model, target.tokenizer, target.name, compile)
-
-    def _eager(self, *args) -> torch.Tensor:
-        return _step(self.model, self.vocab_size, self.max_length, *args)
-
-    def _compile(self):
-        return compile_step(self._eager, self.device)
 
     @property
     def rows(self) -> int:
@@ -170,7 +186,8 @@ class StaticTarget(HFModel):
     @torch.no_grad()
     def warm_up(self, rows: int, width: int, length: int | None = None) -> None:
         """Size the buffers for `rows` rows of up to `length` tokens (default: the context window)
-        and compile the step of `width` now (its time goes to `warmup_s`); cached rows are untouched."""
+        and compile the step of `width` now (its time goes to `step.warmup_s`); cached rows are
+        untouched."""
         if length is not None and not self.rows:
             self.length_limit = min(max(length, 1), self.max_length)
         self._forward(torch.zeros(rows, width, dtype=torch.long, device=self.device))
@@ -189,9 +206,8 @@ class StaticTarget(HFModel):
         padded[:B, :S] = ids
         lengths = torch.zeros(R, dtype=torch.long)
         lengths[:self.rows] = self.lengths
-        logits = self._timed((R, W, self.keys[0].shape[2]), padded, lengths.to(ids.device), self.keys, self.values)
-        # on CUDA a graph's output is overwritten by its next replay: the caller gets its own copy
-        return logits[:B, :S].clone() if self.device.type == "cuda" else logits[:B, :S]
+        logits = self.step((R, W, self.keys[0].shape[2]), padded, lengths.to(ids.device), self.keys, self.values)
+        return logits[:B, :S]
 
     def rollback(self, lengths: torch.Tensor | int) -> None:
         lengths = torch.as_tensor(lengths, dtype=torch.long).cpu().expand(self.rows)
@@ -205,17 +221,6 @@ class StaticTarget(HFModel):
             for t in self.keys + self.values:
                 t[:len(index)] = t[index.to(t.device)]
         self.lengths = self.lengths[index]
-
-    def _timed(self, shape: tuple[int, int, int], *args) -> torch.Tensor:
-        """The compiled step; a shape it has not run yet is compiled now: its time is warm-up."""
-        if shape in self.shapes:
-            return self._compiled(*args)
-        start = time.perf_counter()
-        logits = self._compiled(*args)
-        self.sync()
-        self.warmup_s += time.perf_counter() - start
-        self.shapes.add(shape)
-        return logits
 
     def _within_limit(self, length: int) -> None:
         """A row is to hold `length` tokens: past the limit warm_up set, the limit becomes the

@@ -54,7 +54,6 @@ from ..registry import Registry, load_registry
 from ..resources import data_path
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
-from ..targets.static import StaticTarget
 
 METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
 SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
@@ -95,6 +94,11 @@ class Variant:
     @property
     def compiled(self) -> bool:
         return self.runtime == "compiled"
+
+    @property
+    def on_graphs(self) -> bool:
+        """Whether it runs exported graphs (`Models.graphs`) rather than the torch models."""
+        return self.runtime not in ("torch", "compiled")
 
     @property
     def logged(self) -> bool:
@@ -170,15 +174,16 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
             for k in drafts if "drafts" in _settings(v.method) else (None,):
                 fit = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
-    return [replace(v, batch_size=b, runtime=r) for v in rows for b in dict.fromkeys(batch_sizes)
-            for r in dict.fromkeys(runtimes) if _runs(v.method, b, r)]
+    swept = [replace(v, batch_size=b, runtime=r) for v in rows for b in dict.fromkeys(batch_sizes)
+             for r in dict.fromkeys(runtimes)]
+    return [v for v in swept if _runs(v)]
 
 
-def _runs(method: str, batch_size: int, runtime: str) -> bool:
+def _runs(v: Variant) -> bool:
     """The HF peers run eager torch at batch 1; graph runtimes run ar and specdiff."""
-    if method not in REGISTRY:
-        return batch_size == 1 and runtime == "torch"
-    return runtime in ("torch", "compiled") or method in ("ar", "specdiff")
+    if v.method not in REGISTRY:
+        return v.batch_size == 1 and v.runtime == "torch"
+    return not v.on_graphs or v.method in ("ar", "specdiff")
 
 
 def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
@@ -212,7 +217,7 @@ def available_methods(models: Models) -> list[str]:
 def _check_models(models: Models, rows: list[Variant]) -> None:
     what = {"ar_drafter": "an autoregressive drafter (--ar-drafter)", "drafter": "a diffusion drafter (--drafter)"}
     for v in rows:
-        if v.runtime not in ("torch", "compiled"):
+        if v.on_graphs:
             graphs = models.graphs.get(v.runtime, {})
             if "target" not in graphs or (v.method == "specdiff" and "drafter" not in graphs):
                 held = "a target and a diffusion drafter" if v.method == "specdiff" else "a target"
@@ -231,7 +236,7 @@ Pass = Callable[[list[str], list[list[int]]], Iterator[tuple[list[int], float]]]
 
 def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     target, drafter = models.target, getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
-    if v.runtime in models.graphs:
+    if v.on_graphs:
         target, drafter = models.graphs[v.runtime]["target"], models.graphs[v.runtime].get("drafter")
     k, temperature = v.drafts or 1, _temperature(v, s)
     default = s.acceptance if s.acceptance and fits(s.acceptance, k, temperature) else None  # e.g. a pair's
@@ -336,8 +341,8 @@ def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repea
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    plan = getattr(one_pass, "plan", None)
-    target = plan.target if plan else models.target
+    p = getattr(one_pass, "plan", None)
+    target = p.target if p else models.target
     assert not isinstance(target, BlockDiffusionTarget)  # timed by bench_block
     target.kv_peak_bytes = 0
     with CallLog(roles, device) as log:
