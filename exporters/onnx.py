@@ -21,6 +21,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specdiff.graphs import GraphSpec, axis_sizes, drafter_spec, target_spec
+from specdiff.hf_cache import returned_cache, with_cache
 
 ONNX_TYPES = {"fp32": 1, "float32": 1, "fp16": 10, "bf16": 16, "int64": 7}  # TensorProto element types
 TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
@@ -45,8 +46,8 @@ class TargetStep(nn.Module):
         for i in range(0, len(past), 2):
             cache.update(past[i], past[i + 1], i // 2)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
-        return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
+                         use_cache=True, **with_cache(self.model, cache))
+        return (out.logits, *[t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)])
 
 
 class Denoiser(nn.Module):
@@ -71,7 +72,7 @@ class Denoiser(nn.Module):
 def probe_kv(model) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) read from one real forward pass, whatever the architecture."""
     ids = torch.zeros(1, 2, dtype=torch.long, device=model.device)
-    layers = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True).past_key_values.layers
+    layers = returned_cache(model(input_ids=ids, use_cache=True, **with_cache(model, DynamicCache()))).layers
     return len(layers), layers[0].keys.shape[1], layers[0].keys.shape[3]
 
 

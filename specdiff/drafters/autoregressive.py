@@ -13,6 +13,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..contracts import Draft
+from ..hf_cache import with_cache
 from ..sampling import Generators, Sampling
 from ..targets.causal import context_window, real_vocab_size
 
@@ -65,7 +66,7 @@ class ARProposer:
         feed, ragged = context[:, keep:], _Ragged(context, lengths)
         tokens, qs = [], []
         for _ in range(gamma):
-            logits = model(input_ids=feed, past_key_values=self._cache, use_cache=True, **ragged.step(feed)).logits
+            logits = model(input_ids=feed, use_cache=True, **with_cache(model, self._cache), **ragged.step(feed)).logits
             q = sampling.probs(logits[:, -1, :V])  # (B, V)
             feed = sampling.sample(q, generator)[:, None]  # (B, 1)
             tokens.append(feed)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from ..hf_cache import with_cache
 from .causal import context_window, eos_token_id, real_vocab_size
 
 
@@ -76,7 +77,7 @@ class BlockDiffusionTarget:
                           allowed.to(self.device)], 1)  # (N, cached + N)
         mask = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill(~seen, torch.finfo(dtype).min)
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask[None, None],
-                         past_key_values=self.cache, use_cache=True)
+                         use_cache=True, **with_cache(self.model, self.cache))
         logits = out.logits[..., : self.vocab_size].float()
         if self.mask_id < self.vocab_size:
             logits[..., self.mask_id] = float("-inf")

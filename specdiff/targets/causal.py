@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..errors import IncompatibleModelsError
+from ..hf_cache import returned_cache, with_cache
 from .rows import RowCache
 
 
@@ -82,7 +83,7 @@ class CausalLMTarget(HFModel, RowCache):
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
             cache.layers.append(layer)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True)
-        kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **with_cache(self.model, cache))
+        kv = [t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)]
         return out.logits[..., : self.vocab_size].float(), kv

@@ -27,6 +27,7 @@ from functools import partial
 import torch
 
 from ..errors import IncompatibleModelsError
+from ..hf_cache import returned_cache, with_cache
 from .causal import HFModel
 
 STATIC_MODEL_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
@@ -104,7 +105,7 @@ def _step(model, vocab: int, max_position: int, ids: torch.Tensor, lengths: torc
     dtype = keys[0].dtype
     mask = torch.zeros(visible.shape, dtype=dtype, device=ids.device).masked_fill(~visible, torch.finfo(dtype).min)
     out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=cols.clamp_max(max_position - 1),
-                past_key_values=_Slots(keys, values, cols), use_cache=True)
+                use_cache=True, **with_cache(model, _Slots(keys, values, cols)))
     return out.logits[..., :vocab].float()
 
 
@@ -167,7 +168,7 @@ class StaticTarget(HFModel):
         self._within_limit(S)
         self._reserve(b + 1, 0)
         out = self.model(input_ids=ids, use_cache=True)
-        for layer, k, v in zip(out.past_key_values.layers, self.keys, self.values):
+        for layer, k, v in zip(returned_cache(out).layers, self.keys, self.values):
             k[b, :, :S] = layer.keys[0]
             v[b, :, :S] = layer.values[0]
         self.lengths = torch.cat([self.lengths, torch.tensor([S])])
@@ -251,7 +252,7 @@ class StaticTarget(HFModel):
         """Empty buffers (0, H, 0, D) per layer, shaped by one probe through the model."""
         probe = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         out = self.model(input_ids=probe, use_cache=True)
-        cache = out.past_key_values
+        cache = returned_cache(out)
         self.keys = [layer.keys.new_zeros(0, layer.keys.shape[1], 0, layer.keys.shape[3]) for layer in cache.layers]
         self.values = [layer.values.new_zeros(0, layer.values.shape[1], 0, layer.values.shape[3])
                        for layer in cache.layers]

@@ -23,6 +23,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from ..hf_cache import passed_cache
+
 
 @dataclass(frozen=True)
 class Call:
@@ -54,7 +56,7 @@ class CallLog:
 
     def _pre(self, role, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = kwargs.get("past_key_values")
+        cache = passed_cache(kwargs)
         cached = None if cache is None else int(cache.get_seq_length())
         self._open[role] = (int(ids.shape[1]), cached, self._now())
 
