@@ -61,6 +61,10 @@ class SpecdiffWarning(UserWarning):
     """Something the user asked for cannot be done in full, and the run goes on without it."""
 
 
+class DefaultPairWarning(SpecdiffWarning):
+    """The default pair's models are not installed; the next default (the offline demo) runs."""
+
+
 class ContextWindowWarning(SpecdiffWarning):
     """`max_new_tokens` reaches past the target's context window: generation stops at the window
     (stop reason "context") with fewer tokens than asked for."""

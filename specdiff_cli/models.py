@@ -18,7 +18,7 @@ def models(as_json):
         if e.kind == "pair":
             where = f"{e.target} + {e.drafter}" + (f"  {json.dumps(e.defaults)}" if e.defaults else "")
         else:
-            where = e.source
+            where = e.where
         if as_json:
             click.echo(json.dumps({"name": e.name, "kind": e.kind, "source": str(where)}))
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from transformers.utils import logging as hf_logging
 from tiny import make_gpt2, make_gpt_neo, make_tokenizer
 
 torch.set_num_threads(1)
+os.environ["SPECDIFF_PAIR"] = "demo"  # the suite's default pair, whether or not smol's target is installed
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
 

@@ -124,12 +124,12 @@ ENTRY_ERRORS = {
             kind: target
             hub: x/a
             path: here
-     """, 2, "entry 'a': give exactly one of 'hub' or 'path'"),
+     """, 2, "entry 'a': give exactly one of 'hub', 'path' or 'gguf'"),
     "neither hub nor path": ("""
         models:
           - name: a
             kind: drafter
-     """, 2, "entry 'a': give exactly one of 'hub' or 'path'"),
+     """, 2, "entry 'a': give exactly one of 'hub', 'path' or 'gguf'"),
     "value not text": ("""
         models:
           - name: a
@@ -290,7 +290,7 @@ def test_cli_models_bad_file_is_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["models"], env={"SPECDIFF_MODELS": str(path)})
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr == f"specdiff: error: {path}:2: entry 'a': unknown key(s) colour (allowed: " \
-        "description, format, hub, kind, name, path, tokenizer)\n"
+        "description, format, gguf, hub, install, kind, name, package, path, sha256, tokenizer)\n"
 
 
 def test_cli_generate_uses_registry_names_and_pair_defaults(tmp_path, tiny):
