@@ -39,6 +39,13 @@ class Finite(click.FloatRange):
 @click.option("--target", required=True, help="Target model: models.yaml name, directory or hub id.")
 @click.option("--out", required=True, metavar="DIR", help="Output: the drafter, report.json, data/, checkpoints/.")
 @click.option("--prompts", required=True, metavar="FILE", help="Text file; random windows of it are the prompts.")
+@click.option("--chat", is_flag=True, help="--prompts holds one question a line; each goes through the target's "
+              "chat template.")
+@click.option("--prompt-tokens", type=int, help="With --chat: prompts are left-padded to this many tokens "
+              "(longer questions are left out) [default: 96].")
+@click.option("--data", metavar="DIR", help="Teacher data cache [default: OUT/data]; runs with the same data "
+              "settings may share one.")
+@click.option("--data-only", is_flag=True, help="Build the teacher data cache (--data), then stop.")
 @click.option("--drafter", metavar="DIR", help="Start from this diffusion drafter (else a new one, see --layers).")
 @click.option("--layers", type=int, help="New drafter: DDiT blocks [default: 2].")
 @click.option("--dim", type=int, help="New drafter: hidden size [default: 128].")
@@ -96,6 +103,11 @@ def distill(threads, **options):
             raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
         torch.set_num_threads(threads)
     report = run(DistillConfig(**options), progress=sys.stderr.isatty())
+    if options["data_only"]:
+        click.echo(f"distill: {report['sequences']} sequences, {report['generated_tokens']} tokens generated "
+                   f"in {report['generate_s']:.0f} s", err=True)
+        click.echo(report["data"])
+        return
     v, e, c = report["val_loss"], report["eval"], report["compute"]
     g, t = e["greedy"], e["sampled"]
     click.echo(f"distill: {c['steps']} steps, {c['train_tokens']} tokens, {c['wall_s']:.0f} s; "

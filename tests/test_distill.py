@@ -53,7 +53,9 @@ def test_cli_run_lowers_validation_loss_and_reports(trained):
     out, result = trained
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert result.stdout == f"{out}\n"
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("distill: 40 steps")
+    *progress, summary = result.stderr.splitlines()  # not a terminal: one line per validation, no bar
+    assert summary.startswith("distill: 40 steps")
+    assert [line.split(",")[0] for line in progress] == [f"distill: step {k}/40" for k in (10, 20, 30, 40)]
     report = json.loads((out / "report.json").read_text())
     v = report["val_loss"]
     assert [step for step, _ in v["history"]] == [0, 10, 20, 30, 40]

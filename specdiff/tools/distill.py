@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -62,7 +63,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..atomic import check_new_directory, new_directory, new_file
-from .distill_data import Batch, DataSpec, Pattern, Sequences, build_sequences, make_batch, read_tokens
+from .distill_data import (Batch, DataSpec, Pattern, Sequences, build_sequences, make_batch, read_tokens,
+                           split_limits)
 from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
 from ..errors import DivergedError, UsageError
 from ..loading import check_pair, load_diffusion_drafter, load_target
@@ -77,6 +79,7 @@ COND_DIM = 64
 DEFAULT_SHAPE = {"layers": 2, "dim": 128, "heads": 4, "context": 32}
 RAW_FRACTION = 0.25  # default share of raw text rows when --raw-text is given
 MAX_GRAD_NORM = 1.0
+CHAT_PROMPT_TOKENS = 96
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class DistillConfig:
     target: str
     out: str
     prompts: str
+    chat: bool = False  # prompts: one question a line, through the target's chat template
+    prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
+    data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
+    data_only: bool = False  # build the teacher data cache, then stop (no drafter)
     drafter: str | None = None  # an existing drafter to start from, else a new one of this shape:
     layers: int | None = None
     dim: int | None = None
@@ -242,12 +249,14 @@ def _check(cfg: DistillConfig) -> None:
         raise UsageError(f"`soft_labels` must be >= 0, and > 0 (e.g. 32) for the kl loss; got {cfg.soft_labels}")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
+    if cfg.prompt_tokens is not None and (not cfg.chat or cfg.prompt_tokens < 1):
+        raise UsageError(f"`prompt_tokens` needs `chat` and must be >= 1, got {cfg.prompt_tokens}")
     if cfg.continuation_tokens < cfg.gamma:
         raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.gamma})")
     if cfg.drafter and any(getattr(cfg, k) is not None for k in DEFAULT_SHAPE):
         raise UsageError("`drafter` fixes the architecture: drop `layers` / `dim` / `heads` / `context`")
     out = Path(cfg.out)
-    if not cfg.resume:
+    if not cfg.resume and not cfg.data_only:
         check_new_directory(out)
 
 
@@ -415,13 +424,16 @@ def _train(drafter, opt, state: TrainState, cfg: DistillConfig, data: Data, prog
     bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not progress, unit="step", desc="distill")
     drafter.train()
     while state.step < cfg.max_steps and time.perf_counter() < deadline:
-        batch = make_batch(data.train, data.pattern, cfg.batch_size, generator, data.pattern.context,
-                           data.raw, data.raw_fraction)
+        batch = make_batch(data.train, data.pattern, cfg.batch_size, generator, data.prompt_tokens,
+                           data.raw, data.raw_fraction, limits=data.limits)
         loss = _step(drafter, opt, batch, learning_rate(state.step, cfg.lr, cfg.max_steps), cfg)
         _check_loss(loss, state.step + 1)
         state.step, state.tokens, state.rng = state.step + 1, state.tokens + batch.x0.numel(), generator.get_state()
         if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
             state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg)])
+            if not progress:  # no bar: one line per validation, so a log shows the run is alive
+                print(f"distill: step {state.step}/{cfg.max_steps}, loss {loss:.4f}, "
+                      f"val {state.history[-1][1]:.4f}", file=sys.stderr, flush=True)
         if state.step % cfg.checkpoint_every == 0:
             state.train_s, last = state.train_s + time.perf_counter() - last, time.perf_counter()
             _save_checkpoint(root, drafter, opt, state)
@@ -444,28 +456,34 @@ class Data:
     raw_fraction: float
     generate_s: float
     generated_tokens: int
+    prompt_tokens: int  # P: the continuation starts at this column
+    limits: torch.Tensor | None  # (M,) per-row split limits (chat: nothing past the answer's end)
 
 
 def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bool) -> Data:
     """Sequences, raw text, the drafting pattern and the fixed validation batches."""
-    P, L = drafter.context_length, cfg.continuation_tokens
+    N, L = drafter.context_length, cfg.continuation_tokens
+    P = (cfg.prompt_tokens or CHAT_PROMPT_TOKENS) if cfg.chat else N
     if P + L > target.max_length:
-        raise UsageError(f"prompts of {P} tokens (the drafter's context) plus `continuation_tokens` {L} "
+        raise UsageError(f"prompts of {P} tokens plus `continuation_tokens` {L} "
                          f"exceed the target's context window ({target.max_length})")
     banned = drafter.mask_id if drafter.mask_id < target.vocab_size else None
     spec = DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, L, cfg.num_prompts,
                     max(2, min(64, cfg.num_prompts // 8)), list(cfg.teacher_temperature),
-                    list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels, cfg.seed, banned)
+                    list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels, cfg.seed, banned, cfg.chat)
     raw = read_tokens(cfg.raw_text, target.tokenizer, "raw text") if cfg.raw_text else None
     if raw is not None and len(raw) < P + cfg.gamma:
         raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.gamma}")
-    train, val, generate_s = build_sequences(Path(cfg.out) / "data", target, spec, progress)
-    pattern = Pattern(P, cfg.gamma, cfg.steps_per_draft, drafter.mask_id)
+    train, val, generate_s = build_sequences(data_directory(cfg), target, spec, progress)
+    pattern = Pattern(N, cfg.gamma, cfg.steps_per_draft, drafter.mask_id)
+    eos = target.eos_token_id if cfg.chat else None
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    val_batches = [make_batch(val, pattern, cfg.batch_size, g, P, context=P)
+    val_limits = split_limits(val, P, cfg.gamma, eos)
+    val_batches = [make_batch(val, pattern, cfg.batch_size, g, P, context=N, limits=val_limits)
                    for _ in range(-(-VAL_EXAMPLES // cfg.batch_size))]
     fraction = 0.0 if raw is None else RAW_FRACTION if cfg.raw_fraction is None else cfg.raw_fraction
-    return Data(train, val, val_batches, pattern, raw, fraction, generate_s, (len(train) + len(val)) * L)
+    return Data(train, val, val_batches, pattern, raw, fraction, generate_s, (len(train) + len(val)) * L,
+                P, split_limits(train, P, cfg.gamma, eos))
 
 
 def evaluate_drafter(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
@@ -473,7 +491,10 @@ def evaluate_drafter(cfg: DistillConfig, target, drafter: DiffusionDrafter, val:
     prompts: the S samples of one share it), greedy and at eval_temperature (seed cfg.seed)."""
     from ..generation import generate
 
-    prompts = val.ids[::cfg.samples_per_prompt, :P]
+    prompts = list(val.ids[::cfg.samples_per_prompt, :P])
+    if cfg.chat:  # templated questions, left-padded: drop the padding, keep the template's tokens
+        fill = target.tokenizer.pad_token_id
+        prompts = [row[int((row != fill).float().argmax()):] for row in prompts]
     texts = [t for t in target.tokenizer.batch_decode(prompts) if t.strip()][:cfg.eval_prompts]
     drafter.eval()
     report: dict = {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens}
@@ -496,11 +517,24 @@ def _soft_label_report(cfg: DistillConfig, data: Data) -> dict | None:
                                                 "p10": round(mass.quantile(0.1).item(), 4)}}
 
 
+def data_directory(cfg: DistillConfig) -> Path:
+    return Path(cfg.data) if cfg.data else Path(cfg.out) / "data"
+
+
+def build_data(cfg: DistillConfig, target, progress: bool) -> dict:
+    """data_only: the teacher data cache alone -> a short report."""
+    data = _prepare(cfg, target, _initial_drafter(cfg, target), progress)
+    return {"target": target.name, "data": str(data_directory(cfg)), "generated_tokens": data.generated_tokens,
+            "generate_s": round(data.generate_s, 3), "sequences": len(data.train) + len(data.val)}
+
+
 def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     """Train a drafter for cfg.target into cfg.out (see the module docstring) -> the report."""
     wall = time.perf_counter()
     _check(cfg)
     target = load_target(cfg.target, device=cfg.device, dtype="fp32")
+    if cfg.data_only:
+        return build_data(cfg, target, progress)
     out = Path(cfg.out)
     latest = _latest_checkpoint(out / "checkpoints") if cfg.resume else None
     drafter, opt_state, state = (_load_checkpoint(latest, target) if latest
@@ -525,7 +559,7 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
         "mask_id": drafter.mask_id, "vocab_size": drafter.vocab_size,
         "parameters": sum(p.numel() for p in drafter.parameters()),
         "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
-        "eval": evaluate_drafter(cfg, target, drafter, data.val, data.pattern.context),
+        "eval": evaluate_drafter(cfg, target, drafter, data.val, data.prompt_tokens),
         "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
                     "generated_tokens": data.generated_tokens, "generate_s": round(data.generate_s, 3),
                     "wall_s": round(time.perf_counter() - wall, 3), "device": cfg.device,

@@ -43,6 +43,7 @@ from tqdm import tqdm
 from ..atomic import new_file
 from ..drafters.diffusion import block_sizes
 from ..errors import UsageError
+from ..hf_cache import returned_cache, with_cache
 from ..nets.checkpoint import save_tensors
 from ..sampling import Sampling
 
@@ -67,6 +68,7 @@ class DataSpec:
     soft_labels: int  # k most likely ids of p kept per position; 0: none
     seed: int
     banned_id: int | None  # a mask id inside the vocabulary: never generated
+    chat: bool = False  # prompts: the file's lines, one question each, through the chat template
 
     def teacher(self, stream: int) -> Sampling:
         """The teacher setting of a stream (0: validation, c + 1: training chunk c)."""
@@ -118,37 +120,97 @@ def windows(tokens: torch.Tensor, count: int, length: int, generator: torch.Gene
 
 @torch.no_grad()
 def continue_batch(model, prompts: torch.Tensor, length: int, vocab: int, teacher: Sampling,
-                   generator: torch.Generator, banned_id: int | None, soft_labels: int = 0) -> Sequences:
+                   generator: torch.Generator, banned_id: int | None, soft_labels: int = 0,
+                   pad: torch.Tensor | None = None, eos_id: int | None = None) -> Sequences:
     """The target's continuation of equal-length prompts (B, P) -> (B, P + length), drawn from
     `teacher` (the target's p warped by its temperature / top-p), one batched decoding loop over
-    its KV cache (no padding needed); with soft_labels = k, p's k most likely ids and probabilities
-    at each continuation position (B, length, k)."""
-    out = model(input_ids=prompts, use_cache=True)
+    its KV cache; with soft_labels = k, p's k most likely ids and probabilities at each
+    continuation position (B, length, k). pad (B,): left padding of each prompt, kept out of
+    attention and positions. eos_id: a row that has said it says it again (soft label one-hot on
+    it), and the loop stops once every row has."""
+    B, P = prompts.shape
+    pad = torch.zeros(B, dtype=torch.long, device=prompts.device) if pad is None else pad.to(prompts.device)
+    mask = (torch.arange(P, device=prompts.device) >= pad[:, None]).long()  # (B, P)
+    done = torch.zeros(B, dtype=torch.bool, device=prompts.device)
+    out = model(input_ids=prompts, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
+                use_cache=True)
     ids, soft = [prompts], []
     for i in range(length):
         logits = out.logits[:, -1, :vocab].float()  # (B, V) real vocabulary only
         if banned_id is not None:
             logits[:, banned_id] = float("-inf")
+        if eos_id is not None:
+            logits[done] = float("-inf")
+            logits[done, eos_id] = 0.0  # p one-hot on eos once a row has ended
         if soft_labels:
             soft.append(logits.softmax(-1).topk(min(soft_labels, vocab), dim=-1))
         probs = teacher.probs(logits)
         nxt = teacher.sample(probs.cpu(), generator).to(prompts.device)[:, None]  # (B, 1)
         ids.append(nxt)
-        if i + 1 < length:
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+        if eos_id is not None:
+            done |= nxt[:, 0] == eos_id
+        if i + 1 < length and not done.all():
+            mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+            out = model(input_ids=nxt, attention_mask=mask, position_ids=mask.sum(1, keepdim=True) - 1,
+                        use_cache=True, **with_cache(model, returned_cache(out)))
+        elif i + 1 < length and eos_id is not None:  # every row ended: the rest is eos
+            return _finished(prompts, ids, soft, length, eos_id)
     if not soft:
         return Sequences(torch.cat(ids, dim=1))
     return Sequences(torch.cat(ids, dim=1), torch.stack([t.indices for t in soft], 1).int(),
                      torch.stack([t.values for t in soft], 1).half())
 
 
-def _generate(target, tokens: torch.Tensor, count: int, spec: DataSpec, stream: int) -> Sequences:
-    """`count` prompts drawn from `tokens`, S continuations of each -> (count * S, P + L);
+def _finished(prompts: torch.Tensor, ids: list, soft: list, length: int, eos_id: int) -> Sequences:
+    """Sequences whose rows all ended early, padded to `length` with eos (soft labels one-hot on it)."""
+    B, rest = prompts.shape[0], length - (len(ids) - 1)
+    ids = [*ids, prompts.new_full((B, rest), eos_id)]
+    if not soft:
+        return Sequences(torch.cat(ids, dim=1))
+    k = soft[0].indices.shape[-1]
+    tail_ids = torch.zeros(B, rest, k, dtype=torch.int32)
+    tail_ids[..., 0] = eos_id
+    tail_p = torch.zeros(B, rest, k, dtype=torch.float16)
+    tail_p[..., 0] = 1
+    return Sequences(torch.cat(ids, dim=1),
+                     torch.cat([torch.stack([t.indices for t in soft], 1).int().cpu(), tail_ids], 1),
+                     torch.cat([torch.stack([t.values for t in soft], 1).half().cpu(), tail_p], 1))
+
+
+def chat_prompts(path: str, tokenizer, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The file's lines (one question each) through the chat template, left-padded to `length`
+    -> (ids (Q, length), pad (Q,)); questions longer than that are left out."""
+    try:
+        lines = [q.strip() for q in Path(path).read_text(encoding="utf-8").splitlines() if q.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read prompts file {path}: {e}") from e
+    encoded = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False)) for q in lines]
+    encoded = [e for e in encoded if len(e) <= length]
+    if not encoded:
+        raise UsageError(f"no question in {path} fits {length} tokens through the chat template")
+    fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[fill] * (length - len(e)) + e for e in encoded], dtype=torch.long)
+    return ids, torch.tensor([length - len(e) for e in encoded], dtype=torch.long)
+
+
+def _generate(target, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
+              stream: int) -> Sequences:
+    """`count` prompts, S continuations of each -> (count * S, P + L): windows of a token stream
+    (prompts = (tokens (n,), None)) or rows of chat prompts (prompts = (ids (Q, P), pad (Q,)));
     `stream` (0: validation, c + 1: training chunk c) makes each chunk's randomness its own."""
     generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + stream)
-    prompts = windows(tokens, count, spec.prompt_tokens, generator).repeat_interleave(spec.samples_per_prompt, 0)
-    return continue_batch(target.model, prompts.to(target.device), spec.continuation_tokens, target.vocab_size,
-                          spec.teacher(stream), generator, spec.banned_id, spec.soft_labels).cpu()
+    tokens, pad = prompts
+    if pad is None:
+        ids = windows(tokens, count, spec.prompt_tokens, generator)
+    else:
+        rows = torch.randint(0, len(tokens), (count,), generator=generator)
+        ids, pad = tokens[rows], pad[rows]
+    S = spec.samples_per_prompt
+    return continue_batch(target.model, ids.repeat_interleave(S, 0).to(target.device), spec.continuation_tokens,
+                          target.vocab_size, spec.teacher(stream), generator, spec.banned_id, spec.soft_labels,
+                          None if pad is None else pad.repeat_interleave(S, 0),
+                          target.eos_token_id if spec.chat else None).cpu()
 
 
 def _check_meta(data: Path, spec: DataSpec) -> None:
@@ -196,18 +258,34 @@ def build_sequences(data: Path, target, spec: DataSpec, progress: bool) -> tuple
     todo = [k for k, f in files.items() if not f.is_file()]
     start = time.perf_counter()
     if todo:
-        tokens = read_tokens(spec.prompts, target.tokenizer, "prompts")
-        cut = int(len(tokens) * (1 - HELD_OUT))
-        if len(tokens) - cut <= spec.prompt_tokens:
-            raise UsageError(f"{spec.prompts} has {len(tokens)} tokens; it needs more than "
-                             f"{int(spec.prompt_tokens / HELD_OUT) + 1} for {spec.prompt_tokens}-token prompts")
+        train_prompts, val_prompts = _prompt_source(spec, target)
         _write_meta(data, spec)
         for k in tqdm(todo, disable=not progress, desc="target continuations", unit="chunk", leave=False):
             count = spec.val_prompts if k == 0 else min(CHUNK, spec.num_prompts - (k - 1) * CHUNK)
-            _save(files[k], _generate(target, tokens[cut:] if k == 0 else tokens[:cut], count, spec, k))
+            _save(files[k], _generate(target, val_prompts if k == 0 else train_prompts, count, spec, k))
     seconds = (time.perf_counter() - start) if todo else 0.0
     train, val, _ = read_sequences(data)
     return train, val, seconds
+
+
+Prompts = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def _prompt_source(spec: DataSpec, target) -> tuple[Prompts, Prompts]:
+    """(training, held-out) prompt sources: the file's last HELD_OUT share (of its tokens, or of
+    its questions with `chat`) is held out."""
+    if spec.chat:
+        ids, pad = chat_prompts(spec.prompts, target.tokenizer, spec.prompt_tokens)
+        cut = int(len(ids) * (1 - HELD_OUT))
+        if cut == 0 or cut == len(ids):
+            raise UsageError(f"{spec.prompts}: {len(ids)} usable questions; it needs at least {int(1 / HELD_OUT) + 1}")
+        return (ids[:cut], pad[:cut]), (ids[cut:], pad[cut:])
+    tokens = read_tokens(spec.prompts, target.tokenizer, "prompts")
+    cut = int(len(tokens) * (1 - HELD_OUT))
+    if len(tokens) - cut <= spec.prompt_tokens:
+        raise UsageError(f"{spec.prompts} has {len(tokens)} tokens; it needs more than "
+                         f"{int(spec.prompt_tokens / HELD_OUT) + 1} for {spec.prompt_tokens}-token prompts")
+    return (tokens[:cut], None), (tokens[cut:], None)
 
 
 @dataclass(frozen=True)
@@ -239,20 +317,36 @@ class Batch:
         return Batch(self.x0.to(device), self.xt.to(device), self.n, *soft)
 
 
+def split_limits(seqs: Sequences, prompt_tokens: int, gamma: int, eos_id: int | None) -> torch.Tensor:
+    """(M,) the first column past the last split make_batch may draw in each row: gamma slots fit,
+    and (with eos_id) the draft starts at or before the row's first eos (what follows is eos)."""
+    width = seqs.ids.shape[1]
+    limit = torch.full((len(seqs),), width - gamma + 1)
+    if eos_id is not None:
+        is_eos = seqs.ids[:, prompt_tokens:] == eos_id  # (M, L)
+        first = torch.where(is_eos.any(1), is_eos.float().argmax(1), is_eos.shape[1])
+        limit = torch.minimum(limit, prompt_tokens + first + 1)
+    return limit
+
+
 def make_batch(seqs: Sequences, pattern: Pattern, size: int, generator: torch.Generator,
                prompt_tokens: int, raw: torch.Tensor | None = None, raw_fraction: float = 0.0,
-               context: int | None = None) -> Batch:
+               context: int | None = None, limits: torch.Tensor | None = None) -> Batch:
     """`size` examples from sequences (M, P + L): a split s in the continuation, x0 =
     seq[s - n : s + gamma], draft slots masked as at a random l2r step, and the soft labels of
     the draft slots where the sequences have them; rows drawn from raw text windows with
     probability raw_fraction. n = `context`, else N (or, in a SHORT_CONTEXT share of batches,
-    fewer: drafting early in a generation sees less than N tokens)."""
+    fewer: drafting early in a generation sees less than N tokens). limits (M,): see split_limits."""
     n = context or pattern.context
     if context is None and torch.rand((), generator=generator) < SHORT_CONTEXT:
         n = int(torch.randint(1, pattern.context + 1, (), generator=generator))
     width, ids = n + pattern.gamma, seqs.ids
     rows = torch.randint(0, len(ids), (size,), generator=generator)
-    splits = torch.randint(prompt_tokens, ids.shape[1] - pattern.gamma + 1, (size,), generator=generator)
+    if limits is None:
+        splits = torch.randint(prompt_tokens, ids.shape[1] - pattern.gamma + 1, (size,), generator=generator)
+    else:
+        span = limits[rows] - prompt_tokens  # (B,) >= 1
+        splits = prompt_tokens + (torch.rand(size, generator=generator) * span).long()
     x0 = ids[rows[:, None], splits[:, None] - n + torch.arange(width)]  # (B, n + gamma)
     soft_ids = soft_p = None
     if seqs.soft_ids is not None and seqs.soft_p is not None:

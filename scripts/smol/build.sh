@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Build the smol pair's drafters (SmolLM2-135M-Instruct target, models.yaml `smol`) with no hub:
+#
+#   scripts/smol/build.sh [WORK] [MODELS]   # default build/smol specdiff/data/models/smol
+#
+#   1. questions  prompts/smol-train.txt and the held-out specdiff/data/prompts/smol-heldout.jsonl
+#                 (questions.py: written from the standard library's docstrings, pydoc topics, the FAQ)
+#   2. teacher    WORK/data: the target's answers to 1,280 training questions through its chat
+#                 template, 128 tokens each, chunks alternating greedy / temperature 0.7 / 1.0 (top-p
+#                 0.95), with its top-32 soft labels (`specdiff distill --data-only`, 1 thread)
+#   3. drafters   three drafters on that data, trained at once (one thread each), the same number of
+#                 training tokens (SMOL_STEPS x 32 rows x 56 tokens; the AR drafter's steps match it):
+#                 WORK/aligned  DDiT 4 x 256, N = 48, gamma 8, T <= 2: soft-label KL + SpecDiff-2's
+#                               ce-streak at temperature 0.7 (the shipped diffusion drafter)
+#                 WORK/ce       the same DDiT trained with plain cross-entropy (the alignment's baseline)
+#                 WORK/ar       GPT-2 2 x 256 on the same answers (the spec-ar baseline's drafter)
+#   4. fp16       MODELS/drafter (the aligned DDiT) and MODELS/ar-drafter, in fp16
+#
+# Resumable: every step is skipped when its output exists; the teacher data is written a chunk at
+# a time and training checkpoints every 100 steps (every 2 minutes for the AR drafter), so a rerun
+# after an interruption continues where it stopped. Run it with nothing else on the machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+work=${1:-build/smol}
+models=${2:-specdiff/data/models/smol}
+steps=${SMOL_STEPS:-2000}
+target=smollm2-135m-instruct
+mkdir -p "$work"
+
+[ -f specdiff/data/prompts/smol-heldout.jsonl ] || python scripts/smol/questions.py
+
+teacher=(--target "$target" --chat --prompts prompts/smol-train.txt --data "$work/data" --prompt-tokens 96
+         --num-prompts 1280 --continuation-tokens 128 --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95
+         --soft-labels 32 --layers 4 --dim 256 --heads 4 --context 48 --threads 1)
+[ -f "$work/data/val.safetensors" ] && [ -f "$work/data/train-00019.safetensors" ] ||
+  specdiff distill "${teacher[@]}" --out "$work/data-run" --data-only
+
+train=(--gamma 8 --steps-per-draft 2 --batch-size 32 --lr 1e-3 --max-steps "$steps"
+       --val-every 100 --checkpoint-every 100 --eval-prompts 8 --eval-temperature 0.7 --draft-temperature 0.7)
+diffusion() {  # diffusion NAME LOSS: one DDiT drafter, resuming from its checkpoints; log in WORK/NAME.log
+  local resume=()
+  [ -d "$work/$1/checkpoints" ] && resume=(--resume)
+  [ -f "$work/$1/config.json" ] ||
+    specdiff distill "${teacher[@]}" "${train[@]}" --out "$work/$1" --loss "$2" "${resume[@]}" >>"$work/$1.log" 2>&1
+}
+ar() {  # the AR drafter: 8 sequences of 224 tokens a step, as many tokens as the DDiT's steps
+  local tokenizer
+  tokenizer=$(python -c "from specdiff.registry import load_registry; print(load_registry().entries['$target'].source)")
+  [ -f "$work/ar/model/config.json" ] ||
+    python scripts/demo/train_lm.py --sequences "$work/data" --tokenizer "$tokenizer" --work "$work/ar" \
+      --out "$work/ar/model" --layers 2 --dim 256 --heads 4 --batch-size 8 --lr 1e-3 \
+      --steps $((steps * 32 * 56 / (8 * 223))) --eval-s 120 --threads 1 --save-dtype fp32 >>"$work/ar.log" 2>&1
+}
+diffusion aligned kl+ce-streak &
+pids=($!)
+diffusion ce ce &
+pids+=($!)
+ar &
+pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done
+
+[ -f "$models/drafter/config.json" ] ||
+  specdiff drafter convert "$work/aligned" --out "$models/drafter" --dtype fp16
+if [ ! -f "$models/ar-drafter/config.json" ]; then
+  mkdir -p "$models/ar-drafter"
+  python -c "import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float16); m.save_pretrained(sys.argv[2])
+AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" "$work/ar/model" "$models/ar-drafter"
+fi
