@@ -49,7 +49,8 @@ DEFAULT_STEPS = 4
 DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "drafts": 1, "draft_temperature": None,
                             "max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
                             "repetition_penalty": 1.0, "batch_size": 8,
-                            "remasking": "static", "threshold": 0.9}  # the last two: block-diffusion targets
+                            "remasking": "static", "threshold": 0.9,  # these two: block-diffusion targets
+                            "chat": False}
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
 
 
@@ -164,7 +165,7 @@ class Plan:
 
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
          device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
-         chat: bool = False, system: str | None = None, stop: Iterable[str] | str | None = None,
+         chat: bool | None = None, system: str | None = None, stop: Iterable[str] | str | None = None,
          registry: Registry | None = None, compile: bool = False, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), fill the settings not given (see `choose`:
     option > pair > drafter > DEFAULTS), validate. With neither pair nor target: the `demo` pair,
@@ -174,7 +175,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
-    given = {**options, "method": method, "acceptance": acceptance}
+    given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
     named = _check_settings(choose(given, defaults))  # every option, before anything loads
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype, registry=registry)
@@ -195,7 +196,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
-                opts["max_new_tokens"], seed, proposer, text_options(target, chat, system, stop),
+                opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),
                 _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
 
 
@@ -414,7 +415,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              acceptance: str | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              max_new_tokens: int | None = None, seed: int = 0, device: str = "cpu", dtype: str = "auto",
-             truncate_prompt: bool = False, progress: bool = False, chat: bool = False,
+             truncate_prompt: bool = False, progress: bool = False, chat: bool | None = None,
              system: str | None = None, stop: Iterable[str] | str | None = None,
              batch_size: int | None = None, remasking: str | None = None,
              threshold: float | None = None, compile: bool = False) -> GenerationResult:

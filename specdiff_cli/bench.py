@@ -63,7 +63,8 @@ def _report_dir(ctx, param, value):
 @click.option("--methods", callback=_list(str), metavar="LIST",
               help=f"Comma-separated, from {', '.join((*names.METHODS, *names.PEERS))} "
                    "[default: every one the models allow]. ar always runs: it is the reference.")
-@click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: the 32 held-out prompts shipped in the package].")
+@click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: the pair's held-out prompts, else the 32 held-out "
+              "demo prompts shipped in the package].")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)
 @click.option("--num-prompts", type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")
@@ -100,15 +101,18 @@ def _report_dir(ctx, param, value):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
-@click.option("--check", is_flag=True, help="Exit 1 if any method's greedy output differs from ar's.")
+@click.option("--check", is_flag=True, help="Exit 1 if any method's greedy output differs from ar's (the rows at "
+              "temperature 0; sampled rows are exact in distribution, which a token check cannot show).")
 @threads_option
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto", show_default=True)
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
+@click.option("--chat/--no-chat", default=None,
+              help="Put each prompt through the target's chat template [default: the pair's, else no].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
           repeats, warmup, gammas, steps, schedules, drafts, draft_temperature, rules, temperatures, top_k, top_p,
-          batch_sizes, compiled, artifacts, runtime, seed, out, check, threads, device, dtype, truncate_prompt, no_plots):
+          batch_sizes, compiled, artifacts, runtime, seed, out, check, threads, device, dtype, truncate_prompt, chat, no_plots):
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
 
@@ -133,7 +137,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
         check_sampling(temperature=t)
     check_sampling(top_k=top_k, top_p=top_p)
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
-    records = read_prompts((), prompt_file or str(lib.DEFAULT_PROMPTS), sys.stdin.buffer, input_format)
+    records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target)), sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
     models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter,
                                        methods=methods or (), device=device, dtype=dtype)
@@ -142,9 +146,10 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
         max_new_tokens=max_new_tokens or pick["max_new_tokens"], repeats=repeats, warmup=warmup,
         temperature=temperatures[0] if temperatures else pick["temperature"],
         acceptance=pick.get("acceptance"), top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
-        seed=seed, threads=threads or default_threads(), truncate_prompt=truncate_prompt)
-    if check and (settings.temperature > 0 or any(t > 0 for t in temperatures or ())):
-        raise UsageError("--check compares greedy outputs token by token; it needs --temperature 0")
+        seed=seed, threads=threads or default_threads(), truncate_prompt=truncate_prompt,
+        chat=pick["chat"] if chat is None else chat)
+    if check and 0 not in (temperatures or (settings.temperature,)):
+        raise UsageError("--check compares greedy outputs token by token; it needs 0 among --temperature")
     if getattr(models.target, "kind", None) == "block-diffusion":
         if compiled or artifacts:
             raise UsageError("--compile and --artifacts run causal LM targets; block-diffusion targets run eager")

@@ -50,7 +50,8 @@ from .threads import set_threads, threads_option
               help="Hugging Face's repetition penalty on the target (1 = none) [default: 1].")
 @click.option("--stop", multiple=True, metavar="TEXT",
               help="End a continuation at this text, which is left out (repeatable).")
-@click.option("--chat", is_flag=True, help="Put each prompt through the target's chat template.")
+@click.option("--chat/--no-chat", default=None,
+              help="Put each prompt through the target's chat template [default: the pair's, else no].")
 @click.option("--system", metavar="TEXT", help="A system message for --chat.")
 @click.option("--max-new-tokens", type=int, help="Tokens to generate per prompt [default: 64].")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -115,6 +115,29 @@ def test_chat_prompts_go_through_the_template(chat_target, models):
     assert ar.texts != generate(PROMPTS, target=chat_target, method="ar", max_new_tokens=12).texts
 
 
+def test_a_pairs_chat_default_applies_and_an_option_beats_it(chat_target, tmp_path):
+    registry = tmp_path / "models.yaml"
+    registry.write_text(f"""models:
+  - name: chat-target
+    kind: target
+    path: {chat_target.model.name_or_path}
+  - name: chat-pair
+    kind: pair
+    target: chat-target
+    drafter: chat-target
+    defaults: {{method: ar, chat: true}}
+""")
+    from specdiff.registry import load_registry
+
+    reg = load_registry(registry)
+    assert plan(pair="chat-pair", target=chat_target, registry=reg).text.chat
+    assert not plan(pair="chat-pair", target=chat_target, registry=reg, chat=False).text.chat
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(registry.read_text().replace("chat: true", "chat: 1"))
+    with pytest.raises(UsageError, match="default 'chat' has the wrong type"):
+        load_registry(bad)
+
+
 @pytest.mark.parametrize("options,message", [
     ({"chat": True}, "has no chat template"),
     ({"system": "x"}, "needs `chat`"),

@@ -32,6 +32,7 @@ import resource
 import statistics
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterator
 
@@ -45,7 +46,7 @@ from ..acceptance import RULES
 from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import IncompatibleModelsError, UsageError
-from ..generation import DEFAULT_STEPS, DEFAULTS, encode_prompts, iter_generate, plan
+from ..generation import DEFAULT_STEPS, DEFAULTS, TextOptions, encode_prompts, iter_generate, plan
 from ..methods import METHODS as REGISTRY, is_block_diffusion
 from ..names import PEERS
 from ..loading import load_drafter, load_target
@@ -129,6 +130,13 @@ class Settings:
     seed: int = 0
     threads: int | None = None  # torch threads while timing; None: leave as is
     truncate_prompt: bool = False
+    chat: bool = False  # prompts go through the target's chat template (every row alike)
+
+
+def default_prompts(pair: str | None, target: Any, registry: Registry | None = None) -> Path:
+    """The prompt file bench uses when given none: the pair's `prompts:`, else DEFAULT_PROMPTS."""
+    entry = (registry or load_registry()).chosen_pair(pair, target)
+    return entry.prompts if entry is not None and entry.prompts is not None else DEFAULT_PROMPTS
 
 
 def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, methods=(), device="cpu",
@@ -244,7 +252,7 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
              schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
              acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
              top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size,
-             compile=v.compiled)
+             compile=v.compiled, chat=s.chat)
 
     def one_pass(prompts, encoded):
         for out in iter_generate(prompts, p, s.truncate_prompt):
@@ -494,7 +502,8 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     refs = [Variant("ar", temperature=t) for t in dict.fromkeys([v.temperature for v in rows] or [None])]
     rows = refs + [v for v in rows if v not in refs]  # the batch-1 reference at every temperature first
     _check_models(models, rows)
-    encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt)
+    encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt,
+                             TextOptions(chat=settings.chat))
     _check_room(models.target, rows, encoded, settings.max_new_tokens)
     threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads or threads)
