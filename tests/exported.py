@@ -32,3 +32,13 @@ def onnx_pair(tiny) -> Path:
 def onnx_neo(tiny) -> Path:
     """tiny.neo (global + local attention) alone, fp32."""
     return _export(tiny.root / "export-neo", ["--target", str(tiny.neo)])
+
+
+@pytest.fixture(scope="session")
+def onnx_llama(tiny) -> Path:
+    """A tied-head GQA Llama (SmolLM2's shape, tiny) + tiny.drafter, fp32."""
+    from tiny import make_llama
+
+    llama = make_llama(tiny.root / "llama-tied", tiny.tokenizer, scale=10, seed=3, tied=True)
+    tiny.llama = llama
+    return _export(tiny.root / "export-llama", ["--target", str(llama), "--drafter", str(tiny.drafter)])

@@ -38,7 +38,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo"), ("onnx_llama", "llama")])
 def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
     """prefill / extend (verify 5, single steps) / rollback / length, batch 1 and 3, against
     specdiff.contracts.Target."""
@@ -93,12 +93,12 @@ def test_drafts_match_the_pytorch_drafter(tiny, onnx_pair):
 
 
 @pytest.mark.parametrize("method", ["ar", "specdiff", "specdiff --drafts 3"])  # 3 rows forked from the cache
-@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo")])
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo"), ("onnx_llama", "llama")])
 def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, method, which, model):
     artifacts = request.getfixturevalue(which)
     common = ["generate", "--method", *method.split(), "--max-new-tokens", "24", "--jsonl", "--gamma", "5",
               *[a for p in PROMPTS for a in ("--prompt", p)]]
-    drafter = [] if which == "onnx_pair" else ["--drafter", str(tiny.drafter)]  # neo: ORT target + torch drafter
+    drafter = [] if which != "onnx_neo" else ["--drafter", str(tiny.drafter)]  # neo: ORT target + torch drafter
     torch_run = run_cli([*common, "--target", str(getattr(tiny, model)), "--drafter", str(tiny.drafter)])
     ort_run = run_cli([*common, "--runtime", "onnxruntime", "--artifacts", str(artifacts), *drafter])
     assert torch_run.exit_code == 0 and ort_run.exit_code == 0, (torch_run.output, ort_run.output)

@@ -67,13 +67,14 @@ def make_gpt_neo(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, he
 
 
 def make_llama(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, heads: int = 4,
-               n_positions: int = 128, scale: float = 1.0) -> Path:
-    """A random Llama-style model: rotary positions, RMSNorm, grouped-query attention (2 KV heads)."""
+               n_positions: int = 128, scale: float = 1.0, tied: bool = False) -> Path:
+    """A random Llama-style model: rotary positions, RMSNorm, grouped-query attention (2 KV heads);
+    tied: the head shares the embedding (as SmolLM2's does)."""
     torch.manual_seed(seed)
     eos = tokenizer.eos_token_id
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=2,
                       num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=n_positions,
-                      bos_token_id=eos, eos_token_id=eos, initializer_range=0.02 * scale)
+                      bos_token_id=eos, eos_token_id=eos, initializer_range=0.02 * scale, tie_word_embeddings=tied)
     return _save(LlamaForCausalLM(cfg), tokenizer, directory)
 
 
