@@ -6,7 +6,7 @@ optionally mixed with raw text windows; every example is shaped like a drafting 
 context tokens, then gamma slots masked as the l2r schedule with T steps masks them at one of
 its steps (all gamma masked = oneshot / the first l2r step).
 
-Objective, a loss registered by name in LOSSES ((drafter, Batch) -> scalar), over the masked
+Objective, a loss registered by name in LOSSES (Slots -> scalar: the drafter runs once per batch), over the masked
 draft slots whose clean token is not the mask id:
     ce         mean cross-entropy -log q(x0) over those slots (the default)
     mdlm       the MDLM ELBO: each slot's CE weighted by sigma'(t) / expm1(sigma(t)) (= 1/t for
@@ -132,46 +132,57 @@ def draft_logits(drafter: DiffusionDrafter, xt: torch.Tensor, n: int) -> torch.T
     return logits
 
 
-def _scored(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
-    """The draft slots a loss scores (B, gamma): masked, and the clean token not the mask id."""
-    return (batch.xt[:, batch.n:] == drafter.mask_id) & (batch.x0[:, batch.n:] != drafter.mask_id)
+@dataclass(frozen=True)
+class Slots:
+    """One batch's draft slots as every loss reads them: the drafter runs once per batch, also
+    for a sum of losses."""
+
+    logits: torch.Tensor  # (B, gamma, V) x0 logits, fp32, differentiable (draft_logits)
+    x0: torch.Tensor  # (B, gamma) the teacher's tokens
+    scored: torch.Tensor  # (B, gamma) bool: masked slots whose clean token is not the mask id
+    t: torch.Tensor  # (B,) the fraction of each row masked
+    width: int  # n + gamma positions per row
+    soft_ids: torch.Tensor | None = None  # (B, gamma, k)
+    soft_p: torch.Tensor | None = None  # (B, gamma, k)
 
 
-def _slot_ce(drafter: DiffusionDrafter, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> CE at each draft slot (B, gamma), zero where not scored, and the scored slots (B, gamma)."""
-    scored = _scored(drafter, batch)
-    logits = draft_logits(drafter, batch.xt, batch.n)
-    x0 = batch.x0[:, batch.n:].masked_fill(~scored, -100)
-    return F.cross_entropy(logits.transpose(1, 2), x0, reduction="none"), scored
+def slots(drafter: DiffusionDrafter, batch: Batch) -> Slots:
+    """Run the drafter on the batch -> its Slots."""
+    x0 = batch.x0[:, batch.n:]
+    scored = (batch.xt[:, batch.n:] == drafter.mask_id) & (x0 != drafter.mask_id)
+    t = (batch.xt == drafter.mask_id).float().mean(dim=1)
+    return Slots(draft_logits(drafter, batch.xt, batch.n), x0, scored, t, batch.xt.shape[1],
+                 batch.soft_ids, batch.soft_p)
 
 
-def masked_ce(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
-    ce, scored = _slot_ce(drafter, batch)
-    return ce.sum() / scored.sum().clamp(min=1)
+def _slot_ce(s: Slots) -> torch.Tensor:
+    """CE at each draft slot (B, gamma), zero where not scored."""
+    return F.cross_entropy(s.logits.transpose(1, 2), s.x0.masked_fill(~s.scored, -100), reduction="none")
 
 
-def mdlm_elbo(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
-    ce, _ = _slot_ce(drafter, batch)
-    t = (batch.xt == drafter.mask_id).float().mean(dim=1)  # (B,)
-    weight = (1 - NOISE_EPS) / (1 - (1 - NOISE_EPS) * t) / torch.expm1(loglinear_sigma(t))
-    return (weight[:, None] * ce).sum(dim=1).mean() / batch.xt.shape[1]
+def masked_ce(s: Slots) -> torch.Tensor:
+    return _slot_ce(s).sum() / s.scored.sum().clamp(min=1)
 
 
-def soft_kl(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
+def mdlm_elbo(s: Slots) -> torch.Tensor:
+    weight = (1 - NOISE_EPS) / (1 - (1 - NOISE_EPS) * s.t) / torch.expm1(loglinear_sigma(s.t))  # (B,)
+    return (weight[:, None] * _slot_ce(s)).sum(dim=1).mean() / s.width
+
+
+def soft_kl(s: Slots) -> torch.Tensor:
     """KL(p || q) per scored slot, averaged, over k + 1 bins: the soft labels' ids and the rest
     of the vocabulary as one bin (p's rest = 1 - the mass kept; q's = its mass elsewhere), so
     that q keeps p's tail mass instead of piling it on the top k."""
-    if batch.soft_ids is None or batch.soft_p is None:
+    if s.soft_ids is None or s.soft_p is None:
         raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
-    scored = _scored(drafter, batch)
-    log_q_all = draft_logits(drafter, batch.xt, batch.n).log_softmax(-1)  # (B, gamma, V)
-    kept = batch.soft_p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
-    log_q = log_q_all.gather(-1, batch.soft_ids)  # (B, gamma, k)
-    elsewhere = log_q_all.scatter(-1, batch.soft_ids.where(kept, batch.soft_ids[..., :1]), float("-inf"))
-    p_rest = (1 - batch.soft_p.sum(-1)).clamp(min=0)  # (B, gamma)
-    kl = (torch.xlogy(batch.soft_p, batch.soft_p) - batch.soft_p * log_q).sum(-1) \
+    log_q_all = s.logits.log_softmax(-1)  # (B, gamma, V)
+    kept = s.soft_p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
+    log_q = log_q_all.gather(-1, s.soft_ids)  # (B, gamma, k)
+    elsewhere = log_q_all.scatter(-1, s.soft_ids.where(kept, s.soft_ids[..., :1]), float("-inf"))
+    p_rest = (1 - s.soft_p.sum(-1)).clamp(min=0)  # (B, gamma)
+    kl = (torch.xlogy(s.soft_p, s.soft_p) - s.soft_p * log_q).sum(-1) \
         + torch.xlogy(p_rest, p_rest) - p_rest * elsewhere.logsumexp(-1).clamp(min=-1e4)
-    return (kl * scored).sum() / scored.sum().clamp(min=1)
+    return (kl * s.scored).sum() / s.scored.sum().clamp(min=1)
 
 
 def expected_streak(log_q: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
@@ -186,22 +197,19 @@ def reach_weighted_log_q(log_q: torch.Tensor) -> torch.Tensor:
     return (log_reach.detach().exp() * log_q).sum(1)
 
 
-def _streak_log_q(drafter: DiffusionDrafter, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> log q_i of the teacher token at each draft slot at the drafter's temperature (B, gamma),
-    0 where not scored, and the scored slots (B, gamma)."""
-    scored = _scored(drafter, batch)
-    logits = draft_logits(drafter, batch.xt, batch.n) / temperature
-    log_q = logits.log_softmax(-1).gather(-1, batch.x0[:, batch.n:, None])[..., 0]
-    return log_q.masked_fill(~scored, 0), scored
+def _streak_log_q(s: Slots, temperature: float) -> torch.Tensor:
+    """log q_i of the teacher token at each draft slot at the drafter's temperature (B, gamma),
+    0 where not scored."""
+    log_q = (s.logits / temperature).log_softmax(-1).gather(-1, s.x0[..., None])[..., 0]
+    return log_q.masked_fill(~s.scored, 0)
 
 
-def streak(drafter: DiffusionDrafter, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    return -expected_streak(*_streak_log_q(drafter, batch, temperature)).mean()
+def streak(s: Slots, temperature: float = 1.0) -> torch.Tensor:
+    return -expected_streak(_streak_log_q(s, temperature), s.scored).mean()
 
 
-def ce_streak(drafter: DiffusionDrafter, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    log_q, _ = _streak_log_q(drafter, batch, temperature)
-    return -reach_weighted_log_q(log_q).mean()
+def ce_streak(s: Slots, temperature: float = 1.0) -> torch.Tensor:
+    return -reach_weighted_log_q(_streak_log_q(s, temperature)).mean()
 
 
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"ce": masked_ce, "mdlm": mdlm_elbo, "kl": soft_kl, "streak": streak, "ce-streak": ce_streak}
@@ -210,10 +218,15 @@ AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
 
 def loss_function(cfg: DistillConfig) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
     """The configured loss, with the deployment temperature where it takes one; "a+b" is the
-    sum of losses a and b (e.g. ce+kl: the hard labels' argmax and the soft labels' spread)."""
+    sum of losses a and b (e.g. ce+kl: the hard labels' argmax and the soft labels' spread),
+    over one drafter pass."""
     parts = [partial(LOSSES[name], temperature=cfg.draft_temperature) if name in AT_DRAFT_TEMPERATURE
              else LOSSES[name] for name in cfg.loss.split("+")]
-    return lambda drafter, batch: sum(part(drafter, batch) for part in parts)  # type: ignore[return-value]
+
+    def loss(drafter: DiffusionDrafter, batch: Batch) -> torch.Tensor:
+        s = slots(drafter, batch)
+        return torch.stack([part(s) for part in parts]).sum()
+    return loss
 
 
 def learning_rate(step: int, peak: float, max_steps: int) -> float:
