@@ -350,6 +350,8 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     which seeds its generator and numbers it in errors, so that a shard decodes as the whole
     would; events are indexed by the position in `prompts` all the same."""
     prompts = check_prompts(prompts)
+    if p is not None and options:
+        raise UsageError(f"`{next(iter(options))}` is a setting of a plan: pass the settings or the plan `p`, not both")
     p = p or plan(**options)
     indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)

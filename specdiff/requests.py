@@ -11,6 +11,7 @@ pair defaults) is checked where those are loaded. Torch-free, so the CLI may imp
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import sys
@@ -22,6 +23,9 @@ from .names import SCHEDULES
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
 COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
+# the settings plan() takes as keywords beyond its named parameters (generation.DEFAULTS, less chat)
+OPTIONS = ("gamma", "steps", "schedule", "drafts", "draft_temperature", "max_new_tokens", "temperature", "top_k",
+           "top_p", "repetition_penalty", "batch_size", "remasking", "threshold")
 
 
 def check_prompts(prompts) -> list[str]:
@@ -77,10 +81,23 @@ def check_counts(values: dict) -> None:
             raise UsageError(f"`{key}` must be an integer >= 1, got {_short(value)}")
 
 
+def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
+    """Every keyword given is one of `known`: a misspelt setting (`temprature=0.8`) taken in by a
+    **options parameter must not be dropped silently (greedy output instead of sampled)."""
+    known = list(known)
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean `{close[0]}`?)" if close else f" (known: {', '.join(sorted(known))})"
+            raise UsageError(f"unknown option `{key}`{hint}")
+
+
 def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
                   repetition_penalty=None, **options) -> tuple:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
-    (os.PathLike) turned into the string that names it, anything else as given."""
+    (os.PathLike) turned into the string that names it, anything else as given. `options`: some
+    of OPTIONS, no other name."""
+    check_keywords(options, OPTIONS)
     check_seed(seed)
     check_sampling(temperature, top_k, top_p, repetition_penalty)
     check_counts(options)

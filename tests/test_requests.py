@@ -78,3 +78,22 @@ def test_paths_are_accepted_wherever_a_path_is(tiny, tmp_path):
     registry = tmp_path / "models.yaml"
     registry.write_text(f"models:\n  - name: t\n    kind: target\n    path: {tiny.gpt2}\n", encoding="utf-8")
     assert load_target("t", registry=load_registry(registry)).name == "t"
+
+
+@pytest.mark.parametrize("typo, hint", [("temprature", "did you mean `temperature`?"),
+                                         ("max_tokens", "did you mean `max_new_tokens`?"),
+                                         ("xyzzy", "known: batch_size, draft_temperature")])
+def test_unknown_keywords_are_refused_by_plan_and_stream(nothing_loads, typo, hint):
+    """plan() and stream() take settings as **options: a misspelt one used to be ignored (greedy
+    output where sampling was asked for)."""
+    for call in (lambda: plan(target="gpt2", **{typo: 0.8}),
+                 lambda: list(specdiff.stream("Hello", target="gpt2", **{typo: 0.8}))):
+        with pytest.raises(UsageError, match=f"unknown option `{typo}`") as info:
+            call()
+        assert hint in str(info.value)
+
+
+def test_stream_refuses_settings_beside_a_plan(tiny):
+    p = plan(target=tiny.gpt2)
+    with pytest.raises(UsageError, match="`temperature` is a setting of a plan: pass the settings or the plan"):
+        list(specdiff.stream("Hello", p, temperature=0.8))
