@@ -29,6 +29,7 @@ from tqdm import tqdm
 from . import selection
 from .acceptance import RULES, get_rule
 from .block_decoding import REMASKING, BlockSettings
+from .budget import check_step
 from .compiled import compile_models, compile_seconds, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
@@ -195,9 +196,29 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     if proposer and draft.drafts > 1:
         proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
+    if block is None:
+        _check_sizes(target, proposer, draft, batch_size=opts["batch_size"], max_new_tokens=opts["max_new_tokens"],
+                     rows=opts["batch_size"], context=0)
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),
                 _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
+
+
+def _check_sizes(target: Any, proposer: Proposer | None, draft: DraftSettings, *, batch_size: int,
+                 max_new_tokens: int, rows: int, context: int) -> None:
+    """Refuse sizes that cannot serve: a draft longer than the target's context window, or a
+    decoding step (`rows` rows decoded together, each verifying K candidate drafts of up to
+    gamma + 1 tokens, caches of `context` tokens) larger than the free memory (budget.py)."""
+    if proposer is not None and draft.gamma >= target.max_length:
+        raise UsageError(f"`gamma` {draft.gamma} does not fit the target's context window ({target.max_length} "
+                         "tokens) after a prompt")
+    copies = draft.drafts if proposer is not None else 1
+    if target.max_rows:  # the loop decodes no more rows together than the target takes
+        rows = min(rows, max(1, target.max_rows // copies))
+    sizes = {"batch_size": batch_size, **({"drafts": copies} if copies > 1 else {}),
+             **({"gamma": draft.gamma} if proposer is not None else {})}
+    tokens = min(draft.gamma + 1, max_new_tokens) if proposer is not None else 1
+    check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
 
 
 def _block_settings(settings: dict[str, Setting], sampling: Sampling, target: Any, drafter: Any) -> BlockSettings | None:
@@ -355,6 +376,10 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     p = p or plan(**options)
     indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
+    if p.block is None and prompts:
+        longest = max(map(len, encoded)) + p.max_new_tokens
+        _check_sizes(p.target, p.proposer, p.draft, batch_size=p.batch_size, max_new_tokens=p.max_new_tokens,
+                     rows=min(p.batch_size, len(prompts)), context=longest)
     if p.compiled and prompts:
         copies = p.proposer.drafts if isinstance(p.proposer, SelfSelection) else 1
         gamma = p.draft.gamma if p.proposer else None

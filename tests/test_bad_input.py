@@ -142,6 +142,11 @@ USAGE = {  # the request itself is wrong: options, names, combinations
                                     "method 'spec-ar' drafts one candidate; --drafts > 1 needs specdiff"),
     "oneshot with several steps": ("--drafter {drafter} --schedule oneshot --steps 3", "exactly 1 step"),
     "unknown device": ("--device nonsense", "unknown device 'nonsense'"),
+    "drafts past free memory": ("--drafter {drafter} --drafts 100000000", "--batch-size 8, --drafts 100000000, "
+                                "--gamma 8: one decoding step needs about", "GB free on cpu; lower them"),
+    "batch size past free memory": ("--batch-size 100000000000", "--batch-size 100000000000: one decoding step"),
+    "gamma past the context window": ("--drafter {drafter} --gamma 100000",
+                                      "--gamma 100000 does not fit the target's context window (128 tokens)"),
 }
 
 

@@ -97,3 +97,19 @@ def test_stream_refuses_settings_beside_a_plan(tiny):
     p = plan(target=tiny.gpt2)
     with pytest.raises(UsageError, match="`temperature` is a setting of a plan: pass the settings or the plan"):
         list(specdiff.stream("Hello", p, temperature=0.8))
+
+
+def test_a_step_larger_than_free_memory_is_refused_before_decoding(tiny, monkeypatch):
+    """`drafts` 100000 once grew to 23 GB and woke the OOM killer: plan() checks a step of
+    `batch_size` rows, stream() the rows and cache lengths its prompts need, before the first token."""
+    from specdiff import budget
+
+    p = plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2)
+    free = budget.step_bytes(p.target, rows=2, tokens=9, context=0) + 1  # the plan's step, no cache
+    monkeypatch.setattr(budget, "free_bytes", lambda device: free)
+    p = plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2)
+    assert specdiff.generate("The sea", target=tiny.gpt2, drafter=tiny.drafter, batch_size=2).texts
+    with pytest.raises(UsageError, match="`batch_size` 2, `gamma` 8: one decoding step needs about"):
+        next(specdiff.stream(["The sea", "Hello"], p))  # two rows and their caches
+    with pytest.raises(UsageError, match="`batch_size` 2, `drafts` 3, `gamma` 8: one decoding step"):
+        plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2, drafts=3)
