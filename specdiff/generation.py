@@ -39,7 +39,7 @@ from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
 from .registry import Registry, load_registry
-from .requests import check_counts, check_prompts, check_request
+from .requests import check_counts, check_prompts, check_request, check_text_options
 from .sampling import Sampling
 from .selection import SelfSelection
 from .targets.block import BlockDiffusionTarget
@@ -174,6 +174,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     if not isinstance(compile, bool):
         raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
+    system, stop = check_text_options(system, stop)
     registry = registry or load_registry()
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
@@ -256,9 +257,7 @@ def _sources(settings: dict[str, Setting], method: Method, drafter: Any) -> dict
 
 def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[str] | str | None) -> TextOptions:
     """Check and collect the chat / system / stop parameters for this target."""
-    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if not all(isinstance(s, str) and s for s in stop):
-        raise UsageError(f"`stop` strings must be non-empty text, got {stop!r}")
+    system, stop = check_text_options(system, stop)
     if system is not None and not chat:
         raise UsageError("a `system` message needs `chat` (the chat template places it)")
     if chat and not getattr(target.tokenizer, "chat_template", None):

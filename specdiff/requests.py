@@ -56,6 +56,24 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+def check_text_options(system, stop) -> tuple[str | None, tuple[str, ...]]:
+    """A system message (None or text) and stop strings (None, one string or an iterable of
+    non-empty strings), each encodable as UTF-8: a lone surrogate in one crashed the tokenizer
+    (system) or could never match decoded text (stop). -> (system, stop as a tuple)."""
+    if system is not None:
+        if not isinstance(system, str):
+            raise UsageError(f"`system` must be a string, got {_kind(system)}")
+        check_text(system, "`system`")
+    if stop is not None and not isinstance(stop, str) and not isinstance(stop, Iterable):
+        raise UsageError(f"`stop` must be a string or a list of strings, got {_kind(stop)}")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if not all(isinstance(s, str) and s for s in stop):
+        raise UsageError(f"`stop` strings must be non-empty text, got {_short(stop)}")
+    for i, s in enumerate(stop, 1):
+        check_text(s, f"`stop` string {i}")
+    return system, stop
+
+
 def check_seed(seed) -> None:
     if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")

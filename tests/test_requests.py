@@ -113,3 +113,15 @@ def test_a_step_larger_than_free_memory_is_refused_before_decoding(tiny, monkeyp
         next(specdiff.stream(["The sea", "Hello"], p))  # two rows and their caches
     with pytest.raises(UsageError, match="`batch_size` 2, `drafts` 3, `gamma` 8: one decoding step"):
         plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2, drafts=3)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"chat": True, "system": "\udcff"}, "`system` is not valid UTF-8 (byte 0xff at character 0)"),
+    ({"chat": True, "system": 5}, "`system` must be a string, got int"),
+    ({"stop": ["ok", "\ud800"]}, "`stop` string 2 is not valid Unicode"),
+    ({"stop": 5}, "`stop` must be a string or a list of strings, got int"),
+])
+def test_system_and_stop_are_checked_before_anything_loads(nothing_loads, options, message):
+    with pytest.raises(UsageError) as info:
+        plan(target="gpt2", **options)
+    assert message in str(info.value)
