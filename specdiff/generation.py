@@ -52,6 +52,8 @@ DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "draft
                             "repetition_penalty": 1.0, "batch_size": 8,
                             "remasking": "static", "threshold": 0.9,  # these two: block-diffusion targets
                             "chat": False}
+# settings some methods read and others do not (Method.settings), less those _proposer refuses itself
+METHOD_SETTINGS = ("gamma", "steps", "schedule", "remasking", "threshold")
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
 
 
@@ -186,6 +188,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     settings = choose(given, defaults, drafter)
     chosen = _check_settings(settings) or default_method(drafter, target)
     chosen.check_target(target)
+    _check_used(settings, chosen)
     if compile:
         target, drafter = compile_models(target, drafter)
     opts = values(settings)
@@ -220,6 +223,18 @@ def _check_sizes(target: Any, proposer: Proposer | None, draft: DraftSettings, *
              **({"gamma": draft.gamma} if proposer is not None else {})}
     tokens = min(draft.gamma + 1, max_new_tokens) if proposer is not None else 1
     check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
+
+
+def _check_used(settings: dict[str, Setting], method: Method) -> None:
+    """A draft setting given as an option that the method does not read would do nothing (a
+    `threshold` for ar, a `schedule` for spec-ar): refuse it. Pair and drafter defaults are not
+    options: they apply where they are read."""
+    for key in METHOD_SETTINGS:
+        if settings[key].source == "option" and key not in method.settings:
+            reads = ", ".join(f"`{k}`" for k in method.settings) or "none of the draft settings"
+            raise UsageError(f"method '{method.name}' does not use `{key}`; it reads {reads}")
+    if settings["threshold"].source == "option" and settings["remasking"].value != "dynamic":
+        raise UsageError(f"`threshold` is read by `remasking` dynamic only, not {settings['remasking'].value}")
 
 
 def _block_settings(settings: dict[str, Setting], sampling: Sampling, target: Any, drafter: Any) -> BlockSettings | None:

@@ -145,6 +145,12 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "drafts past free memory": ("--drafter {drafter} --drafts 100000000", "--batch-size 8, --drafts 100000000, "
                                 "--gamma 8: one decoding step needs about", "GB free on cpu; lower them"),
     "batch size past free memory": ("--batch-size 100000000000", "--batch-size 100000000000: one decoding step"),
+    "threshold on ar": ("--threshold 0.5", "method 'ar' does not use --threshold; it reads none of the draft"),
+    "schedule on spec-ar": ("--drafter {ar} --schedule confidence", "method 'spec-ar' does not use --schedule; "
+                            "it reads --gamma"),
+    "steps on spec-ar": ("--drafter {ar} --steps 2", "method 'spec-ar' does not use --steps"),
+    "remasking on specdiff": ("--drafter {drafter} --remasking dynamic", "method 'specdiff' does not use --remasking"),
+    "gamma on ar": ("--method ar --gamma 4", "method 'ar' does not use --gamma"),
     "gamma past the context window": ("--drafter {drafter} --gamma 100000",
                                       "--gamma 100000 does not fit the target's context window (128 tokens)"),
 }

@@ -163,6 +163,9 @@ def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, broken_rule):
     (("--methods", "ar,spec-ar"), "method 'spec-ar' needs an autoregressive drafter (--ar-drafter)"),
     (("--methods", "ar,nope"), "unknown method 'nope'"),
     (("--gamma", "2,x"), "comma-separated list of ints"),
+    (("--acceptance", "bogus"), "unknown acceptance rule 'bogus' (choose from "),  # once dropped silently
+    (("--methods", "ar,specdiff", "--acceptance", "multi"), "acceptance rule 'multi' fits none of the rows"),
+    (("--methods", "ar", "--acceptance", "greedy"), "acceptance rule 'greedy' fits none of the rows"),
 ])
 def test_cli_usage_errors_are_one_line(tiny, tmp_path, extra, message):
     result = _cli(tiny, tmp_path, *extra, "--no-plots", models=("--target", str(tiny.gpt2)))
