@@ -19,6 +19,7 @@ tokenized and checked, before the first token is generated.
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, cast
@@ -36,10 +37,10 @@ from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
 from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
-from .methods import DraftSettings, Method, default_method, get_method, is_block_diffusion
+from .methods import DRAFTER_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
 from .registry import Registry, load_registry
-from .requests import check_counts, check_prompts, check_request, check_text_options
+from .requests import check_counts, check_flags, check_names, check_prompts, check_request, check_text_options
 from .sampling import Sampling
 from .selection import SelfSelection
 from .targets.block import BlockDiffusionTarget
@@ -177,7 +178,9 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     system, stop = check_text_options(system, stop)
-    registry = registry or load_registry()
+    check_names(pair=pair, method=method, acceptance=acceptance, dtype=dtype)
+    check_flags(chat=chat)
+    registry = _registry(registry)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
     named = _check_settings(choose(given, defaults))  # every option, before anything loads
@@ -185,6 +188,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         target = load_target(target, device=device, dtype=dtype, registry=registry)
     if isinstance(drafter, str) and not (named and named.needs is None):
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
+    _check_loaded(target, drafter)
     settings = choose(given, defaults, drafter)
     chosen = _check_settings(settings) or default_method(drafter, target)
     chosen.check_target(target)
@@ -206,6 +210,27 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),
                 _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
+
+
+def _registry(registry: Any) -> Registry:
+    """The models.yaml to read: the shipped one (None), a loaded Registry, or a path to a file."""
+    if registry is None or isinstance(registry, (str, os.PathLike)):
+        return load_registry(registry)
+    if not isinstance(registry, Registry):
+        raise UsageError(f"`registry` must be a path to a models.yaml or a loaded Registry, got {type(registry).__name__}")
+    return registry
+
+
+def _check_loaded(target: Any, drafter: Any) -> None:
+    """Objects given as models are models: a raw Hugging Face model, say, is refused with what to
+    call instead, not met later as an AttributeError."""
+    if not (hasattr(target, "tokenizer") and hasattr(target, "max_length") and hasattr(target, "vocab_size")):
+        raise UsageError(f"`target` must be a models.yaml name, a directory, a hub id or a loaded target "
+                         f"(specdiff.load_target), got {type(target).__name__}")
+    unloaded = drafter is None or isinstance(drafter, str)  # a name is left unloaded for a method without one
+    if not unloaded and not any(check(drafter) for _, check in DRAFTER_KINDS.values()):
+        raise UsageError(f"`drafter` must be a models.yaml name, a directory, a hub id or a loaded drafter "
+                         f"(specdiff.load_drafter), got {type(drafter).__name__}")
 
 
 def _check_sizes(target: Any, proposer: Proposer | None, draft: DraftSettings, *, batch_size: int,
@@ -385,6 +410,9 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     which seeds its generator and numbers it in errors, so that a shard decodes as the whole
     would; events are indexed by the position in `prompts` all the same."""
     prompts = check_prompts(prompts)
+    check_flags(truncate_prompt=truncate_prompt, progress=progress)
+    if p is not None and not isinstance(p, Plan):
+        raise UsageError(f"`p` must be a Plan (specdiff.generation.plan), got {type(p).__name__}")
     if p is not None and options:
         raise UsageError(f"`{next(iter(options))}` is a setting of a plan: pass the settings or the plan `p`, not both")
     p = p or plan(**options)

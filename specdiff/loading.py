@@ -69,6 +69,9 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
     """-> (local directory or hub id, registry entry if any)."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise UsageError(f"`{kinds[0]}` must be a models.yaml name, a directory or a hub id (a string or a path), "
+                         f"got {type(name).__name__}")
     name = os.fspath(name)
     entry = registry.entries.get(name)
     if entry is not None:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from .errors import InputError, UsageError
 from .names import SCHEDULES
 
+PENALTY_RANGE = (1e-30, 1e30)  # a penalty p scales logits by up to max(p, 1 / p): float32 overflows past this
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
 COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
@@ -87,8 +88,10 @@ def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=
         raise UsageError(f"`top_k` must be an integer >= 0 (0 disables it), got {_short(top_k)}")
     if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
         raise UsageError(f"`top_p` must be a number in (0, 1], got {_short(top_p)}")
-    if repetition_penalty is not None and not (_is_real(repetition_penalty) and 0 < repetition_penalty < math.inf):
-        raise UsageError(f"`repetition_penalty` must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
+    low, high = PENALTY_RANGE
+    if repetition_penalty is not None and not (_is_real(repetition_penalty) and low <= repetition_penalty <= high):
+        raise UsageError(f"`repetition_penalty` must be a finite number from {low:g} to {high:g} (1 = none; past "
+                         f"them penalised logits overflow float32), got {_short(repetition_penalty)}")
 
 
 def check_counts(values: dict) -> None:
@@ -110,12 +113,38 @@ def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
             raise UsageError(f"unknown option `{key}`{hint}")
 
 
+def check_names(**names) -> None:
+    """Settings that name something (method, schedule, acceptance, ...): a string, or None for
+    the default. A list or a number is refused here, not met later as a TypeError."""
+    for key, value in names.items():
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"`{key}` must be a name (a string), got {_kind(value)}")
+
+
+def check_flags(**flags) -> None:
+    """Switches (chat, truncate_prompt, ...): True, False, or None for the default."""
+    for key, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise UsageError(f"`{key}` must be True or False, got {_short(value)}")
+
+
+def check_model(model, role: str) -> None:
+    """A model as plan() takes it: None, a name or a path, or a loaded object (which plan checks
+    once loaded); a number, bytes or a container names nothing."""
+    if isinstance(model, (bool, int, float, bytes, list, tuple, dict, set)):
+        raise UsageError(f"`{role}` must be a models.yaml name, a directory, a hub id or a loaded {role} "
+                         f"(specdiff.load_{role}), got {_kind(model)}")
+
+
 def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
                   repetition_penalty=None, **options) -> tuple:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
     (os.PathLike) turned into the string that names it, anything else as given. `options`: some
     of OPTIONS, no other name."""
     check_keywords(options, OPTIONS)
+    check_model(target, "target")
+    check_model(drafter, "drafter")
+    check_names(schedule=options.get("schedule"), remasking=options.get("remasking"))
     check_seed(seed)
     check_sampling(temperature, top_k, top_p, repetition_penalty)
     check_counts(options)

@@ -145,6 +145,8 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "drafts past free memory": ("--drafter {drafter} --drafts 100000000", "--batch-size 8, --drafts 100000000, "
                                 "--gamma 8: one decoding step needs about", "GB free on cpu; lower them"),
     "batch size past free memory": ("--batch-size 100000000000", "--batch-size 100000000000: one decoding step"),
+    "repetition penalty past float32": ("--repetition-penalty 1e-300",  # accepted, then blamed on the weights
+                                        "--repetition-penalty must be a finite number from 1e-30 to 1e+30", "1e-300"),
     "threshold on ar": ("--threshold 0.5", "method 'ar' does not use --threshold; it reads none of the draft"),
     "schedule on spec-ar": ("--drafter {ar} --schedule confidence", "method 'spec-ar' does not use --schedule; "
                             "it reads --gamma"),

@@ -340,3 +340,7 @@ def test_drafter_init_writes_an_ordinary_directory(tiny, tmp_path):
                                       "--layers", "1", "--dim", "16", "--heads", "2"])
     assert result.exit_code == 0, result.stderr
     assert out.stat().st_mode & 0o777 == 0o755
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for f in out.iterdir():  # safetensors writes its file 0o600: the weights were private, the config not
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name

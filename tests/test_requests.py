@@ -37,6 +37,12 @@ BAD = {  # generate() keyword arguments -> the start of the error
     "gamma float": ({"gamma": 2.0}, "`gamma` must be an integer >= 1, got 2.0"),
     "device int": ({"device": 3}, "`device` must be a string such as 'cpu' or 'cuda:1', got int"),
     "device None": ({"device": None}, "`device` must be a string such as 'cpu' or 'cuda:1', got None"),
+    "target int": ({"target": 5}, "`target` must be a models.yaml name, a directory, a hub id or a loaded target"),
+    "drafter list": ({"drafter": ["d"]}, "`drafter` must be a models.yaml name, a directory, a hub id or a loaded"),
+    "schedule list": ({"schedule": ["l2r"]}, "`schedule` must be a name (a string), got list"),
+    "method list": ({"method": ["ar"]}, "`method` must be a name (a string), got list"),
+    "chat str": ({"chat": "yes"}, "`chat` must be True or False, got 'yes'"),
+    "repetition_penalty 1e-300": ({"repetition_penalty": 1e-300}, "`repetition_penalty` must be a finite number from"),
 }
 
 
@@ -54,7 +60,7 @@ def test_bad_values_raise_before_anything_loads(nothing_loads, case):
     kwargs, message = BAD[case]
     calls = [lambda: specdiff.generate(**{"prompts": ["Hello"], "target": "gpt2", **kwargs})]
     if "prompts" not in kwargs:
-        calls.append(lambda: plan(target="gpt2", **kwargs))
+        calls.append(lambda: plan(**{"target": "gpt2", **kwargs}))
     for call in calls:
         with pytest.raises(UsageError) as info:
             call()
@@ -125,3 +131,32 @@ def test_system_and_stop_are_checked_before_anything_loads(nothing_loads, option
     with pytest.raises(UsageError) as info:
         plan(target="gpt2", **options)
     assert message in str(info.value)
+
+
+def test_api_misuse_is_a_usage_error_not_a_python_error(tiny, nothing_loads):
+    """Each of these was an AttributeError or TypeError from deep inside."""
+    from transformers import AutoModelForCausalLM
+
+    from specdiff import loading
+
+    calls = {
+        "`registry` must be a path to a models.yaml or a loaded Registry, got int":
+            lambda: plan(target="gpt2", registry=5),
+        "`p` must be a Plan (specdiff.generation.plan), got str": lambda: list(specdiff.stream("Hello", "plan")),
+        "`truncate_prompt` must be True or False, got 'yes'":
+            lambda: list(specdiff.stream("Hello", target="gpt2", truncate_prompt="yes")),
+        "`target` must be a models.yaml name, a directory or a hub id (a string or a path), got int":
+            lambda: loading.load_target(5),
+        "`drafter` must be a models.yaml name, a directory or a hub id (a string or a path), got NoneType":
+            lambda: loading.load_drafter(None),
+    }
+    for message, call in calls.items():
+        with pytest.raises(UsageError) as info:
+            call()
+        assert message in str(info.value)
+    raw = AutoModelForCausalLM.from_pretrained(str(tiny.gpt2))
+    registry = load_registry()
+    with pytest.raises(UsageError, match=r"`target` must be .* a loaded target \(specdiff.load_target\), got GPT2LMHead"):
+        plan(target=raw, registry=registry)
+    with pytest.raises(UsageError, match=r"`drafter` must be .* \(specdiff.load_drafter\), got GPT2LMHeadModel"):
+        plan(target=load_target(tiny.gpt2, registry=registry), drafter=raw, registry=registry)

@@ -142,7 +142,7 @@ def test_a_pairs_chat_default_applies_and_an_option_beats_it(chat_target, tmp_pa
     ({"chat": True}, "has no chat template"),
     ({"system": "x"}, "needs `chat`"),
     ({"stop": [""]}, "`stop` strings must be non-empty"),
-    ({"repetition_penalty": 0}, "`repetition_penalty` must be a finite number > 0"),
+    ({"repetition_penalty": 0}, "`repetition_penalty` must be a finite number from 1e-30 to 1e"),
 ])
 def test_bad_text_options_are_refused(models, options, message):
     with pytest.raises(UsageError, match=message):

@@ -68,7 +68,9 @@ def is_own_format(config: dict) -> bool:
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
-    """save_file, whose I/O errors (disk full, file too large) are OSErrors, as Python's own writes'."""
+    """save_file, whose I/O errors (disk full, file too large) are OSErrors, as Python's own writes',
+    and whose file gets an ordinary file's mode (0o666 less the umask): safetensors writes 0o600,
+    which left weights beside 0o644 configs unreadable to other users."""
     try:
         save_file(state, str(path), metadata={"format": "pt"})
     except SafetensorError as e:
@@ -76,6 +78,14 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
         if code is None:
             raise
         raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it: there is no other portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
