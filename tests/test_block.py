@@ -81,6 +81,28 @@ def test_a_missing_tensor_is_one_load_error(sdar, tmp_path):
         load_target(str(broken))
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"mask_token_id": 10**6}, "mask_token_id 1000000 is not an id of the embedding (vocab_size 301)"),  # IndexError
+    ({"mask_token_id": True}, "an SDAR config needs block_size >= 1 and mask_token_id, got 4 and True"),
+    ({"block_size": 10**6}, "block_size 1000000 is longer than max_position_embeddings 128"),  # a 1 TB allocation
+    ({"num_attention_heads": 0}, "num_attention_heads must be an integer >= 1, got 0"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 2"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be an integer >= 1, got 0"),
+    ({"hidden_size": "x"}, "not a Qwen3-shaped SDAR config (Validation error for field 'hidden_size'"),
+    ({"num_hidden_layers": 0}, "not a Qwen3-shaped SDAR config"),
+])
+def test_sdar_config_values_out_of_range_are_one_load_error(sdar, tmp_path, change, message):
+    broken = tmp_path / "broken"
+    for f in sdar["target"].iterdir():
+        (broken / f.name).parent.mkdir(exist_ok=True)
+        (broken / f.name).write_bytes(f.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(LoadError) as info:
+        load_target(str(broken))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
 # --- an independent reference: no cache, the whole sequence through the model at every step ---
 
 @torch.no_grad()
