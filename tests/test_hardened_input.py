@@ -229,7 +229,11 @@ GOOD_MANIFEST = {
     "format": "specdiff-export", "format_version": 1, "dtype": "fp32",
     "tokenizer": {"dir": "tokenizer", "vocab_size": 300, "vocab_sha256": "0" * 64},
     "files": {"target.onnx": "0" * 64},
-    "components": {"target": {"graph": "target.onnx", "engine": None, "io": {"inputs": [{"name": "input_ids"}], "outputs": []},
+    "components": {"target": {"graph": "target.onnx", "engine": None, "io": {  # the names a 2-layer target's graph has
+        "inputs": [{"name": n} for n in ("input_ids", "attention_mask", "position_ids", "past_key_values.0.key",
+                                         "past_key_values.0.value", "past_key_values.1.key", "past_key_values.1.value")],
+        "outputs": [{"name": n} for n in ("logits", "present.0.key", "present.0.value", "present.1.key",
+                                          "present.1.value")]},
                               "model": {"name": "t", "vocab_size": 300, "max_length": 128, "eos_token_id": 299,
                                         "layers": 2, "kv_heads": 2, "head_dim": 16}}},
 }
