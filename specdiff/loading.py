@@ -194,6 +194,13 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
     return CausalLMTarget(model, tokenizer, name)
 
 
+def is_block_checkpoint(name_or_path: str | os.PathLike, kinds: tuple[str, ...], registry: Registry | None = None) -> bool:
+    """Whether a model (as load_target / load_drafter name it) is a block-diffusion (SDAR) checkpoint,
+    from its config.json alone: for refusals made before the weights load."""
+    source, _ = resolve(name_or_path, kinds, registry or load_registry())
+    return _is_block(source)
+
+
 def _is_block(source: str) -> bool:
     """Whether config.json (fetched alone for a hub id) is an SDAR block-diffusion model's."""
     return is_sdar(read_json(_fetch(source, ("config.json",)) / "config.json"))
