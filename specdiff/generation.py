@@ -37,7 +37,7 @@ from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
 from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
-from .methods import DRAFTER_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
+from .methods import DRAFTER_KINDS, TARGET_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
 from .registry import Registry, load_registry
 from .requests import check_counts, check_flags, check_names, check_prompts, check_request, check_text_options
@@ -190,7 +190,9 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
     _check_loaded(target, drafter)
     settings = choose(given, defaults, drafter)
-    chosen = _check_settings(settings) or default_method(drafter, target)
+    chosen = _check_settings(settings) or _default_method(drafter, target)
+    if not chosen.accepts(drafter):  # it decodes without this drafter: what the drafter records is not this run's
+        settings = choose(given, defaults)
     chosen.check_target(target)
     _check_used(settings, chosen)
     if compile:
@@ -210,6 +212,23 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),
                 _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
+
+
+def _default_method(drafter: Any, target: Any) -> Method:
+    """The method no option or pair names: the first for this target that uses the drafter (its
+    kind's reference without one). A drafter given that no such method can use is refused, not
+    dropped silently."""
+    method = default_method(drafter, target)
+    if drafter is not None and not method.accepts(drafter):
+        kind = next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+        target_kind = next(what for what, check in TARGET_KINDS.values() if check(target))
+        raise UsageError(f"no method for {target_kind} drafts with {kind} ('{_name(drafter)}'): drop `drafter`, "
+                         f"or name a `method` ({method.name} decodes without one)")
+    return method
+
+
+def _name(model: Any) -> str:
+    return str(getattr(model, "name", None) or getattr(model, "source", None) or type(model).__name__)
 
 
 def _registry(registry: Any) -> Registry:
