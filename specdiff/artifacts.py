@@ -61,7 +61,7 @@ MODEL = {
     "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
                "layers": int, "kv_heads": int, "head_dim": int, "head_rows": Maybe(int)},
     "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
-                "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int),
+                "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
                 "defaults": Maybe(dict)},  # the draft settings it was trained for (check_recorded)
 }
 DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)

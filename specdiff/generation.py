@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, cast
 
@@ -35,7 +36,7 @@ from .compiled import compile_models, compile_seconds, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
-from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UsageError
+from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UntrainedDrafterWarning, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .methods import DRAFTER_KINDS, TARGET_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
@@ -205,6 +206,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer, draft) if proposer else None
     if proposer and draft.drafts > 1:
         proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
+    if chosen.accepts(drafter):
+        _warn_untrained(drafter)
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
     if block is None:
         _check_sizes(target, proposer, draft, batch_size=opts["batch_size"], max_new_tokens=opts["max_new_tokens"],
@@ -212,6 +215,20 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),
                 _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
+
+
+_WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters already warned about
+
+
+def _warn_untrained(drafter: Any) -> None:
+    """Say once per drafter (a bench makes many plans) that its config marks it untrained: a run
+    with `drafter init`'s random weights is slower than ar, and nothing else says why."""
+    if not getattr(drafter, "untrained", False) or drafter in _WARNED:
+        return
+    _WARNED.add(drafter)
+    warnings.warn(UntrainedDrafterWarning(
+        f"drafter '{_name(drafter)}' is untrained (random weights from `drafter init`): almost no draft will be "
+        "accepted, so this runs slower than plain decoding; train it with `specdiff distill`"), stacklevel=3)
 
 
 def _default_method(drafter: Any, target: Any) -> Method:

@@ -239,7 +239,8 @@ def test_drafter_init_writes_a_loadable_drafter(tiny, tmp_path):
     drafter = load_drafter(str(out))
     assert (drafter.vocab_size, drafter.mask_id, drafter.context_length) == (300, 300, 8)
     args = ["generate", "--target", str(tiny.gpt2), "--prompt", "The sea", "--max-new-tokens", "8"]
-    assert invoke([*args, "--drafter", str(out)]).stdout == invoke(args).stdout
+    drafted = CliRunner().invoke(cli, [*args, "--drafter", str(out)])  # says once that the drafter is untrained
+    assert drafted.stdout == invoke(args).stdout and "is untrained" in drafted.stderr
 
 
 def test_drafter_init_into_an_empty_directory(tiny, tmp_path):
