@@ -19,7 +19,7 @@ from specdiff.graphs import TOLERANCE, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
-from specdiff.loading import check_pair, load_drafter, load_target
+from specdiff.loading import check_pair, is_block_checkpoint, load_drafter, load_target
 from specdiff.registry import load_registry
 
 from .manifest import source_record, tool_versions
@@ -93,7 +93,19 @@ def _tensorrt(device: str):
     return trt, torch.cuda.get_device_name(index or 0)
 
 
+def _check_causal(target, drafter, registry) -> None:
+    """Graphs are causal LM step functions and masked-diffusion denoisers: a block-diffusion model
+    exported as a causal LM ran on ONNX Runtime as one (wrong text, exit 0). Read from config.json,
+    before any weights load."""
+    for name, kinds, role in ((target, ("target",), "target"), (drafter, ("drafter", "target"), "drafter")):
+        if name and is_block_checkpoint(name, kinds, registry):
+            raise UsageError(f"{role} '{name}' is a block-diffusion (SDAR) model: `specdiff export` writes causal LM "
+                             "and masked-diffusion graphs only; run it with the torch runtime "
+                             f"(specdiff generate --{role} {name} ...)")
+
+
 def _load(target, drafter, device, dtype, registry):
+    _check_causal(target, drafter, registry)
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
     if d is not None and not isinstance(d, DiffusionDrafter):

@@ -94,6 +94,7 @@ def drafter_graph(drafter) -> tuple[Denoiser, GraphSpec, dict]:
     record = {"name": drafter.source, "vocab_size": drafter.vocab_size, "mask_id": drafter.mask_id,
               "context_length": drafter.context_length, "parameterization": drafter.parameterization,
               "time_conditioning": cfg.time_conditioning, "defaults": drafter.defaults, "head_rows": cfg.vocab_size,
+              "untrained": drafter.untrained,
               "backbone": cfg.to_dict()}
     return Denoiser(drafter.eval()), drafter_spec(cfg.vocab_size, cfg.time_conditioning), record
 

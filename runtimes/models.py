@@ -89,6 +89,7 @@ class GraphDrafter:
         self.parameterization = model["parameterization"]
         self.time_conditioning = model["time_conditioning"]
         self.defaults = model.get("defaults", {})  # recorded draft settings (absent before they were exported)
+        self.untrained = model.get("untrained", False)  # `drafter init`'s random weights (absent: trained)
         self.device = torch.device(device)
 
     @classmethod

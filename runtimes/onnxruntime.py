@@ -16,6 +16,8 @@ from specdiff.errors import LoadError, UsageError
 from specdiff.extras import install_hint, require
 from specdiff.graphs import check_step_inputs
 
+# ONNX Runtime's type names -> the manifest's dtype names (graphs.TensorSpec)
+ORT_TYPES = {"tensor(float)": "fp32", "tensor(float16)": "fp16", "tensor(bfloat16)": "bf16", "tensor(int64)": "int64"}
 # ONNX TensorProto element types, as IOBinding.bind_input accepts them.
 ELEMENT_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6, torch.int64: 7,
                  torch.bool: 9, torch.float16: 10, torch.bfloat16: 16}
@@ -55,9 +57,24 @@ class OrtRuntime:
         except Exception as e:  # onnxruntime raises its own pybind exception types (Fail, NotImplemented, ...)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise LoadError(f"onnxruntime cannot run {path} on {self.device.type}: {first}") from None
+        self.path = path
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._where = (self.device.type, self.device.index or 0)
+
+    def check_io(self, io: dict) -> None:
+        """The graph's inputs and outputs are the manifest's (names, dtypes, fixed dims): the
+        manifest is not hashed, and a runtime that trusted it fed names the graph lacks."""
+        graph = {"inputs": self.session.get_inputs(), "outputs": self.session.get_outputs()}
+        for side, records in io.items():
+            have = {t.name: (ORT_TYPES.get(t.type, t.type), [d if isinstance(d, int) else None for d in t.shape])
+                    for t in graph[side]}
+            want = {t["name"]: (_dtype_name(t["dtype"]), [d if isinstance(d, int) else None for d in t["dims"]])
+                    for t in records}
+            if have != want:
+                name = next(n for n in [*want, *have] if have.get(n) != want.get(n))
+                raise LoadError(f"{self.path}: the graph's {side[:-1]} {name} is {_shown(have.get(name))}; "
+                                f"the manifest says {_shown(want.get(name))} (re-export)")
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         check_step_inputs(inputs)
@@ -69,15 +86,36 @@ class OrtRuntime:
             binding.bind_output(name, *self._where)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # inputs written on torch's stream
-        self.session.run_with_iobinding(binding)
+        try:
+            self.session.run_with_iobinding(binding)
+        except RuntimeError as e:  # onnxruntime's own failures (its pybind types derive from RuntimeError)
+            raise LoadError(f"onnxruntime failed running {self.path}: {_first_line(e)}") from e
         if self.device.type == "cuda":
             binding.synchronize_outputs()
         return {name: torch.from_dlpack(value) for name, value in zip(self.output_names, binding.get_outputs())}
 
 
+def _dtype_name(dtype: str) -> str:
+    return "fp32" if dtype == "float32" else dtype
+
+
+def _shown(record) -> str:
+    if record is None:
+        return "absent"
+    dtype, dims = record
+    return f"{dtype} ({', '.join('?' if d is None else str(d) for d in dims)})"
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def open_graph(art, kind: str, device) -> OrtRuntime:
-    """The ONNX graph of component `kind` ("target" | "drafter") of an opened export."""
+    """The ONNX graph of component `kind` ("target" | "drafter") of an opened export, checked
+    against the manifest's IO signature."""
     graph = art.component(kind).get("graph")
     if graph is None:
         raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with --format tensorrt)")
-    return OrtRuntime(art.path(graph), device)
+    runtime = OrtRuntime(art.path(graph), device)
+    runtime.check_io(art.component(kind)["io"])
+    return runtime

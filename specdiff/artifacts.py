@@ -11,7 +11,11 @@ A TensorRT engine file is a specdiff header and the serialized plan:
     b"specdiff-tensorrt-engine\\n" + one JSON line {tensorrt, gpu, dtype, limits, profile} + plan
 
 Refused, each with one line: a missing or foreign manifest, a listed file that is missing or whose
-sha256 differs (corrupt or modified), a tokenizer whose vocabulary is not the exported one.
+sha256 differs (corrupt or modified), a tokenizer whose vocabulary is not the exported one, and
+manifest values the graphs contradict (the manifest itself is not hashed): an unknown dtype, a
+graph or engine outside the hashed files, ids outside the vocabulary, and an IO signature that
+is not the one graphs.py derives from the component's model record (names, dims, dtypes), which
+each runtime then checks against the graph it opens.
 """
 
 from __future__ import annotations
@@ -55,11 +59,14 @@ COMPONENT = {"graph": (str, NULL), "engine": (dict, NULL),
              "io": {"inputs": [{"name": str}], "outputs": [{"name": str}]}}
 MODEL = {
     "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
-               "layers": int, "kv_heads": int, "head_dim": int},
+               "layers": int, "kv_heads": int, "head_dim": int, "head_rows": Maybe(int)},
     "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
-                "parameterization": str, "time_conditioning": bool,
+                "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
                 "defaults": Maybe(dict)},  # the draft settings it was trained for (check_recorded)
 }
+DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)
+SIZES = {"target": ("vocab_size", "max_length", "layers", "kv_heads", "head_dim"),
+         "drafter": ("vocab_size", "context_length")}  # integers >= 1
 
 
 def sha256_file(path: Path) -> str:
@@ -146,6 +153,8 @@ def _check_manifest(manifest: dict) -> None:
             raise ValueError(f"files: the sha256 of {rel!r} must be a string")
         if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts:
             raise ValueError(f"files: {rel!r} is not a path inside the export directory")
+    if manifest["dtype"] not in DTYPES:
+        raise ValueError(f"dtype: unknown dtype {manifest['dtype']!r} (known: {', '.join(DTYPES)})")
     for kind, component in manifest["components"].items():
         if kind not in MODEL:
             raise ValueError(f"components: unknown component {kind!r} (known: {', '.join(MODEL)})")
@@ -154,6 +163,62 @@ def _check_manifest(manifest: dict) -> None:
             _recorded(component["model"]["defaults"], f"components.{kind}.model")
         if component["engine"] is not None:
             _check(component["engine"], {"file": str}, f"components.{kind}.engine")
+        _check_hashed(component, manifest["files"], f"components.{kind}")
+        _check_ids(kind, component["model"], f"components.{kind}.model")
+        _check_io(kind, component, manifest["dtype"], f"components.{kind}.io")
+
+
+def _check_hashed(component: dict, files: dict, where: str) -> None:
+    """A graph or engine runs only if its file is among the hashed ones (else it runs unchecked)."""
+    for key, rel in (("graph", component["graph"]), ("engine.file", (component["engine"] or {}).get("file"))):
+        if rel is not None and rel not in files:
+            raise ValueError(f"{where}.{key}: {rel!r} is not among the hashed files")
+
+
+def _check_ids(kind: str, model: dict, where: str) -> None:
+    """Sizes >= 1; every id the runtime feeds or reads (eos, mask, the vocabulary) inside the rows
+    of the exported head: else an index error inside the runtime, or a stop that never comes."""
+    for name in SIZES[kind]:
+        if model[name] < 1:
+            raise ValueError(f"{where}.{name} must be >= 1, got {model[name]}")
+    rows = model.get("head_rows", model["vocab_size"] + (kind == "drafter"))
+    if model["vocab_size"] > rows:
+        raise ValueError(f"{where}.vocab_size {model['vocab_size']} is more than the graph's {rows} rows")
+    ids = {"eos_token_id": (model.get("eos_token_id"), model["vocab_size"]),
+           "mask_id": (model.get("mask_id"), rows)}
+    for name, (value, below) in ids.items():
+        if value is not None and not 0 <= value < below:
+            raise ValueError(f"{where}.{name} {value} is outside the vocabulary (0 .. {below - 1})")
+
+
+def _check_io(kind: str, component: dict, dtype: str, where: str) -> None:
+    """The recorded IO signature is the one graphs.py derives from the model record: the names a
+    runtime feeds and reads (KV caches of `layers` layers), their dims and dtypes."""
+    from .graphs import spec_from_model
+
+    model = component["model"]
+    if "head_rows" not in model:  # written before head_rows was recorded: the names alone
+        model = {**model, "head_rows": model["vocab_size"] + (kind == "drafter")}
+        names = {side: [t["name"] for t in io] for side, io in spec_from_model(kind, model).to_json(dtype).items()}
+        got = {side: [t["name"] for t in component["io"][side]] for side in names}
+        expected_io: dict = names
+    else:
+        expected_io, got = spec_from_model(kind, model).to_json(dtype), component["io"]
+    for side in ("inputs", "outputs"):
+        if got[side] != expected_io[side]:
+            first = next((i for i, (a, b) in enumerate(zip(got[side], expected_io[side])) if a != b),
+                         min(len(got[side]), len(expected_io[side])))
+            want = describe(expected_io[side][first]) if first < len(expected_io[side]) else "nothing"
+            have = describe(got[side][first]) if first < len(got[side]) else "nothing"
+            raise ValueError(f"{where}.{side}[{first}] is {have}; the model record and dtype make it {want}")
+
+
+def describe(tensor) -> str:
+    """An IO record {name, dims, dtype} (or a bare name) as one would write it: 'logits (batch, seq_len, 320) fp32'."""
+    if not isinstance(tensor, dict):
+        return repr(tensor)
+    dims = f" ({', '.join(map(str, tensor['dims']))})" if isinstance(tensor.get("dims"), list) else ""
+    return f"{tensor.get('name')}{dims}{' ' + str(tensor['dtype']) if 'dtype' in tensor else ''}"
 
 
 def _check(value, schema, where: str) -> None:

@@ -65,6 +65,11 @@ class DefaultPairWarning(SpecdiffWarning):
     """The default pair's models are not installed; the next default (the offline demo) runs."""
 
 
+class UntrainedDrafterWarning(SpecdiffWarning):
+    """The drafter's config says it is untrained (`drafter init` writes random weights): almost no
+    draft is accepted (tau about 1), so decoding is slower than plain ar, not faster."""
+
+
 class ContextWindowWarning(SpecdiffWarning):
     """`max_new_tokens` reaches past the target's context window: generation stops at the window
     (stop reason "context") with fewer tokens than asked for."""

@@ -19,7 +19,9 @@ tokenized and checked, before the first token is generated.
 
 from __future__ import annotations
 
+import os
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, cast
 
@@ -29,16 +31,17 @@ from tqdm import tqdm
 from . import selection
 from .acceptance import RULES, get_rule
 from .block_decoding import REMASKING, BlockSettings
+from .budget import check_step
 from .compiled import compile_models, compile_seconds, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import block_sizes, get_schedule
-from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UsageError
+from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UntrainedDrafterWarning, UsageError
 from .loading import check_pair, load_drafter, load_target
-from .methods import DraftSettings, Method, default_method, get_method, is_block_diffusion
+from .methods import DRAFTER_KINDS, TARGET_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
 from .registry import Registry, load_registry
-from .requests import check_counts, check_prompts, check_request
+from .requests import check_counts, check_flags, check_names, check_prompts, check_request, check_text_options
 from .sampling import Sampling
 from .selection import SelfSelection
 from .targets.block import BlockDiffusionTarget
@@ -51,6 +54,8 @@ DEFAULTS: dict[str, Any] = {"gamma": 8, "steps": None, "schedule": "l2r", "draft
                             "repetition_penalty": 1.0, "batch_size": 8,
                             "remasking": "static", "threshold": 0.9,  # these two: block-diffusion targets
                             "chat": False}
+# settings some methods read and others do not (Method.settings), less those _proposer refuses itself
+METHOD_SETTINGS = ("gamma", "steps", "schedule", "remasking", "threshold")
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
 
 
@@ -173,7 +178,10 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     if not isinstance(compile, bool):
         raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
-    registry = registry or load_registry()
+    system, stop = check_text_options(system, stop)
+    check_names(pair=pair, method=method, acceptance=acceptance, dtype=dtype)
+    check_flags(chat=chat)
+    registry = _registry(registry)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
     named = _check_settings(choose(given, defaults))  # every option, before anything loads
@@ -181,9 +189,13 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         target = load_target(target, device=device, dtype=dtype, registry=registry)
     if isinstance(drafter, str) and not (named and named.needs is None):
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
+    _check_loaded(target, drafter)
     settings = choose(given, defaults, drafter)
-    chosen = _check_settings(settings) or default_method(drafter, target)
+    chosen = _check_settings(settings) or _default_method(drafter, target)
+    if not chosen.accepts(drafter):  # it decodes without this drafter: what the drafter records is not this run's
+        settings = choose(given, defaults)
     chosen.check_target(target)
+    _check_used(settings, chosen)
     if compile:
         target, drafter = compile_models(target, drafter)
     opts = values(settings)
@@ -194,10 +206,96 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer, draft) if proposer else None
     if proposer and draft.drafts > 1:
         proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
+    if chosen.accepts(drafter):
+        _warn_untrained(drafter)
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
+    if block is None:
+        _check_sizes(target, proposer, draft, batch_size=opts["batch_size"], max_new_tokens=opts["max_new_tokens"],
+                     rows=opts["batch_size"], context=0)
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),
                 _sources(settings, chosen, drafter), opts["batch_size"], block, compile)
+
+
+_WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters already warned about
+
+
+def _warn_untrained(drafter: Any) -> None:
+    """Say once per drafter (a bench makes many plans) that its config marks it untrained: a run
+    with `drafter init`'s random weights is slower than ar, and nothing else says why."""
+    if not getattr(drafter, "untrained", False) or drafter in _WARNED:
+        return
+    _WARNED.add(drafter)
+    warnings.warn(UntrainedDrafterWarning(
+        f"drafter '{_name(drafter)}' is untrained (random weights from `drafter init`): almost no draft will be "
+        "accepted, so this runs slower than plain decoding; train it with `specdiff distill`"), stacklevel=3)
+
+
+def _default_method(drafter: Any, target: Any) -> Method:
+    """The method no option or pair names: the first for this target that uses the drafter (its
+    kind's reference without one). A drafter given that no such method can use is refused, not
+    dropped silently."""
+    method = default_method(drafter, target)
+    if drafter is not None and not method.accepts(drafter):
+        kind = next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+        target_kind = next(what for what, check in TARGET_KINDS.values() if check(target))
+        raise UsageError(f"no method for {target_kind} drafts with {kind} ('{_name(drafter)}'): drop `drafter`, "
+                         f"or name a `method` ({method.name} decodes without one)")
+    return method
+
+
+def _name(model: Any) -> str:
+    return str(getattr(model, "name", None) or getattr(model, "source", None) or type(model).__name__)
+
+
+def _registry(registry: Any) -> Registry:
+    """The models.yaml to read: the shipped one (None), a loaded Registry, or a path to a file."""
+    if registry is None or isinstance(registry, (str, os.PathLike)):
+        return load_registry(registry)
+    if not isinstance(registry, Registry):
+        raise UsageError(f"`registry` must be a path to a models.yaml or a loaded Registry, got {type(registry).__name__}")
+    return registry
+
+
+def _check_loaded(target: Any, drafter: Any) -> None:
+    """Objects given as models are models: a raw Hugging Face model, say, is refused with what to
+    call instead, not met later as an AttributeError."""
+    if not (hasattr(target, "tokenizer") and hasattr(target, "max_length") and hasattr(target, "vocab_size")):
+        raise UsageError(f"`target` must be a models.yaml name, a directory, a hub id or a loaded target "
+                         f"(specdiff.load_target), got {type(target).__name__}")
+    unloaded = drafter is None or isinstance(drafter, str)  # a name is left unloaded for a method without one
+    if not unloaded and not any(check(drafter) for _, check in DRAFTER_KINDS.values()):
+        raise UsageError(f"`drafter` must be a models.yaml name, a directory, a hub id or a loaded drafter "
+                         f"(specdiff.load_drafter), got {type(drafter).__name__}")
+
+
+def _check_sizes(target: Any, proposer: Proposer | None, draft: DraftSettings, *, batch_size: int,
+                 max_new_tokens: int, rows: int, context: int) -> None:
+    """Refuse sizes that cannot serve: a draft longer than the target's context window, or a
+    decoding step (`rows` rows decoded together, each verifying K candidate drafts of up to
+    gamma + 1 tokens, caches of `context` tokens) larger than the free memory (budget.py)."""
+    if proposer is not None and draft.gamma >= target.max_length:
+        raise UsageError(f"`gamma` {draft.gamma} does not fit the target's context window ({target.max_length} "
+                         "tokens) after a prompt")
+    copies = draft.drafts if proposer is not None else 1
+    if target.max_rows:  # the loop decodes no more rows together than the target takes
+        rows = min(rows, max(1, target.max_rows // copies))
+    sizes = {"batch_size": batch_size, **({"drafts": copies} if copies > 1 else {}),
+             **({"gamma": draft.gamma} if proposer is not None else {})}
+    tokens = min(draft.gamma + 1, max_new_tokens) if proposer is not None else 1
+    check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
+
+
+def _check_used(settings: dict[str, Setting], method: Method) -> None:
+    """A draft setting given as an option that the method does not read would do nothing (a
+    `threshold` for ar, a `schedule` for spec-ar): refuse it. Pair and drafter defaults are not
+    options: they apply where they are read."""
+    for key in METHOD_SETTINGS:
+        if settings[key].source == "option" and key not in method.settings:
+            reads = ", ".join(f"`{k}`" for k in method.settings) or "none of the draft settings"
+            raise UsageError(f"method '{method.name}' does not use `{key}`; it reads {reads}")
+    if settings["threshold"].source == "option" and settings["remasking"].value != "dynamic":
+        raise UsageError(f"`threshold` is read by `remasking` dynamic only, not {settings['remasking'].value}")
 
 
 def _block_settings(settings: dict[str, Setting], sampling: Sampling, target: Any, drafter: Any) -> BlockSettings | None:
@@ -235,9 +333,7 @@ def _sources(settings: dict[str, Setting], method: Method, drafter: Any) -> dict
 
 def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[str] | str | None) -> TextOptions:
     """Check and collect the chat / system / stop parameters for this target."""
-    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if not all(isinstance(s, str) and s for s in stop):
-        raise UsageError(f"`stop` strings must be non-empty text, got {stop!r}")
+    system, stop = check_text_options(system, stop)
     if system is not None and not chat:
         raise UsageError("a `system` message needs `chat` (the chat template places it)")
     if chat and not getattr(target.tokenizer, "chat_template", None):
@@ -350,9 +446,18 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
     which seeds its generator and numbers it in errors, so that a shard decodes as the whole
     would; events are indexed by the position in `prompts` all the same."""
     prompts = check_prompts(prompts)
+    check_flags(truncate_prompt=truncate_prompt, progress=progress)
+    if p is not None and not isinstance(p, Plan):
+        raise UsageError(f"`p` must be a Plan (specdiff.generation.plan), got {type(p).__name__}")
+    if p is not None and options:
+        raise UsageError(f"`{next(iter(options))}` is a setting of a plan: pass the settings or the plan `p`, not both")
     p = p or plan(**options)
     indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
+    if p.block is None and prompts:
+        longest = max(map(len, encoded)) + p.max_new_tokens
+        _check_sizes(p.target, p.proposer, p.draft, batch_size=p.batch_size, max_new_tokens=p.max_new_tokens,
+                     rows=min(p.batch_size, len(prompts)), context=longest)
     if p.compiled and prompts:
         copies = p.proposer.drafts if isinstance(p.proposer, SelfSelection) else 1
         gamma = p.draft.gamma if p.proposer else None

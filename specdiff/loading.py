@@ -69,6 +69,9 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
     """-> (local directory or hub id, registry entry if any)."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise UsageError(f"`{kinds[0]}` must be a models.yaml name, a directory or a hub id (a string or a path), "
+                         f"got {type(name).__name__}")
     name = os.fspath(name)
     entry = registry.entries.get(name)
     if entry is not None:
@@ -189,6 +192,13 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
         return _load_block(source, entry, device, dtype, registry)
     model, tokenizer, name = _load_causal_lm(name_or_path, ("target",), device, dtype, registry)
     return CausalLMTarget(model, tokenizer, name)
+
+
+def is_block_checkpoint(name_or_path: str | os.PathLike, kinds: tuple[str, ...], registry: Registry | None = None) -> bool:
+    """Whether a model (as load_target / load_drafter name it) is a block-diffusion (SDAR) checkpoint,
+    from its config.json alone: for refusals made before the weights load."""
+    source, _ = resolve(name_or_path, kinds, registry or load_registry())
+    return _is_block(source)
 
 
 def _is_block(source: str) -> bool:

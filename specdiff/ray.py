@@ -24,6 +24,7 @@ left partial). Ray is an optional extra (`specdiff[ray]`), imported on first use
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pickle
@@ -33,9 +34,10 @@ from typing import Any, Iterator
 
 from .errors import SpecdiffError, UsageError
 from .extras import require
-from .generation import GenerationResult
-from .requests import check_prompts, check_request
+from .generation import GenerationResult, plan
+from .requests import OPTIONS, check_keywords, check_prompts, check_request
 
+PLAN_PARAMETERS = tuple(name for name in inspect.signature(plan).parameters if name != "options")
 TASK_SIZE = 32  # prompts per map_batches call: a worker's unit of work and of retry, refilling
 # its decoding batch (`batch_size`, an option of generate) as rows finish
 
@@ -117,8 +119,7 @@ def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus
     added in dataset order when absent) -> the lazy Dataset of its rows with the columns Worker
     adds. `options`: as for specdiff.generate (models by name), checked here before any worker
     starts."""
-    checked = {"target": None, "drafter": None, "seed": 0, "device": "cpu", **options}
-    check_request(checked.pop("target"), checked.pop("drafter"), **checked)
+    _check_options(options)
     _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
     ray = require("ray", "ray")
     if "index" not in ds.columns():
@@ -137,6 +138,7 @@ def generate(prompts: str | list[str], *, address: str | None = None, ray_init: 
     address, ray_init (ray.init's keyword arguments): see `init`; the other Ray parameters: see
     `map_prompts`."""
     prompts = check_prompts(prompts)
+    _check_options(options)
     _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
     init_s = init(address, **(ray_init or {}))
     ray = require("ray", "ray")
@@ -168,6 +170,15 @@ def _rows(done: Any) -> Iterator[dict[str, Any]]:
         if row["error"] is not None:
             raise pickle.loads(row["error"])
         yield row
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """What plan() will be given in each worker, checked on the driver before Ray starts: names
+    (a misspelt keyword is an error, not a silently greedy run) and plain values."""
+    check_keywords(options, (*PLAN_PARAMETERS, *OPTIONS))
+    checked = {key: value for key, value in options.items() if key in OPTIONS}
+    check_request(options.get("target"), options.get("drafter"), seed=options.get("seed", 0),
+                  device=options.get("device", "cpu"), **checked)
 
 
 def _check_pool(workers: int, cpus: float, gpus: float, task_size: int) -> None:

@@ -11,6 +11,7 @@ pair defaults) is checked where those are loaded. Torch-free, so the CLI may imp
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import sys
@@ -19,9 +20,13 @@ from collections.abc import Iterable
 from .errors import InputError, UsageError
 from .names import SCHEDULES
 
+PENALTY_RANGE = (1e-30, 1e30)  # a penalty p scales logits by up to max(p, 1 / p): float32 overflows past this
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
 COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
+# the settings plan() takes as keywords beyond its named parameters (generation.DEFAULTS, less chat)
+OPTIONS = ("gamma", "steps", "schedule", "drafts", "draft_temperature", "max_new_tokens", "temperature", "top_k",
+           "top_p", "repetition_penalty", "batch_size", "remasking", "threshold")
 
 
 def check_prompts(prompts) -> list[str]:
@@ -52,6 +57,24 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
+def check_text_options(system, stop) -> tuple[str | None, tuple[str, ...]]:
+    """A system message (None or text) and stop strings (None, one string or an iterable of
+    non-empty strings), each encodable as UTF-8: a lone surrogate in one crashed the tokenizer
+    (system) or could never match decoded text (stop). -> (system, stop as a tuple)."""
+    if system is not None:
+        if not isinstance(system, str):
+            raise UsageError(f"`system` must be a string, got {_kind(system)}")
+        check_text(system, "`system`")
+    if stop is not None and not isinstance(stop, str) and not isinstance(stop, Iterable):
+        raise UsageError(f"`stop` must be a string or a list of strings, got {_kind(stop)}")
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if not all(isinstance(s, str) and s for s in stop):
+        raise UsageError(f"`stop` strings must be non-empty text, got {_short(stop)}")
+    for i, s in enumerate(stop, 1):
+        check_text(s, f"`stop` string {i}")
+    return system, stop
+
+
 def check_seed(seed) -> None:
     if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
@@ -65,8 +88,10 @@ def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=
         raise UsageError(f"`top_k` must be an integer >= 0 (0 disables it), got {_short(top_k)}")
     if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
         raise UsageError(f"`top_p` must be a number in (0, 1], got {_short(top_p)}")
-    if repetition_penalty is not None and not (_is_real(repetition_penalty) and 0 < repetition_penalty < math.inf):
-        raise UsageError(f"`repetition_penalty` must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
+    low, high = PENALTY_RANGE
+    if repetition_penalty is not None and not (_is_real(repetition_penalty) and low <= repetition_penalty <= high):
+        raise UsageError(f"`repetition_penalty` must be a finite number from {low:g} to {high:g} (1 = none; past "
+                         f"them penalised logits overflow float32), got {_short(repetition_penalty)}")
 
 
 def check_counts(values: dict) -> None:
@@ -77,10 +102,49 @@ def check_counts(values: dict) -> None:
             raise UsageError(f"`{key}` must be an integer >= 1, got {_short(value)}")
 
 
+def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
+    """Every keyword given is one of `known`: a misspelt setting (`temprature=0.8`) taken in by a
+    **options parameter must not be dropped silently (greedy output instead of sampled)."""
+    known = list(known)
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean `{close[0]}`?)" if close else f" (known: {', '.join(sorted(known))})"
+            raise UsageError(f"unknown option `{key}`{hint}")
+
+
+def check_names(**names) -> None:
+    """Settings that name something (method, schedule, acceptance, ...): a string, or None for
+    the default. A list or a number is refused here, not met later as a TypeError."""
+    for key, value in names.items():
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"`{key}` must be a name (a string), got {_kind(value)}")
+
+
+def check_flags(**flags) -> None:
+    """Switches (chat, truncate_prompt, ...): True, False, or None for the default."""
+    for key, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise UsageError(f"`{key}` must be True or False, got {_short(value)}")
+
+
+def check_model(model, role: str) -> None:
+    """A model as plan() takes it: None, a name or a path, or a loaded object (which plan checks
+    once loaded); a number, bytes or a container names nothing."""
+    if isinstance(model, (bool, int, float, bytes, list, tuple, dict, set)):
+        raise UsageError(f"`{role}` must be a models.yaml name, a directory, a hub id or a loaded {role} "
+                         f"(specdiff.load_{role}), got {_kind(model)}")
+
+
 def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
                   repetition_penalty=None, **options) -> tuple:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
-    (os.PathLike) turned into the string that names it, anything else as given."""
+    (os.PathLike) turned into the string that names it, anything else as given. `options`: some
+    of OPTIONS, no other name."""
+    check_keywords(options, OPTIONS)
+    check_model(target, "target")
+    check_model(drafter, "drafter")
+    check_names(schedule=options.get("schedule"), remasking=options.get("remasking"))
     check_seed(seed)
     check_sampling(temperature, top_k, top_p, repetition_penalty)
     check_counts(options)

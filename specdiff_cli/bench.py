@@ -136,6 +136,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     for t in temperatures or ():
         check_sampling(temperature=t)
     check_sampling(top_k=top_k, top_p=top_p)
+    lib.check_rules(rules or ())
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target)), sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
@@ -153,6 +154,12 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
     if getattr(models.target, "kind", None) == "block-diffusion":
         if compiled or artifacts:
             raise UsageError("--compile and --artifacts run causal LM targets; block-diffusion targets run eager")
+        unread = [flag for flag, value in (("--schedule", schedules), ("--drafts", drafts), ("--acceptance", rules),
+                                           ("--batch-size", batch_sizes), ("--draft-temperature", draft_temperature))
+                  if value] + ["--temperature (more than one)"] * (len(temperatures or ()) > 1)
+        if unread:
+            raise UsageError(f"{', '.join(unread)}: not read on a block-diffusion target (bench sweeps --steps and "
+                             "--gamma there)")
         _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],), gammas or (pick["gamma"],),
                      pick, out, check)
         return

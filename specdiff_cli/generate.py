@@ -10,7 +10,7 @@ import click
 
 from specdiff import names
 
-from .output import check_output, open_output
+from .output import check_output, check_stdout, open_output
 from .prompts import Layout, read_prompts, unescape
 from .ray_run import WORKER_OPTIONS, check_ray_flags, ray_options, run_on_ray, run_to_dir
 from .threads import set_threads, threads_option
@@ -100,6 +100,7 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     layout = _layout(jsonl, raw, separator, echo)
     pool, output_dir = [options.pop(name) for name in WORKER_OPTIONS], options.pop("output_dir")
     check_ray_flags(pool, stream, output_dir, prompt_file, output)
+    check_stdout(output or output_dir)
     stream = _check_stream(stream, jsonl, output) and pool[0] is None
     if output_dir:
         total = run_to_dir(prompt_file, _input_format(whole, input_format), output_dir, layout,

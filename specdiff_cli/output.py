@@ -144,11 +144,20 @@ class _Stdout:
     def __getattr__(self, name):
         return getattr(self.stream, name)
 
+    @property
+    def closed(self) -> bool:
+        return self.stream is None or self.stream.closed
+
+    def isatty(self) -> bool:
+        """A closed stdout is no terminal (asked before anything is written: --stream's default)."""
+        return not self.closed and self.stream.isatty()
+
     def write(self, s) -> int:
         return self._guard(lambda: self.stream.write(s))
 
     def flush(self) -> None:
-        self._guard(self.stream.flush)
+        if self.stream is not None:  # a closed stdout was never written (write raised): nothing to flush
+            self._guard(self.stream.flush)
 
     def _guard(self, call):
         if self.stream is None:
@@ -159,6 +168,13 @@ class _Stdout:
             raise
         except OSError as e:
             raise write_error("stdout", e) from e
+
+
+def check_stdout(output: str | None) -> None:
+    """Results go to stdout unless `output` (-o) is given: a closed stdout is refused before any
+    work, not after minutes of decoding whose results have nowhere to go."""
+    if output is None and (sys.stdout is None or sys.stdout.closed):
+        raise WriteError("cannot write stdout: it is closed (write the results with -o PATH)")
 
 
 @contextmanager

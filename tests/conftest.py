@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.utils import logging as hf_logging
 
-from tiny import make_gpt2, make_gpt_neo, make_tokenizer
+from tiny import as_trained, make_gpt2, make_gpt_neo, make_tokenizer
 
 torch.set_num_threads(1)
 os.environ["SPECDIFF_PAIR"] = "demo"  # the suite's default pair, whether or not smol's target is installed
@@ -30,5 +30,5 @@ def tiny(tmp_path_factory) -> SimpleNamespace:
     ns.gpt2 = make_gpt2(root / "gpt2", tok, scale=10)
     ns.neo = make_gpt_neo(root / "neo", tok, scale=10, seed=1)
     ns.ar = make_gpt2(root / "ar", tok, seed=2, layers=1, scale=10)
-    ns.drafter = init_drafter(str(ns.gpt2), root / "drafter", layers=1, dim=32, heads=2, context=16)
+    ns.drafter = as_trained(init_drafter(str(ns.gpt2), root / "drafter", layers=1, dim=32, heads=2, context=16))
     return ns

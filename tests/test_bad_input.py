@@ -142,6 +142,19 @@ USAGE = {  # the request itself is wrong: options, names, combinations
                                     "method 'spec-ar' drafts one candidate; --drafts > 1 needs specdiff"),
     "oneshot with several steps": ("--drafter {drafter} --schedule oneshot --steps 3", "exactly 1 step"),
     "unknown device": ("--device nonsense", "unknown device 'nonsense'"),
+    "drafts past free memory": ("--drafter {drafter} --drafts 100000000", "--batch-size 8, --drafts 100000000, "
+                                "--gamma 8: one decoding step needs about", "GB free on cpu; lower them"),
+    "batch size past free memory": ("--batch-size 100000000000", "--batch-size 100000000000: one decoding step"),
+    "repetition penalty past float32": ("--repetition-penalty 1e-300",  # accepted, then blamed on the weights
+                                        "--repetition-penalty must be a finite number from 1e-30 to 1e+30", "1e-300"),
+    "threshold on ar": ("--threshold 0.5", "method 'ar' does not use --threshold; it reads none of the draft"),
+    "schedule on spec-ar": ("--drafter {ar} --schedule confidence", "method 'spec-ar' does not use --schedule; "
+                            "it reads --gamma"),
+    "steps on spec-ar": ("--drafter {ar} --steps 2", "method 'spec-ar' does not use --steps"),
+    "remasking on specdiff": ("--drafter {drafter} --remasking dynamic", "method 'specdiff' does not use --remasking"),
+    "gamma on ar": ("--method ar --gamma 4", "method 'ar' does not use --gamma"),
+    "gamma past the context window": ("--drafter {drafter} --gamma 100000",
+                                      "--gamma 100000 does not fit the target's context window (128 tokens)"),
 }
 
 

@@ -163,6 +163,9 @@ def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, broken_rule):
     (("--methods", "ar,spec-ar"), "method 'spec-ar' needs an autoregressive drafter (--ar-drafter)"),
     (("--methods", "ar,nope"), "unknown method 'nope'"),
     (("--gamma", "2,x"), "comma-separated list of ints"),
+    (("--acceptance", "bogus"), "unknown acceptance rule 'bogus' (choose from "),  # once dropped silently
+    (("--methods", "ar,specdiff", "--acceptance", "multi"), "acceptance rule 'multi' fits none of the rows"),
+    (("--methods", "ar", "--acceptance", "greedy"), "acceptance rule 'greedy' fits none of the rows"),
 ])
 def test_cli_usage_errors_are_one_line(tiny, tmp_path, extra, message):
     result = _cli(tiny, tmp_path, *extra, "--no-plots", models=("--target", str(tiny.gpt2)))
@@ -319,3 +322,15 @@ def test_drafts_and_batch_sizes_combine():
     rows = variants(["specdiff"], gammas=(3,), steps=(1,), drafts=(1, 2), batch_sizes=(1, 3))
     base = "specdiff g=3 T=1 l2r"
     assert [v.label for v in rows] == ["ar", "ar b=3", f"{base} K=1", f"{base} K=1 b=3", f"{base} K=2", f"{base} K=2 b=3"]
+
+
+def test_bench_refuses_drafts_past_free_memory_before_timing(tiny, tmp_path):
+    """bench --drafts had no upper bound either: every variant's plan is checked before the first pass."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there\nThe sea\n")
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter),
+                                      "--methods", "ar,specdiff", "--drafts", "1,100000000", "--prompt-file",
+                                      str(prompts), "--max-new-tokens", "4", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert "--drafts 100000000" in result.stderr and "GB free" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -81,6 +81,28 @@ def test_a_missing_tensor_is_one_load_error(sdar, tmp_path):
         load_target(str(broken))
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"mask_token_id": 10**6}, "mask_token_id 1000000 is not an id of the embedding (vocab_size 301)"),  # IndexError
+    ({"mask_token_id": True}, "an SDAR config needs block_size >= 1 and mask_token_id, got 4 and True"),
+    ({"block_size": 10**6}, "block_size 1000000 is longer than max_position_embeddings 128"),  # a 1 TB allocation
+    ({"num_attention_heads": 0}, "num_attention_heads must be an integer >= 1, got 0"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 2"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be an integer >= 1, got 0"),
+    ({"hidden_size": "x"}, "not a Qwen3-shaped SDAR config (Validation error for field 'hidden_size'"),
+    ({"num_hidden_layers": 0}, "not a Qwen3-shaped SDAR config"),
+])
+def test_sdar_config_values_out_of_range_are_one_load_error(sdar, tmp_path, change, message):
+    broken = tmp_path / "broken"
+    for f in sdar["target"].iterdir():
+        (broken / f.name).parent.mkdir(exist_ok=True)
+        (broken / f.name).write_bytes(f.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(LoadError) as info:
+        load_target(str(broken))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
 # --- an independent reference: no cache, the whole sequence through the model at every step ---
 
 @torch.no_grad()
@@ -143,7 +165,8 @@ def test_block_matches_a_no_cache_reference(sdar, rule, steps, threshold):
         ids = tok.encode(prompt)
         expected = reference_block_decoding(target.model, ids, 4, steps, target.mask_id, target.eos_token_id, 14,
                                             rule, threshold, target.vocab_size)
-        got = _generate(sdar, prompt, method="block", remasking=rule, steps=steps, threshold=threshold)
+        dynamic = {"threshold": threshold} if rule == "dynamic" else {}  # read by dynamic remasking only
+        got = _generate(sdar, prompt, method="block", remasking=rule, steps=steps, **dynamic)
         assert got == expected, (prompt, rule)
 
 
@@ -162,7 +185,8 @@ def test_block_sampling_matches_the_reference_with_the_same_noise(sdar):
 def test_simsd_exact_is_block(sdar, rule, temperature, draft):
     """Whatever the draft (a different random model, or the target itself), every committed
     transition is the target's own: the output is block's, token for token."""
-    kw = dict(remasking=rule, threshold=0.3, temperature=temperature, seed=3, max_new_tokens=20)
+    kw = dict(remasking=rule, temperature=temperature, seed=3, max_new_tokens=20,
+              **({"threshold": 0.3} if rule == "dynamic" else {}))
     for prompt in PROMPTS:
         reference = _generate(sdar, prompt, method="block", **kw)
         out = generate([prompt], target=str(sdar["target"]), drafter=str(sdar[draft]), method="simsd-exact", **kw)
@@ -200,6 +224,10 @@ def run_cli(args, input="To be\n"):
     (["--target", "{target}", "--drafter", "{b2}", "--method", "simsd-exact"], "block size / mask id 2"),
     (["--target", "{target}", "--method", "simsd-exact"], "needs a block-diffusion drafter (--drafter)"),
     (["--target", "{target}", "--remasking", "dynamic", "--threshold", "2"], "--threshold must lie in [0, 1]"),
+    (["--target", "{target}", "--threshold", "0.5"], "--threshold is read by --remasking dynamic only, not static"),
+    (["--target", "{target}", "--schedule", "confidence"], "method 'block' does not use --schedule"),
+    (["--target", "{target}", "--drafter", "{drafter}", "--method", "simsd", "--steps", "2"],
+     "method 'simsd' does not use --steps; it reads none of the draft settings"),
 ])
 def test_bad_input_is_one_line(sdar, tiny, args, message):
     paths = {k: str(v) for k, v in sdar.items() if isinstance(v, Path)} | {"causal": str(tiny.gpt2)}
@@ -266,6 +294,14 @@ def test_bench_rows_block_simsd_exact_simsd(sdar, tmp_path):
     assert rows["simsd-exact"]["agreement"] == 1.0 and rows["simsd-exact"]["identical_prompts"] == 2
     assert rows["block"]["tokens_per_target_call"] < 1  # S + 1 calls per block of B = S tokens
     assert 0 <= rows["simsd"]["agreement"] <= 1 and rows["simsd"]["exact"] is False
+
+
+def test_bench_on_a_block_target_refuses_the_sweeps_it_does_not_read(sdar, tmp_path):
+    result = CliRunner().invoke(cli, ["bench", "--target", str(sdar["target"]), "--schedule", "confidence",
+                                      "--acceptance", "greedy", "--out", str(tmp_path / "out"), "--no-plots"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "--schedule, --acceptance: not read on a block-diffusion target" in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_remasking_names_without_torch_equal_the_rules():

@@ -239,7 +239,8 @@ def test_drafter_init_writes_a_loadable_drafter(tiny, tmp_path):
     drafter = load_drafter(str(out))
     assert (drafter.vocab_size, drafter.mask_id, drafter.context_length) == (300, 300, 8)
     args = ["generate", "--target", str(tiny.gpt2), "--prompt", "The sea", "--max-new-tokens", "8"]
-    assert invoke([*args, "--drafter", str(out)]).stdout == invoke(args).stdout
+    drafted = CliRunner().invoke(cli, [*args, "--drafter", str(out)])  # says once that the drafter is untrained
+    assert drafted.stdout == invoke(args).stdout and "is untrained" in drafted.stderr
 
 
 def test_drafter_init_into_an_empty_directory(tiny, tmp_path):
@@ -340,3 +341,7 @@ def test_drafter_init_writes_an_ordinary_directory(tiny, tmp_path):
                                       "--layers", "1", "--dim", "16", "--heads", "2"])
     assert result.exit_code == 0, result.stderr
     assert out.stat().st_mode & 0o777 == 0o755
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for f in out.iterdir():  # safetensors writes its file 0o600: the weights were private, the config not
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name

@@ -123,3 +123,46 @@ def test_bench_sweeps_the_recorded_settings_by_default(tiny, recorded, tmp_path)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert [r["label"] for r in report["rows"]] == ["ar", "specdiff g=3 T=2 l2r"]
+
+
+def test_a_drafter_the_method_does_not_use_lends_it_no_settings(recorded, tiny):
+    """A block target given a (causal-LM) diffusion drafter ran block decoding without the drafter
+    but with the drafter's recorded steps; now its settings apply only where it drafts."""
+    drafter = load_drafter(recorded)  # records gamma 3, steps 2
+    p = plan(target="demo-block-target", drafter=drafter, method="block")
+    assert p.drafter is None and p.block is not None
+    assert p.block.steps == p.target.block_size and p.sources["steps"] == "default"
+    assert plan(target=tiny.gpt2, drafter=drafter, method="specdiff").draft.steps == 2  # where it drafts: its own
+
+
+def test_a_drafter_no_method_can_use_is_refused_not_dropped(recorded):
+    result = CliRunner().invoke(cli, ["generate", "--target", "demo-block-target", "--drafter", recorded,
+                                      "--prompt", "To be", "--max-new-tokens", "4"])
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert ("no method for a block-diffusion target (SDAR layout) drafts with a diffusion drafter" in result.stderr
+            and "drop --drafter, or name a --method (block decodes without one)" in result.stderr)
+
+
+def test_an_untrained_drafter_is_said_once(tiny, tmp_path):
+    """`drafter init` then `generate` ran at tau 1.0 with nothing on stderr: the config now marks the
+    drafter untrained and a run says so in one line, once per drafter (bench plans many rows)."""
+    import warnings
+
+    from specdiff.errors import UntrainedDrafterWarning
+    from specdiff.tools.drafter_init import init_drafter
+
+    out = init_drafter(str(tiny.gpt2), tmp_path / "random", layers=1, dim=32, heads=2, context=16)
+    assert json.loads((out / "config.json").read_text())["untrained"] is True
+    args = ["generate", "--target", str(tiny.gpt2), "--drafter", str(out), "--prompt", "The sea", "--max-new-tokens", "4"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and result.stdout.count("\n") == 1
+    assert result.stderr.startswith(f"specdiff: warning: drafter '{out}' is untrained (random weights from")
+    assert result.stderr.count("\n") == 1 and "train it with `specdiff distill`" in result.stderr
+    drafter = load_drafter(str(out))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            plan(target=tiny.gpt2, drafter=drafter)
+        plan(target=tiny.gpt2, drafter=drafter, method="ar")  # a method without it: nothing to say
+    assert [w.category for w in caught] == [UntrainedDrafterWarning]
+    assert CliRunner().invoke(cli, [*args[:4], str(tiny.drafter), *args[5:]]).stderr == ""  # trained: quiet

@@ -194,6 +194,8 @@ def test_losses_score_exactly_what_drafting_reads(tiny):
     (["--teacher-temperature", "1,x"], "'1,x' is not a comma-separated list of numbers"),
     (["--samples-per-prompt", "0"], "--samples-per-prompt must be >= 1"),
     (["--mask-token", "<|nope|>"], "not a token of the target's tokenizer"),
+    (["--context", "0"], "--context must be >= 1, got 0"),  # was the default (32), silently
+    (["--layers", "0"], "--layers must be >= 1, got 0"),
 ])
 def test_bad_options_give_one_error_line(tiny, prompts, tmp_path, args, fragment):
     result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts),

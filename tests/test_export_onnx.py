@@ -139,6 +139,10 @@ def test_failed_validation_leaves_no_directory(tiny, tmp_path, monkeypatch):
     (["--target", "{gpt2}", "--format", "all", "--opset", "21", "--out", "{tmp}/x"], 2, "--opset must be in 18..20"),
     (["--target", "{gpt2}", "--max-seq", "100", "--out", "{tmp}/x"], 2, "leaves no room"),
     (["--target", "{gpt2}", "--out", "{tmp}/full"], 2, "exists and is not an empty directory"),
+    # a block-diffusion target exported as a causal LM ran on ONNX Runtime as one: wrong text, exit 0
+    (["--pair", "demo-block", "--out", "{tmp}/x"], 2, "target 'demo-block-target' is a block-diffusion (SDAR) "
+     "model: `specdiff export` writes causal LM and masked-diffusion graphs only; run it with the torch runtime"),
+    (["--drafter", "demo-block-drafter", "--out", "{tmp}/x"], 2, "drafter 'demo-block-drafter' is a block-diffusion"),
 ])
 def test_export_refuses_bad_requests_with_one_line(tiny, tmp_path, args, code, message):
     (tmp_path / "full").mkdir()

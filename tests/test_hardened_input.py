@@ -150,6 +150,18 @@ def test_prompt_that_is_not_utf8_is_one_line(tiny, prompt, message):
     assert_one_line_error(generate(tiny, "--prompt", prompt), 2, message)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--chat", "--system", "be \udcff"], "--system is not valid UTF-8 (byte 0xff at character 3)"),
+    (["--chat", "--system", "\ud800"], "--system is not valid Unicode (lone surrogate '\\ud800' at character 0)"),
+    (["--stop", "a", "--stop", "\udcfe"], "--stop string 2 is not valid UTF-8 (byte 0xfe at character 0)"),
+    (["--stop", "x\udfff"], "--stop string 1 is not valid Unicode"),
+])
+def test_system_or_stop_that_is_not_utf8_is_one_line(tiny, args, message):
+    """A system message the tokenizer cannot encode was a traceback; a stop string that is not text
+    could never match, and was accepted silently."""
+    assert_one_line_error(generate(tiny, *args, "--prompt", "x"), 2, message)
+
+
 def test_jsonl_fields_are_written_back_as_valid_json(tiny):
     line = '{"prompt": "The sea", "id": ' + "7" * 4000 + ', "x": [1e308, -0.0, "\\u00e9\\ud83d\\ude00"]}\n'
     result = generate(tiny, "--jsonl", input=line)
@@ -217,7 +229,11 @@ GOOD_MANIFEST = {
     "format": "specdiff-export", "format_version": 1, "dtype": "fp32",
     "tokenizer": {"dir": "tokenizer", "vocab_size": 300, "vocab_sha256": "0" * 64},
     "files": {"target.onnx": "0" * 64},
-    "components": {"target": {"graph": "target.onnx", "engine": None, "io": {"inputs": [{"name": "input_ids"}], "outputs": []},
+    "components": {"target": {"graph": "target.onnx", "engine": None, "io": {  # the names a 2-layer target's graph has
+        "inputs": [{"name": n} for n in ("input_ids", "attention_mask", "position_ids", "past_key_values.0.key",
+                                         "past_key_values.0.value", "past_key_values.1.key", "past_key_values.1.value")],
+        "outputs": [{"name": n} for n in ("logits", "present.0.key", "present.0.value", "present.1.key",
+                                          "present.1.value")]},
                               "model": {"name": "t", "vocab_size": 300, "max_length": 128, "eos_token_id": 299,
                                         "layers": 2, "kv_heads": 2, "head_dim": 16}}},
 }

@@ -144,3 +144,14 @@ def test_a_shard_numbers_prompts_and_seeds_generators_by_their_place_in_the_inpu
     assert [o.tokens for o in shard] == [o.tokens for o in whole.outputs[3:]]
     with pytest.raises(InputError, match="prompt 5 is"):
         list(specdiff.generation.iter_generate(["Hi", "word " * 400], p, indices=[3, 4]))
+
+
+def test_unknown_keywords_are_refused_before_ray_starts(tiny, monkeypatch):
+    """A misspelt setting used to travel to the workers unread: greedy output where sampling was asked."""
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    with pytest.raises(UsageError, match=r"unknown option `temprature` \(did you mean `temperature`\?\)"):
+        sray.generate(PROMPTS, **POOL, **_options(tiny), temprature=0.8)
+    with pytest.raises(UsageError, match="unknown option `tmperature`"):
+        sray.map_prompts(None, **_options(tiny), tmperature=0.8)
+    with pytest.raises(UsageError, match="`top_p` must be a number"):
+        sray.map_prompts(None, **_options(tiny), top_p=2.0)

@@ -37,6 +37,12 @@ BAD = {  # generate() keyword arguments -> the start of the error
     "gamma float": ({"gamma": 2.0}, "`gamma` must be an integer >= 1, got 2.0"),
     "device int": ({"device": 3}, "`device` must be a string such as 'cpu' or 'cuda:1', got int"),
     "device None": ({"device": None}, "`device` must be a string such as 'cpu' or 'cuda:1', got None"),
+    "target int": ({"target": 5}, "`target` must be a models.yaml name, a directory, a hub id or a loaded target"),
+    "drafter list": ({"drafter": ["d"]}, "`drafter` must be a models.yaml name, a directory, a hub id or a loaded"),
+    "schedule list": ({"schedule": ["l2r"]}, "`schedule` must be a name (a string), got list"),
+    "method list": ({"method": ["ar"]}, "`method` must be a name (a string), got list"),
+    "chat str": ({"chat": "yes"}, "`chat` must be True or False, got 'yes'"),
+    "repetition_penalty 1e-300": ({"repetition_penalty": 1e-300}, "`repetition_penalty` must be a finite number from"),
 }
 
 
@@ -54,7 +60,7 @@ def test_bad_values_raise_before_anything_loads(nothing_loads, case):
     kwargs, message = BAD[case]
     calls = [lambda: specdiff.generate(**{"prompts": ["Hello"], "target": "gpt2", **kwargs})]
     if "prompts" not in kwargs:
-        calls.append(lambda: plan(target="gpt2", **kwargs))
+        calls.append(lambda: plan(**{"target": "gpt2", **kwargs}))
     for call in calls:
         with pytest.raises(UsageError) as info:
             call()
@@ -78,3 +84,79 @@ def test_paths_are_accepted_wherever_a_path_is(tiny, tmp_path):
     registry = tmp_path / "models.yaml"
     registry.write_text(f"models:\n  - name: t\n    kind: target\n    path: {tiny.gpt2}\n", encoding="utf-8")
     assert load_target("t", registry=load_registry(registry)).name == "t"
+
+
+@pytest.mark.parametrize("typo, hint", [("temprature", "did you mean `temperature`?"),
+                                         ("max_tokens", "did you mean `max_new_tokens`?"),
+                                         ("xyzzy", "known: batch_size, draft_temperature")])
+def test_unknown_keywords_are_refused_by_plan_and_stream(nothing_loads, typo, hint):
+    """plan() and stream() take settings as **options: a misspelt one used to be ignored (greedy
+    output where sampling was asked for)."""
+    for call in (lambda: plan(target="gpt2", **{typo: 0.8}),
+                 lambda: list(specdiff.stream("Hello", target="gpt2", **{typo: 0.8}))):
+        with pytest.raises(UsageError, match=f"unknown option `{typo}`") as info:
+            call()
+        assert hint in str(info.value)
+
+
+def test_stream_refuses_settings_beside_a_plan(tiny):
+    p = plan(target=tiny.gpt2)
+    with pytest.raises(UsageError, match="`temperature` is a setting of a plan: pass the settings or the plan"):
+        list(specdiff.stream("Hello", p, temperature=0.8))
+
+
+def test_a_step_larger_than_free_memory_is_refused_before_decoding(tiny, monkeypatch):
+    """`drafts` 100000 once grew to 23 GB and woke the OOM killer: plan() checks a step of
+    `batch_size` rows, stream() the rows and cache lengths its prompts need, before the first token."""
+    from specdiff import budget
+
+    p = plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2)
+    free = budget.step_bytes(p.target, rows=2, tokens=9, context=0) + 1  # the plan's step, no cache
+    monkeypatch.setattr(budget, "free_bytes", lambda device: free)
+    p = plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2)
+    assert specdiff.generate("The sea", target=tiny.gpt2, drafter=tiny.drafter, batch_size=2).texts
+    with pytest.raises(UsageError, match="`batch_size` 2, `gamma` 8: one decoding step needs about"):
+        next(specdiff.stream(["The sea", "Hello"], p))  # two rows and their caches
+    with pytest.raises(UsageError, match="`batch_size` 2, `drafts` 3, `gamma` 8: one decoding step"):
+        plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2, drafts=3)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"chat": True, "system": "\udcff"}, "`system` is not valid UTF-8 (byte 0xff at character 0)"),
+    ({"chat": True, "system": 5}, "`system` must be a string, got int"),
+    ({"stop": ["ok", "\ud800"]}, "`stop` string 2 is not valid Unicode"),
+    ({"stop": 5}, "`stop` must be a string or a list of strings, got int"),
+])
+def test_system_and_stop_are_checked_before_anything_loads(nothing_loads, options, message):
+    with pytest.raises(UsageError) as info:
+        plan(target="gpt2", **options)
+    assert message in str(info.value)
+
+
+def test_api_misuse_is_a_usage_error_not_a_python_error(tiny, nothing_loads):
+    """Each of these was an AttributeError or TypeError from deep inside."""
+    from transformers import AutoModelForCausalLM
+
+    from specdiff import loading
+
+    calls = {
+        "`registry` must be a path to a models.yaml or a loaded Registry, got int":
+            lambda: plan(target="gpt2", registry=5),
+        "`p` must be a Plan (specdiff.generation.plan), got str": lambda: list(specdiff.stream("Hello", "plan")),
+        "`truncate_prompt` must be True or False, got 'yes'":
+            lambda: list(specdiff.stream("Hello", target="gpt2", truncate_prompt="yes")),
+        "`target` must be a models.yaml name, a directory or a hub id (a string or a path), got int":
+            lambda: loading.load_target(5),
+        "`drafter` must be a models.yaml name, a directory or a hub id (a string or a path), got NoneType":
+            lambda: loading.load_drafter(None),
+    }
+    for message, call in calls.items():
+        with pytest.raises(UsageError) as info:
+            call()
+        assert message in str(info.value)
+    raw = AutoModelForCausalLM.from_pretrained(str(tiny.gpt2))
+    registry = load_registry()
+    with pytest.raises(UsageError, match=r"`target` must be .* a loaded target \(specdiff.load_target\), got GPT2LMHead"):
+        plan(target=raw, registry=registry)
+    with pytest.raises(UsageError, match=r"`drafter` must be .* \(specdiff.load_drafter\), got GPT2LMHeadModel"):
+        plan(target=load_target(tiny.gpt2, registry=registry), drafter=raw, registry=registry)

@@ -92,11 +92,11 @@ def test_drafts_match_the_pytorch_drafter(tiny, onnx_pair):
     assert close(graph.x0_logits(ids), torch_drafter.x0_logits(ids))
 
 
-@pytest.mark.parametrize("method", ["ar", "specdiff", "specdiff --drafts 3"])  # 3 rows forked from the cache
+@pytest.mark.parametrize("method", ["ar", "specdiff --gamma 5", "specdiff --gamma 5 --drafts 3"])  # 3 rows forked
 @pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo"), ("onnx_llama", "llama")])
 def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, method, which, model):
     artifacts = request.getfixturevalue(which)
-    common = ["generate", "--method", *method.split(), "--max-new-tokens", "24", "--jsonl", "--gamma", "5",
+    common = ["generate", "--method", *method.split(), "--max-new-tokens", "24", "--jsonl",
               *[a for p in PROMPTS for a in ("--prompt", p)]]
     drafter = [] if which != "onnx_neo" else ["--drafter", str(tiny.drafter)]  # neo: ORT target + torch drafter
     torch_run = run_cli([*common, "--target", str(getattr(tiny, model)), "--drafter", str(tiny.drafter)])
@@ -167,6 +167,30 @@ def _bad_defaults(d):
     (d / "manifest.json").write_text(json.dumps(m))
 
 
+def _manifest_edit(edit):
+    """A damage that edits manifest.json in place: edit(manifest) -> None."""
+    def damage(d):
+        m = json.loads((d / "manifest.json").read_text())
+        edit(m)
+        (d / "manifest.json").write_text(json.dumps(m))
+    return damage
+
+
+def _consistently(**change):
+    """Target model record changed and its IO signature rewritten to match: only the graph can tell."""
+    from specdiff.graphs import spec_from_model
+
+    def edit(m):
+        c = m["components"]["target"]
+        c["model"].update(change)
+        c["io"] = spec_from_model("target", c["model"]).to_json(m["dtype"])
+    return _manifest_edit(edit)
+
+
+def _target_model(**change):
+    return _manifest_edit(lambda m: m["components"]["target"]["model"].update(change))
+
+
 def _other_tokenizer(d):
     shutil.rmtree(d / "tokenizer")
     make_tokenizer(d / "tokenizer", vocab_size=290)
@@ -180,6 +204,20 @@ def _other_tokenizer(d):
     (lambda d: (d / "drafter.onnx").unlink(), "file(s) listed in manifest.json are missing: drafter.onnx"),
     (_other_tokenizer, "this tokenizer is not the one the models were exported with"),
     (_bad_defaults, "malformed manifest: components.drafter.model.defaults: gamma must be an integer >= 1, got 0"),
+    # manifest values the graphs contradict: each was a KeyError or an onnxruntime traceback
+    (_manifest_edit(lambda m: m.update(dtype="fp64")), "malformed manifest: dtype: unknown dtype 'fp64'"),
+    (_target_model(layers=3), "components.target.io.inputs[7] is nothing; the model record and dtype make it "
+                              "past_key_values.2.key (batch, 2, past_len, 16) fp32"),
+    (_manifest_edit(lambda m: m["components"]["drafter"]["model"].update(mask_id=10**6)),
+     "components.drafter.model.mask_id 1000000 is outside the vocabulary (0 .. 300)"),
+    (_target_model(eos_token_id=10**6), "components.target.model.eos_token_id 1000000 is outside the vocabulary"),
+    (_consistently(layers=3), "target.onnx: the graph's input past_key_values.2.key is absent; the manifest says"),
+    (_consistently(kv_heads=4), "the graph's input past_key_values.0.key is fp32 (?, 2, ?, 16); the manifest says "
+                                "fp32 (?, 4, ?, 16) (re-export)"),
+    (_manifest_edit(lambda m: m["components"]["target"].update(graph="../elsewhere.onnx")),
+     "components.target.graph: '../elsewhere.onnx' is not among the hashed files"),
+    (_manifest_edit(lambda m: m["files"].pop("drafter.onnx")),
+     "components.drafter.graph: 'drafter.onnx' is not among the hashed files"),
 ])
 def test_bad_artefacts_are_refused_with_one_line(broken, damage, message):
     damage(broken)
@@ -187,6 +225,20 @@ def test_bad_artefacts_are_refused_with_one_line(broken, damage, message):
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr.startswith("specdiff: error: ") and result.stderr.count("\n") == 1
     assert message in result.stderr, result.stderr
+
+
+def test_an_onnxruntime_failure_while_running_is_one_load_error(onnx_pair, monkeypatch):
+    """A graph that fails inside onnxruntime (an id past its embedding, say) raised onnxruntime's
+    own exception."""
+    runtime = load_models("onnxruntime", onnx_pair)["drafter"].runtime  # input_ids only
+
+    def fail(binding):
+        raise RuntimeError("Error in execution: invalid index found, index = 1000000\nmore detail")
+    monkeypatch.setattr(runtime, "session", type("S", (), {"io_binding": runtime.session.io_binding,
+                                                           "run_with_iobinding": staticmethod(fail)})())
+    with pytest.raises(LoadError, match=r"onnxruntime failed running .*drafter.onnx: Error in execution: invalid "
+                                        r"index found, index = 1000000$"):
+        runtime.run({"input_ids": torch.zeros(1, 1, dtype=torch.int64)})
 
 
 def test_a_manifest_without_recorded_settings_still_loads(broken):
@@ -235,7 +287,7 @@ def test_batched_decoding_on_onnxruntime_equals_torch_batch_1(tiny, request, whi
     drafter = ort.get("drafter") or load_drafter(str(tiny.drafter))
     torch_target = load_target(str(getattr(tiny, model)))
     for method in ("ar", "specdiff"):
-        options = {"method": method, "max_new_tokens": 20, "gamma": 5, "steps": 2}
+        options = {"method": method, "max_new_tokens": 20, **({"gamma": 5, "steps": 2} if method == "specdiff" else {})}
         want = generate(prompts, target=torch_target, drafter=load_drafter(str(tiny.drafter)), batch_size=1, **options)
         got = generate(prompts, target=ort["target"], drafter=drafter, batch_size=4, **options)
         assert [o.tokens for o in got.outputs] == [o.tokens for o in want.outputs], method

@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import signal
+import shlex
 import stat
 import subprocess
 import sys
@@ -106,6 +107,21 @@ def test_closed_stdout_is_one_line():
     run = subprocess.run("specdiff models >&-", shell=True, capture_output=True,
                          text=True, timeout=300)
     one_line_error(run.stderr, 1, run.returncode, "cannot write stdout: it is closed")
+
+
+def test_closed_stdout_with_output_file_runs(tiny, tmp_path):
+    """-o needs no stdout: a closed one crashed generate before it started (AttributeError on isatty);
+    without -o it is refused before any model loads."""
+    out, command = tmp_path / "out.txt", " ".join(shlex.quote(a) for a in ["specdiff", *generate(tiny)])
+    run = subprocess.run(f"{command} -o {shlex.quote(str(out))} >&-", shell=True, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert out.read_text(encoding="utf-8").count("\n") == 1
+    run = subprocess.run(f"{command} --stats -o {shlex.quote(str(out))} >&-", shell=True, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and json.loads(run.stderr)["new_tokens"] == 3
+    run = subprocess.run(f"{command} >&-", shell=True, capture_output=True, text=True, timeout=300)
+    one_line_error(run.stderr, 1, run.returncode, "cannot write stdout: it is closed (write the results with -o PATH)")
 
 
 def small_files() -> None:

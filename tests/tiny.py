@@ -78,6 +78,15 @@ def make_llama(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, head
     return _save(LlamaForCausalLM(cfg), tokenizer, directory)
 
 
+def as_trained(drafter: Path) -> Path:
+    """Drop the `untrained` mark `drafter init` writes: the suite's random drafters stand in for
+    trained ones, whose runs say nothing on stderr (test_defaults checks the warning itself)."""
+    config = json.loads((drafter / "config.json").read_text())
+    config.pop("untrained", None)
+    (drafter / "config.json").write_text(json.dumps(config))
+    return drafter
+
+
 def with_defaults(drafter: Path, out: Path, defaults) -> str:
     """A copy of the drafter directory whose config.json records these draft `defaults`."""
     shutil.copytree(drafter, out)

@@ -47,7 +47,7 @@ class DiffusionDrafter(nn.Module):
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
                  parameterization: str = "subs", tokenizer: Any = None, source: str = "",
-                 length: int | None = None, defaults: dict | None = None):
+                 length: int | None = None, defaults: dict | None = None, untrained: bool = False):
         super().__init__()
         self.backbone = backbone
         self.vocab_size = vocab_size  # real vocabulary shared with the target (no mask id)
@@ -58,6 +58,7 @@ class DiffusionDrafter(nn.Module):
         self.tokenizer = tokenizer
         self.source = source
         self.defaults = dict(defaults or {})  # draft settings it was trained for (gamma, steps, schedule)
+        self.untrained = untrained  # random weights (`drafter init`): its drafts are rarely accepted
 
     @property
     def config(self):

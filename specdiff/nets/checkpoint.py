@@ -68,7 +68,9 @@ def is_own_format(config: dict) -> bool:
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
-    """save_file, whose I/O errors (disk full, file too large) are OSErrors, as Python's own writes'."""
+    """save_file, whose I/O errors (disk full, file too large) are OSErrors, as Python's own writes',
+    and whose file gets an ordinary file's mode (0o666 less the umask): safetensors writes 0o600,
+    which left weights beside 0o644 configs unreadable to other users."""
     try:
         save_file(state, str(path), metadata={"format": "pt"})
     except SafetensorError as e:
@@ -76,18 +78,27 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
         if code is None:
             raise
         raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it: there is no other portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
              parameterization: str, tokenizer=None, dtype: torch.dtype | None = None,
-             defaults: dict | None = None) -> None:
+             defaults: dict | None = None, untrained: bool = False) -> None:
     """Write a drafter in the project's format (tokenizer files and recorded `defaults` too, when
-    given)."""
+    given; `untrained`: random weights, recorded so that a run can say so)."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {"specdiff_format": FORMAT, "format_version": FORMAT_VERSION,
               "backbone": backbone.config.to_dict(), "vocab_size": vocab_size, "mask_id": mask_id,
               "context_length": context_length, "parameterization": parameterization,
-              **({"defaults": check_recorded(defaults)} if defaults else {})}
+              **({"defaults": check_recorded(defaults)} if defaults else {}),
+              **({"untrained": True} if untrained else {})}
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in backbone.state_dict().items()}
     save_tensors(state, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -97,11 +108,14 @@ def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, 
 
 def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
     """-> (backbone with weights, drafting fields of the config, its recorded `defaults` included:
-    {} when it has none)."""
+    {} when it has none, and `untrained`: False unless `drafter init` wrote it)."""
     try:
         dit = DiTConfig(**config["backbone"])
         fields = {k: config[k] for k in ("vocab_size", "mask_id", "context_length", "parameterization")}
         fields["defaults"] = check_recorded(config.get("defaults", {}))
+        fields["untrained"] = config.get("untrained", False)
+        if not isinstance(fields["untrained"], bool):
+            raise ValueError(f"untrained must be true or false, got {fields['untrained']!r}")
     except (KeyError, TypeError, ValueError) as e:
         raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from e
     weights = directory / "model.safetensors"

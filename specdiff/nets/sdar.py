@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
+
+try:  # transformers' configs validate their fields with huggingface_hub's strict dataclasses
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # an older huggingface_hub: configs raise TypeError / ValueError only
+    StrictDataclassError = ValueError  # type: ignore[misc, assignment]
 
 from ..errors import LoadError
 from .checkpoint import read_json, save_tensors
@@ -23,6 +29,8 @@ from .checkpoint import read_json, save_tensors
 MODEL_TYPE = "sdar"
 OWN_FIELDS = ("model_type", "architectures", "auto_map", "block_size", "mask_token_id")
 INDEX = "model.safetensors.index.json"  # sharded weights (SDAR-4B / 8B)
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 def is_sdar(config: dict) -> bool:
@@ -30,12 +38,37 @@ def is_sdar(config: dict) -> bool:
 
 
 def block_fields(config: dict, source: str) -> tuple[int, int]:
-    """-> (block_size, mask_token_id) of an SDAR config, checked."""
+    """-> (block_size, mask_token_id) of an SDAR config, checked as integers (not booleans)."""
     block, mask = config.get("block_size"), config.get("mask_token_id")
-    if not (isinstance(block, int) and block >= 1 and isinstance(mask, int) and mask >= 0):
+    if not (_is_int(block) and block >= 1 and _is_int(mask) and mask >= 0):
         raise LoadError(f"{source}: an SDAR config needs block_size >= 1 and mask_token_id, "
                         f"got {block!r} and {mask!r}")
     return block, mask
+
+
+def check_ranges(qwen: Qwen3Config, block: int, mask: int, source: str) -> None:
+    """The sizes of an SDAR config (given or Qwen3's defaults) each an integer >= 1, the heads
+    grouped evenly, one layer type per layer, the mask an id of the embedding and a block within
+    the position range: else an IndexError, a division by zero or a terabyte allocation later."""
+    for name in SHAPE_FIELDS:
+        value = getattr(qwen, name, None)
+        if not (_is_int(value) and value >= 1):
+            raise LoadError(f"{source}: {name} must be an integer >= 1, got {value!r}")
+    heads, kv_heads = qwen.num_attention_heads, qwen.num_key_value_heads
+    if kv_heads and heads % kv_heads:  # checked >= 1 above
+        raise LoadError(f"{source}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+    layer_types = getattr(qwen, "layer_types", None)
+    if layer_types is not None and len(layer_types) != qwen.num_hidden_layers:
+        raise LoadError(f"{source}: layer_types must list one type per layer ({qwen.num_hidden_layers})")
+    if mask >= qwen.vocab_size:
+        raise LoadError(f"{source}: mask_token_id {mask} is not an id of the embedding (vocab_size {qwen.vocab_size})")
+    if block > qwen.max_position_embeddings:
+        raise LoadError(f"{source}: block_size {block} is longer than max_position_embeddings "
+                        f"{qwen.max_position_embeddings}")
+
+
+def _is_int(x: Any) -> TypeGuard[int]:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def qwen3_config(config: dict) -> Qwen3Config:
@@ -59,8 +92,10 @@ def read_sdar_config(directory: Path) -> tuple[Qwen3Config, int, int]:
     block, mask = block_fields(config, str(directory / "config.json"))
     try:
         qwen = qwen3_config(config)
-    except (TypeError, ValueError) as e:
-        raise LoadError(f"{directory / 'config.json'}: not a Qwen3-shaped SDAR config ({e})") from e
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        reason = " ".join(str(e).split())  # transformers' validation errors span several lines
+        raise LoadError(f"{directory / 'config.json'}: not a Qwen3-shaped SDAR config ({reason})") from e
+    check_ranges(qwen, block, mask, str(directory / "config.json"))
     qwen.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
     return qwen, block, mask
 

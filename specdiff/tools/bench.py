@@ -175,6 +175,7 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
     for name, values in (("gamma", gammas), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
+    check_rules(rules)
     rows = []
     for temperature in temperatures:
         rows.append(Variant("ar", temperature=temperature))
@@ -182,6 +183,10 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
             for k in drafts if "drafts" in _settings(v.method) else (None,):
                 fit = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
+    unused = [r for r in rules if r is not None and r not in {v.acceptance for v in rows}]
+    if unused:
+        raise UsageError(f"acceptance rule '{unused[0]}' fits none of the rows (single-draft rules for one draft, "
+                         "greedy / select / multi for `drafts` > 1, greedy only at `temperature` 0; ar uses none)")
     swept = [replace(v, batch_size=b, runtime=r) for v in rows for b in dict.fromkeys(batch_sizes)
              for r in dict.fromkeys(runtimes)]
     return [v for v in swept if _runs(v)]
@@ -204,6 +209,14 @@ def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
                 fixed = get_schedule(s).fixed_steps
                 for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
                     yield Variant(method, g, t, s)
+
+
+def check_rules(rules) -> None:
+    """Every rule named is a known acceptance rule: an unknown one used to fit no row and be dropped."""
+    known = list(dict.fromkeys([*RULES, *selection.RULES]))
+    for rule in rules:
+        if rule is not None and rule not in known:
+            raise UsageError(f"unknown acceptance rule '{rule}' (choose from {', '.join(known)})")
 
 
 def fits(rule: str, drafts: int, temperature: float | None) -> bool:

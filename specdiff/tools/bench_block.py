@@ -20,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from ..generation import iter_generate, plan
+from ..generation import Plan, iter_generate, plan
+from ..methods import METHODS
 from ..metrics import Metrics
 from .bench import Models, Settings, environment, spread
 
@@ -34,14 +35,22 @@ def _prefix_fraction(reference: list[int], got: list[int]) -> float:
     return n / len(reference) if reference else 1.0
 
 
+def _plan(models: Models, method: str, s: Settings, **draft) -> Plan:
+    """The row's plan, given only the draft settings its method reads (plan() refuses the others:
+    simsd reads none) and `threshold` only for dynamic remasking."""
+    given = {k: v for k, v in draft.items() if k in METHODS[method].settings and v is not None}
+    if given.get("remasking") != "dynamic":
+        given.pop("threshold", None)
+    return plan(target=models.target, drafter=models.drafter if method != "block" else None, method=method,
+                temperature=s.temperature, max_new_tokens=s.max_new_tokens, seed=s.seed, **given)
+
+
 def run_block(models: Models, prompts: list[str], methods, s: Settings, *, steps=(None,), gammas=(None,),
               remasking=None, threshold=None, log: Callable[[str], None] = lambda msg: None) -> dict:
     """Time each method at each step count (module docstring); -> the report."""
     rows = [(m, t, g) for t in steps for m in BLOCK_METHODS if m in methods or m == "block"
             for g in (gammas if m == "simsd-exact" else (None,))]
-    plans = [plan(target=models.target, drafter=models.drafter if m != "block" else None, method=m, steps=t,
-                  gamma=g, remasking=remasking, threshold=threshold, temperature=s.temperature,
-                  max_new_tokens=s.max_new_tokens, seed=s.seed) for m, t, g in rows]
+    plans = [_plan(models, m, s, steps=t, gamma=g, remasking=remasking, threshold=threshold) for m, t, g in rows]
     threads = torch.get_num_threads()
     torch.set_num_threads(s.threads or threads)
     try:

@@ -266,6 +266,9 @@ def _check(cfg: DistillConfig) -> None:
         raise UsageError(f"`prompt_tokens` needs `chat` and must be >= 1, got {cfg.prompt_tokens}")
     if cfg.continuation_tokens < cfg.gamma:
         raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.gamma})")
+    for name in DEFAULT_SHAPE:  # given: used as given (0 once became the default silently)
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
     if cfg.drafter and any(getattr(cfg, k) is not None for k in DEFAULT_SHAPE):
         raise UsageError("`drafter` fixes the architecture: drop `layers` / `dim` / `heads` / `context`")
     out = Path(cfg.out)

@@ -1,6 +1,7 @@
 """A randomly initialised diffusion drafter for a target: its vocabulary is the target
 tokenizer's plus one mask id. Training comes from `specdiff distill`; tests and users need
-drafters before that. It records no draft settings (`defaults`): it was trained for none.
+drafters before that. It records no draft settings (`defaults`): it was trained for none; it
+records `untrained`, so that a run with it warns that it will be no faster (distill drops the mark).
 """
 
 from __future__ import annotations
@@ -42,5 +43,5 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
     backbone = DDiT(cfg).init_random(torch.Generator().manual_seed(seed))
     with new_directory(out) as tmp:
         save_own(tmp, backbone, vocab_size=vocab, mask_id=vocab, context_length=context,
-                 parameterization="subs", tokenizer=tokenizer)
+                 parameterization="subs", tokenizer=tokenizer, untrained=True)
     return out
