@@ -12,21 +12,19 @@ file's metadata), into a directory in the user cache keyed by the file's sha256:
 written beside its final name and renamed into place, so a second run reads safetensors at once
 and an interrupted conversion leaves nothing behind. The dequantized fp32 weights are the target:
 exactness is measured against them. Needs the `gguf` package (an extra: `pip install gguf`).
-Imports: errors, atomic, nets.checkpoint; torch and transformers lazily, at conversion.
+Imports: errors, atomic, artifacts (file hashes), nets.checkpoint; torch and transformers lazily, at conversion.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .artifacts import sha256_file
 from .atomic import new_directory
 from .errors import LoadError
-
-HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -62,18 +60,10 @@ def cache_root() -> Path:
     return Path(base) / "specdiff"
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def gguf_directory(source: GGUFSource) -> Path:
     """The cached Hugging Face directory of `source`, converted now if it is not cached yet."""
     path = source.locate()
-    digest = sha256(path)
+    digest = sha256_file(path)
     if source.sha256 and digest != source.sha256.lower():
         raise LoadError(f"{path}: sha256 {digest[:16]}... is not the {source.sha256[:16]}... models.yaml expects")
     out = cache_root() / "gguf" / digest[:16]

@@ -144,15 +144,15 @@ def test_gguf_in_a_package(llama_gguf, cache, tmp_path, monkeypatch):
     (package / "__init__.py").write_text("raise ImportError('never imported')\n")
     os.symlink(llama_gguf[0], package / "m.gguf")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    digest = specdiff_sha256(llama_gguf[0])
+    digest = sha256(llama_gguf[0])
     registry = load_registry(_registry(tmp_path, gguf="m.gguf", package="gguf_test_pkg", sha256=digest))
     assert load_target("t", registry=registry).vocab_size == 300
 
 
-def specdiff_sha256(path: Path) -> str:
-    from specdiff.gguf import sha256
+def sha256(path: Path) -> str:
+    from specdiff.artifacts import sha256_file
 
-    return sha256(path)
+    return sha256_file(path)
 
 
 def test_missing_package_names_the_install_command(cache, tmp_path):
