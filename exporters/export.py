@@ -61,11 +61,11 @@ def export(out, *, target: str | None = None, drafter: str | None = None, pair: 
 def _names(target, drafter, pair, registry) -> tuple[str | None, str | None]:
     if pair is not None:
         if target or drafter:
-            raise UsageError("give --pair, or --target / --drafter, not both")
+            raise UsageError("give `pair`, or `target` / `drafter`, not both")
         entry = registry.pair(pair)
         return entry.target, entry.drafter
     if not target and not drafter:
-        raise UsageError("nothing to export: name a --target, a --drafter or a --pair")
+        raise UsageError("nothing to export: name a `target`, a `drafter` or a `pair`")
     return target, drafter
 
 
@@ -78,7 +78,7 @@ def _check_options(out: Path, fmt: str, dtype: str, opset: int) -> None:
     top = MAX_OPSET if "tensorrt" in FORMATS[fmt] else 23
     if not MIN_OPSET <= opset <= top:
         why = " (TensorRT imports opsets up to 20)" if top == MAX_OPSET else ""
-        raise UsageError(f"--opset must be in {MIN_OPSET}..{top}{why}, got {opset}")
+        raise UsageError(f"`opset` must be in {MIN_OPSET}..{top}{why}, got {opset}")
 
 
 def _tensorrt(device: str):
@@ -88,7 +88,7 @@ def _tensorrt(device: str):
     trt = require("tensorrt", "tensorrt")
     if not torch.cuda.is_available():
         raise LoadError("TensorRT engines are built on a CUDA GPU and none is visible here "
-                        "(use --format onnx on this machine)")
+                        "(use `fmt` onnx on this machine)")
     index = torch.device(device).index if device.startswith("cuda") else None
     return trt, torch.cuda.get_device_name(index or 0)
 
@@ -97,12 +97,12 @@ def _load(target, drafter, device, dtype, registry):
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
     if d is not None and not isinstance(d, DiffusionDrafter):
-        raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with --target")
+        raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with `target`")
     if t is not None and d is not None:
         check_pair(t, d)
     tokenizer = t.tokenizer if t is not None else d.tokenizer
     if tokenizer is None:
-        raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its --target")
+        raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its `target`")
     return t, d, tokenizer
 
 

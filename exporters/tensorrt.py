@@ -54,7 +54,7 @@ def network_settings(trt, onnx_dtype: str, engine_dtype: str) -> tuple[int, list
         return (0 if strong is None else 1 << int(strong)), []
     if major >= 11:
         raise UsageError(f"TensorRT {major} builds strongly typed networks only: export the ONNX graph "
-                         f"with --dtype {engine_dtype} (it is {onnx_dtype})")
+                         f"with `dtype` {engine_dtype} (it is {onnx_dtype})")
     if onnx_dtype != "fp32" or engine_dtype not in BUILDER_FLAGS:
         raise UsageError(f"cannot build a {engine_dtype} engine from a {onnx_dtype} graph")
     return 0, [getattr(trt.BuilderFlag, BUILDER_FLAGS[engine_dtype])]

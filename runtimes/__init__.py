@@ -46,12 +46,12 @@ def runtime_models(runtime: str, artifacts: str | None, options: dict) -> dict:
 
     if runtime == "torch":
         if artifacts:
-            raise UsageError("--artifacts needs --runtime onnxruntime or tensorrt (torch loads --target/--drafter)")
+            raise UsageError("`artifacts` needs `runtime` onnxruntime or tensorrt (torch loads `target`/`drafter`)")
         return {}
     if not artifacts:
-        raise UsageError(f"--runtime {runtime} needs --artifacts DIR (written by `specdiff export`)")
+        raise UsageError(f"`runtime` {runtime} needs `artifacts` DIR (written by `specdiff export`)")
     art = open_artifacts(artifacts)
     for kind in ("target", "drafter"):
         if art.component(kind) is not None and options.get(kind):
-            raise UsageError(f"--{kind} comes from --artifacts with --runtime {runtime}; drop --{kind}")
+            raise UsageError(f"`{kind}` comes from `artifacts` with `runtime` {runtime}; drop `{kind}`")
     return load_models(runtime, art, options.get("device") or "cpu")

@@ -54,7 +54,7 @@ class OrtRuntime:
             self.session = ort.InferenceSession(str(path), options, providers=providers(ort, self.device))
         except Exception as e:  # onnxruntime raises its own pybind exception types (Fail, NotImplemented, ...)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise LoadError(f"onnxruntime cannot run {path} on {self.device.type}: {first}") from None
+            raise LoadError(f"onnxruntime cannot run {path} on {self.device.type}: {first}") from e
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._where = (self.device.type, self.device.index or 0)
@@ -79,5 +79,5 @@ def open_graph(art, kind: str, device) -> OrtRuntime:
     """The ONNX graph of component `kind` ("target" | "drafter") of an opened export."""
     graph = art.component(kind).get("graph")
     if graph is None:
-        raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with --format tensorrt)")
+        raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with `fmt` tensorrt)")
     return OrtRuntime(art.path(graph), device)

@@ -28,7 +28,7 @@ def check_engine(meta: dict, path: Path, trt_version: str, gpu: str) -> None:
     """Refuse an engine built with another TensorRT version or for another GPU."""
     if meta.get("tensorrt") != trt_version or meta.get("gpu") != gpu:
         raise LoadError(f"{path}: engine built with TensorRT {meta.get('tensorrt')} for {meta.get('gpu')}; "
-                        f"this machine has TensorRT {trt_version} and {gpu}: export again with --format tensorrt here")
+                        f"this machine has TensorRT {trt_version} and {gpu}: export again with `fmt` tensorrt here")
 
 
 def torch_dtypes(trt) -> dict:
@@ -70,7 +70,7 @@ class TrtRuntime:
         for name, t in bound.items():
             if not self.context.set_input_shape(name, tuple(t.shape)):
                 raise UsageError(f"{name} of shape {tuple(t.shape)} is outside the engine's profile "
-                                 f"({self.limits}); export again with larger --max-batch / --max-seq")
+                                 f"({self.limits}); export again with larger `max_batch` / `max_seq`")
             self._bind(name, t)
         out = {n: torch.empty(tuple(self.context.get_tensor_shape(n)), dtype=dtype, device=self.device)
                for n, dtype in self.outputs.items()}
@@ -89,12 +89,12 @@ def open_graph(art, kind: str, device) -> TrtRuntime:
     """The TensorRT engine of component `kind` of an opened export, checked against this machine."""
     device = torch.device(device)
     if device.type != "cuda":
-        raise UsageError("--runtime tensorrt runs on a CUDA GPU: add --device cuda")
+        raise UsageError("`runtime` tensorrt runs on a CUDA GPU: add `device` cuda")
     trt = require("tensorrt", "tensorrt")
     component = art.component(kind)
     engine = component.get("engine")
     if engine is None:
-        raise LoadError(f"{art.root} holds no TensorRT engine for the {kind} (export with --format tensorrt or all)")
+        raise LoadError(f"{art.root} holds no TensorRT engine for the {kind} (export with `fmt` tensorrt or all)")
     path = art.path(engine["file"])
     meta, plan = read_engine(path)
     check_engine(meta, path, trt.__version__, gpu_name(device))

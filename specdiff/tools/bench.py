@@ -223,7 +223,7 @@ def available_methods(models: Models) -> list[str]:
 
 
 def _check_models(models: Models, rows: list[Variant]) -> None:
-    what = {"ar_drafter": "an autoregressive drafter (--ar-drafter)", "drafter": "a diffusion drafter (--drafter)"}
+    what = {"ar_drafter": "an autoregressive drafter (`ar_drafter`)", "drafter": "a diffusion drafter (`drafter`)"}
     for v in rows:
         if v.on_graphs:
             graphs = models.graphs.get(v.runtime, {})

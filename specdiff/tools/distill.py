@@ -238,7 +238,7 @@ def _check(cfg: DistillConfig) -> None:
     for name in ("gamma", "steps_per_draft", "num_prompts", "continuation_tokens", "batch_size",
                  "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
         if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+            raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
     if any(name not in LOSSES for name in cfg.loss.split("+")):
         raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)}, or a sum such as ce+kl)")
     _check_finite(cfg)
