@@ -32,7 +32,7 @@ from .block_decoding import REMASKING, BlockSettings
 from .compiled import compile_models, compile_seconds, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
-from .drafters.diffusion import block_sizes, get_schedule
+from .drafters.diffusion import DiffusionProposer, block_sizes, get_schedule
 from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .methods import DraftSettings, Method, default_method, get_method, is_block_diffusion
@@ -193,7 +193,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     proposer = _proposer(chosen, target, drafter, draft)
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer, draft) if proposer else None
     if proposer and draft.drafts > 1:
-        proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
+        proposer = SelfSelection(cast(DiffusionProposer, proposer),  # only specdiff reads `drafts`
+                                 draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)
     return Plan(target, drafter if chosen.needs else None, chosen, sampling, rule_name, draft,
                 opts["max_new_tokens"], seed, proposer, text_options(target, opts["chat"], system, stop),

@@ -22,6 +22,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .atomic import new_directory
 from .errors import LoadError
@@ -121,5 +122,5 @@ def convert(path: Path, out: Path) -> None:
     config.save_pretrained(str(out))
 
 
-def _tied(config) -> set[str]:
+def _tied(config: Any) -> set[str]:
     return {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

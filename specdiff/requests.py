@@ -15,6 +15,7 @@ import math
 import os
 import sys
 from collections.abc import Iterable
+from typing import Any, TypeGuard
 
 from .errors import InputError, UsageError
 from .names import SCHEDULES
@@ -24,7 +25,7 @@ COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integer
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
 
 
-def check_prompts(prompts) -> list[str]:
+def check_prompts(prompts: object) -> list[str]:
     """A string or an iterable of strings -> the list of prompts, each encodable as UTF-8."""
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -52,12 +53,13 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
-def check_seed(seed) -> None:
+def check_seed(seed: object) -> None:
     if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
 
 
-def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=None) -> None:
+def check_sampling(temperature: object = None, top_k: object = None, top_p: object = None,
+                   repetition_penalty: object = None) -> None:
     """The sampling parameters given (None: the default): types and ranges."""
     if temperature is not None and not (_is_real(temperature) and 0 <= temperature < math.inf):
         raise UsageError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
@@ -69,7 +71,7 @@ def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=
         raise UsageError(f"`repetition_penalty` must be a finite number > 0 (1 = none), got {_short(repetition_penalty)}")
 
 
-def check_counts(values: dict) -> None:
+def check_counts(values: dict[str, Any]) -> None:
     """Each of COUNTS that `values` holds (not None) is an integer >= 1."""
     for key in COUNTS:
         value = values.get(key)
@@ -77,8 +79,9 @@ def check_counts(values: dict) -> None:
             raise UsageError(f"`{key}` must be an integer >= 1, got {_short(value)}")
 
 
-def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
-                  repetition_penalty=None, **options) -> tuple:
+def check_request(target: Any, drafter: Any, *, seed: object, device: object, temperature: object = None,
+                  top_k: object = None, top_p: object = None, repetition_penalty: object = None,
+                  **options: object) -> tuple[Any, Any]:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
     (os.PathLike) turned into the string that names it, anything else as given."""
     check_seed(seed)
@@ -92,7 +95,7 @@ def check_request(target, drafter, *, seed, device, temperature=None, top_k=None
     return _name(target), _name(drafter)
 
 
-def check_recorded(settings) -> dict:
+def check_recorded(settings: object) -> dict[str, Any]:
     """A drafter's recorded draft settings (`defaults` in its config.json or an export manifest):
     an object with some of gamma and steps (integers >= 1) and schedule (a known name). -> a copy;
     ValueError naming the first problem (the reader says in which file)."""
@@ -109,28 +112,28 @@ def check_recorded(settings) -> dict:
     return dict(settings)
 
 
-def _name(model):
+def _name(model: Any) -> Any:
     return os.fspath(model) if isinstance(model, os.PathLike) else model
 
 
-def _is_device(x) -> bool:
+def _is_device(x: object) -> bool:
     torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
     return isinstance(x, str) or (torch is not None and isinstance(x, torch.device))
 
 
-def _is_int(x) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_real(x) -> bool:
+def _is_real(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _kind(x) -> str:
+def _kind(x: object) -> str:
     return "None" if x is None else type(x).__name__
 
 
-def _short(x) -> str:
+def _short(x: object) -> str:
     """repr(x), cut to a readable length (a seed may have thousands of digits)."""
     if _is_int(x) and abs(x) >= 10**30:  # str() of a 5000-digit integer raises ValueError
         return f"an integer of about {int(x.bit_length() * math.log10(2)) + 1} digits"
