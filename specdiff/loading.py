@@ -292,7 +292,7 @@ def _check_causal_lm(source: str) -> None:
         raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from e
 
 
-def check_pair(target: Target, drafter: Any) -> None:
+def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's."""
     if drafter.vocab_size != target.vocab_size:
         raise IncompatibleModelsError(
