@@ -8,9 +8,11 @@ same binding code binds device pointers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from specdiff.artifacts import Artifacts
 from specdiff.errors import LoadError, UsageError
 
 from specdiff.extras import install_hint, require
@@ -21,7 +23,7 @@ ELEMENT_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6
                  torch.bool: 9, torch.float16: 10, torch.bfloat16: 16}
 
 
-def providers(ort, device: torch.device) -> list:
+def providers(ort: Any, device: torch.device) -> list[str | tuple[str, dict[str, int]]]:
     """The provider list for `device`; CUDA needs the onnxruntime-gpu build."""
     if device.type == "cpu":
         return ["CPUExecutionProvider"]
@@ -33,7 +35,8 @@ def providers(ort, device: torch.device) -> list:
     return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
 
 
-def session_options(ort, threads: int):
+def session_options(ort: Any, threads: int) -> Any:
+    """ort.SessionOptions for `threads` intra-op threads, no spinning, every graph optimisation."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -46,7 +49,7 @@ class OrtRuntime:
 
     limits = None  # ONNX Runtime serves any shape the graph allows
 
-    def __init__(self, path: Path, device="cpu", threads: int | None = None):
+    def __init__(self, path: Path, device: torch.device | str = "cpu", threads: int | None = None):
         ort = require("onnxruntime", "onnx")
         self.device = torch.device(device)
         options = session_options(ort, threads or torch.get_num_threads())
@@ -75,9 +78,9 @@ class OrtRuntime:
         return {name: torch.from_dlpack(value) for name, value in zip(self.output_names, binding.get_outputs())}
 
 
-def open_graph(art, kind: str, device) -> OrtRuntime:
+def open_graph(art: Artifacts, kind: str, device: torch.device | str) -> OrtRuntime:
     """The ONNX graph of component `kind` ("target" | "drafter") of an opened export."""
-    graph = art.component(kind).get("graph")
+    graph = art.record(kind).get("graph")
     if graph is None:
         raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with `fmt` tensorrt)")
     return OrtRuntime(art.path(graph), device)

@@ -100,6 +100,10 @@ class Artifacts:
         """The manifest record of "target" or "drafter", None when the export has none."""
         return self.manifest["components"].get(kind)
 
+    def record(self, kind: str) -> dict:
+        """The manifest record of a component the export holds (KeyError if none: see `component`)."""
+        return self.manifest["components"][kind]
+
     def path(self, relative: str) -> Path:
         return self.root / relative
 
