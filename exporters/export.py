@@ -9,21 +9,25 @@ TensorRT engine for --format tensorrt | all): the directory is complete or absen
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from specdiff.extras import require
 from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
-from specdiff.graphs import TOLERANCE, Limits
+from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.loading import check_pair, is_block_checkpoint, load_drafter, load_target
-from specdiff.registry import load_registry
+from specdiff.registry import Registry, load_registry
+from specdiff.targets.block import BlockDiffusionTarget
+from specdiff.targets.causal import CausalLMTarget
 
 from .manifest import source_record, tool_versions
-from .onnx import check_graph, drafter_graph, export_graph, target_graph
+from .onnx import Graph, check_graph, drafter_graph, export_graph, target_graph
 from .tensorrt import MAX_OPSET, build_engines
 from .validate import validate
 
@@ -36,20 +40,21 @@ def log(message: str) -> None:
     print(f"specdiff: {message}", file=sys.stderr)
 
 
-def export(out, *, target: str | None = None, drafter: str | None = None, pair: str | None = None,
+def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: str | None = None, pair: str | None = None,
            fmt: str = "onnx", dtype: str = "fp32", opset: int = 18, max_batch: int = 1,
-           max_seq: int | None = None, device: str = "cpu", registry=None) -> Path:
+           max_seq: int | None = None, device: str = "cpu", registry: Registry | None = None) -> Path:
     """Export the named models (models.yaml names, directories or hub ids) to `out`; -> out."""
     registry = registry or load_registry()
     target, drafter = _names(target, drafter, pair, registry)
     out = Path(out)
     _check_options(out, fmt, dtype, opset)
-    trt, gpu = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else (None, None)
+    engines = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else None  # (tensorrt, GPU name)
     for module in ("onnx", "onnxscript", "onnxruntime"):
         require(module, "onnx")
     with new_directory(out) as tmp:
         manifest = _export_onnx(tmp, target, drafter, dtype, opset, max_batch, max_seq, device, registry)
-        if trt is not None:
+        if engines is not None:
+            trt, gpu = engines
             build_engines(tmp, manifest, trt, gpu)
             manifest["tools"]["tensorrt"] = trt.__version__
         if "onnx" not in FORMATS[fmt]:
@@ -58,14 +63,15 @@ def export(out, *, target: str | None = None, drafter: str | None = None, pair: 
     return out
 
 
-def _names(target, drafter, pair, registry) -> tuple[str | None, str | None]:
+def _names(target: str | None, drafter: str | None, pair: str | None,
+           registry: Registry) -> tuple[str | None, str | None]:
     if pair is not None:
         if target or drafter:
-            raise UsageError("give --pair, or --target / --drafter, not both")
+            raise UsageError("give `pair`, or `target` / `drafter`, not both")
         entry = registry.pair(pair)
         return entry.target, entry.drafter
     if not target and not drafter:
-        raise UsageError("nothing to export: name a --target, a --drafter or a --pair")
+        raise UsageError("nothing to export: name a `target`, a `drafter` or a `pair`")
     return target, drafter
 
 
@@ -78,22 +84,22 @@ def _check_options(out: Path, fmt: str, dtype: str, opset: int) -> None:
     top = MAX_OPSET if "tensorrt" in FORMATS[fmt] else 23
     if not MIN_OPSET <= opset <= top:
         why = " (TensorRT imports opsets up to 20)" if top == MAX_OPSET else ""
-        raise UsageError(f"--opset must be in {MIN_OPSET}..{top}{why}, got {opset}")
+        raise UsageError(f"`opset` must be in {MIN_OPSET}..{top}{why}, got {opset}")
 
 
-def _tensorrt(device: str):
+def _tensorrt(device: str) -> tuple[Any, str]:
     """(tensorrt module, GPU name): engines are built on the GPU they will run on."""
     import torch
 
     trt = require("tensorrt", "tensorrt")
     if not torch.cuda.is_available():
         raise LoadError("TensorRT engines are built on a CUDA GPU and none is visible here "
-                        "(use --format onnx on this machine)")
+                        "(use `fmt` onnx on this machine)")
     index = torch.device(device).index if device.startswith("cuda") else None
     return trt, torch.cuda.get_device_name(index or 0)
 
 
-def _check_causal(target, drafter, registry) -> None:
+def _check_causal(target: str | None, drafter: str | None, registry: Registry) -> None:
     """Graphs are causal LM step functions and masked-diffusion denoisers: a block-diffusion model
     exported as a causal LM ran on ONNX Runtime as one (wrong text, exit 0). Read from config.json,
     before any weights load."""
@@ -101,34 +107,40 @@ def _check_causal(target, drafter, registry) -> None:
         if name and is_block_checkpoint(name, kinds, registry):
             raise UsageError(f"{role} '{name}' is a block-diffusion (SDAR) model: `specdiff export` writes causal LM "
                              "and masked-diffusion graphs only; run it with the torch runtime "
-                             f"(specdiff generate --{role} {name} ...)")
+                             f"(`{role}` '{name}', `runtime` torch)")
 
 
-def _load(target, drafter, device, dtype, registry):
+def _load(target: str | None, drafter: str | None, device: str, dtype: str,
+          registry: Registry) -> tuple[CausalLMTarget | BlockDiffusionTarget | None, DiffusionDrafter | None, Any]:
+    """-> (target, drafter, the tokenizer of the export)."""
     _check_causal(target, drafter, registry)
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
     if d is not None and not isinstance(d, DiffusionDrafter):
-        raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with --target")
+        raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with `target`")
     if t is not None and d is not None:
         check_pair(t, d)
-    tokenizer = t.tokenizer if t is not None else d.tokenizer
+    tokenizer = t.tokenizer if t is not None else d.tokenizer if d is not None else None  # _names: one is given
     if tokenizer is None:
-        raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its --target")
+        raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its `target`")
     return t, d, tokenizer
 
 
-def _export_onnx(tmp: Path, target, drafter, dtype, opset, max_batch, max_seq, device, registry) -> dict:
+def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str, opset: int, max_batch: int,
+                 max_seq: int | None, device: str, registry: Registry) -> dict:
     t, d, tokenizer = _load(target, drafter, device, dtype, registry)
     tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
     context = t.max_length if t is not None else DRAFTER_ONLY_CONTEXT
     limits = Limits.for_context(context, max_batch, max_seq)
     components = {}
+    module: Graph
     if t is not None:
+        assert target is not None  # what t was loaded from
         module, spec, record = target_graph(t)
         components["target"] = _component(tmp, "target", module, spec, record, dtype, opset)
         components["target"]["source"] = source_record(target, ("target",), registry)
     if d is not None:
+        assert drafter is not None  # what d was loaded from
         module, spec, record = drafter_graph(d)
         components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset, d.mask_id)
         components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
@@ -137,7 +149,7 @@ def _export_onnx(tmp: Path, target, drafter, dtype, opset, max_batch, max_seq, d
             "components": components}
 
 
-def _component(tmp: Path, kind: str, module, spec, record: dict, dtype: str, opset: int,
+def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict, dtype: str, opset: int,
                mask_id: int | None = None) -> dict:
     """Export, check against the spec, validate against PyTorch; -> the manifest record."""
     path = tmp / f"{kind}.onnx"

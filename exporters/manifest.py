@@ -9,6 +9,7 @@ from pathlib import Path
 from specdiff.artifacts import file_hashes
 from specdiff.errors import LoadError
 from specdiff.loading import resolve
+from specdiff.registry import Registry
 
 # tool -> distributions that provide it (the first installed one is recorded)
 TOOLS = {"specdiff": ("specdiff",), "torch": ("torch",), "transformers": ("transformers",),
@@ -39,7 +40,7 @@ def _hub_snapshot(hub_id: str) -> Path | None:
         return None
 
 
-def source_record(name: str, kinds: tuple[str, ...], registry) -> dict:
+def source_record(name: str, kinds: tuple[str, ...], registry: Registry) -> dict:
     """{"name", "source" (directory or hub id), "files": {path: sha256}} of a model as loaded."""
     source, entry = resolve(name, kinds, registry)
     directory = Path(source) if Path(source).is_dir() else _hub_snapshot(source)

@@ -15,13 +15,17 @@ import io
 import logging
 import warnings
 from pathlib import Path
+from typing import Any, Iterator, Union
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specdiff.graphs import GraphSpec, axis_sizes, drafter_spec, target_spec
+from specdiff.drafters.diffusion import DiffusionDrafter
+from specdiff.graphs import GraphSpec, TensorSpec, axis_sizes, drafter_spec, target_spec
 from specdiff.hf_cache import returned_cache, with_cache
+from specdiff.targets.block import BlockDiffusionTarget
+from specdiff.targets.causal import CausalLMTarget
 
 ONNX_TYPES = {"fp32": 1, "float32": 1, "fp16": 10, "bf16": 16, "int64": 7}  # TensorProto element types
 TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
@@ -31,7 +35,7 @@ class TargetStep(nn.Module):
     """forward(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past [2L x (B, H, P, D)])
     -> (logits (B, S, V_head), present k0, v0, k1, ... each (B, H, P+S, D))."""
 
-    def __init__(self, model):
+    def __init__(self, model: Any):
         super().__init__()
         self.model = model
 
@@ -41,7 +45,8 @@ class TargetStep(nn.Module):
         names = spec.input_names
         return (values[names[0]], values[names[1]], values[names[2]], [values[n] for n in names[3:]])
 
-    def forward(self, input_ids, attention_mask, position_ids, past):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         cache = DynamicCache()  # full layers: the mask, not the cache, enforces any attention window
         for i in range(0, len(past), 2):
             cache.update(past[i], past[i + 1], i // 2)
@@ -54,7 +59,7 @@ class Denoiser(nn.Module):
     """forward(input_ids (B, L) [, sigma (B,)]) -> (raw logits (B, L, V_drafter),); sigma is an
     input only for a time-conditioned drafter (the others ignore it)."""
 
-    def __init__(self, drafter):
+    def __init__(self, drafter: DiffusionDrafter):
         super().__init__()
         self.drafter = drafter
 
@@ -62,21 +67,24 @@ class Denoiser(nn.Module):
     def pack(spec: GraphSpec, values: dict) -> tuple:
         return tuple(values[n] for n in spec.input_names)
 
-    def forward(self, input_ids, sigma=None):
+    def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor | None = None) -> tuple[torch.Tensor]:
         if sigma is None:
             sigma = torch.zeros(input_ids.shape[0], device=input_ids.device)
         return (self.drafter(input_ids, sigma),)
 
 
+Graph = Union[TargetStep, Denoiser]  # a module to export: forward(*pack(spec, {input name: value}))
+
+
 @torch.no_grad()
-def probe_kv(model) -> tuple[int, int, int]:
+def probe_kv(model: Any) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) read from one real forward pass, whatever the architecture."""
     ids = torch.zeros(1, 2, dtype=torch.long, device=model.device)
     layers = returned_cache(model(input_ids=ids, use_cache=True, **with_cache(model, DynamicCache()))).layers
     return len(layers), layers[0].keys.shape[1], layers[0].keys.shape[3]
 
 
-def target_graph(target) -> tuple[TargetStep, GraphSpec, dict]:
+def target_graph(target: CausalLMTarget | BlockDiffusionTarget) -> tuple[TargetStep, GraphSpec, dict]:
     """A specdiff.contracts.Target -> (module to export, its spec, the manifest `model` record)."""
     model = target.model.eval()
     layers, heads, head_dim = probe_kv(model)
@@ -88,7 +96,7 @@ def target_graph(target) -> tuple[TargetStep, GraphSpec, dict]:
     return TargetStep(model), target_spec(layers, heads, head_dim, head_rows), record
 
 
-def drafter_graph(drafter) -> tuple[Denoiser, GraphSpec, dict]:
+def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict]:
     """A DiffusionDrafter -> (module to export, its spec, the manifest `model` record)."""
     cfg = drafter.config
     record = {"name": drafter.source, "vocab_size": drafter.vocab_size, "mask_id": drafter.mask_id,
@@ -100,7 +108,7 @@ def drafter_graph(drafter) -> tuple[Denoiser, GraphSpec, dict]:
 
 
 @contextlib.contextmanager
-def quiet_exporter():
+def quiet_exporter() -> Iterator[None]:
     """The exporter prints progress on stdout and warns about optional packages it does not need:
     stdout carries results only, so both are dropped (a failure still raises with its detail)."""
     logger = logging.getLogger("torch.onnx")
@@ -115,7 +123,7 @@ def quiet_exporter():
 
 
 @torch.no_grad()
-def export_graph(module: nn.Module, spec: GraphSpec, dtype: str, path: Path, opset: int) -> None:
+def export_graph(module: Graph, spec: GraphSpec, dtype: str, path: Path, opset: int) -> None:
     """Trace `module` on sample inputs of TRACE_SIZES and write path (+ path.data)."""
     device = next(module.parameters()).device
     sample = spec.dummy_inputs(TRACE_SIZES, dtype, torch.Generator().manual_seed(0), device)
@@ -142,7 +150,8 @@ def check_graph(path: Path, spec: GraphSpec, dtype: str) -> list[str]:
     return problems
 
 
-def _check_value(v, t, dtype: str, exact_axes: bool) -> list[str]:
+def _check_value(v: Any, t: TensorSpec, dtype: str, exact_axes: bool) -> list[str]:
+    """The problems of one onnx ValueInfoProto `v` against its spec `t`."""
     elem = ONNX_TYPES[dtype if t.dtype == "model" else t.dtype]
     dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
     problems = [] if v.type.tensor_type.elem_type == elem else [f"{t.name}: element type {v.type.tensor_type.elem_type} != {elem}"]

@@ -16,6 +16,7 @@ Graphs for TensorRT: opset <= 20 and no If / Loop / Scan nodes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from specdiff.graphs import GraphSpec, Limits, spec_from_model
 from specdiff.artifacts import write_engine
@@ -42,7 +43,7 @@ def version_major(version: str) -> int:
     return int(version.split(".")[0])
 
 
-def network_settings(trt, onnx_dtype: str, engine_dtype: str) -> tuple[int, list]:
+def network_settings(trt: Any, onnx_dtype: str, engine_dtype: str) -> tuple[int, list[Any]]:
     """-> (network creation flags, builder flags) for building an `engine_dtype` engine from an
     `onnx_dtype` graph with this TensorRT."""
     major = version_major(trt.__version__)
@@ -54,7 +55,7 @@ def network_settings(trt, onnx_dtype: str, engine_dtype: str) -> tuple[int, list
         return (0 if strong is None else 1 << int(strong)), []
     if major >= 11:
         raise UsageError(f"TensorRT {major} builds strongly typed networks only: export the ONNX graph "
-                         f"with --dtype {engine_dtype} (it is {onnx_dtype})")
+                         f"with `dtype` {engine_dtype} (it is {onnx_dtype})")
     if onnx_dtype != "fp32" or engine_dtype not in BUILDER_FLAGS:
         raise UsageError(f"cannot build a {engine_dtype} engine from a {onnx_dtype} graph")
     return 0, [getattr(trt.BuilderFlag, BUILDER_FLAGS[engine_dtype])]
@@ -70,7 +71,7 @@ def triples_for(kind: str, model: dict, limits: Limits) -> dict[str, dict[str, i
     return limits.target_triples() if kind == "target" else limits.drafter_triples(model["context_length"])
 
 
-def build_engine(trt, onnx_path: Path, spec: GraphSpec, triples: dict, onnx_dtype: str,
+def build_engine(trt: Any, onnx_path: Path, spec: GraphSpec, triples: dict[str, dict[str, int]], onnx_dtype: str,
                  engine_dtype: str) -> bytes:
     """Parse, configure one optimization profile, build; -> the serialized plan."""
     logger = trt.Logger(trt.Logger.WARNING)
@@ -94,7 +95,7 @@ def build_engine(trt, onnx_path: Path, spec: GraphSpec, triples: dict, onnx_dtyp
     return bytes(plan)
 
 
-def build_engines(root: Path, manifest: dict, trt, gpu: str) -> None:
+def build_engines(root: Path, manifest: dict, trt: Any, gpu: str) -> None:
     """An engine beside each component's ONNX graph; records it in the manifest."""
     dtype, limits = manifest["dtype"], Limits(**manifest["limits"])
     for kind, component in manifest["components"].items():

@@ -17,7 +17,10 @@ import torch
 
 from specdiff.graphs import TOLERANCE, GraphSpec, axis_sizes, past_names, present_names
 from runtimes.onnxruntime import OrtRuntime
+from specdiff.contracts import Runtime
 from specdiff.errors import ExportValidationError, LoadError
+
+from .onnx import Graph
 
 
 @dataclass(frozen=True)
@@ -66,18 +69,19 @@ class Comparison:
             self.problems.append(f"{where}: {name} {int(bad.sum())}/{diff.numel()} values off, "
                                  f"max |diff| {worst:.3g}")
 
-    def summary(self, runtime: str, cases) -> dict:
+    def summary(self, runtime: str, cases: tuple[Case, ...]) -> dict:
         return {"runtime": runtime, "cases": [c.name for c in cases], "checks": self.checks,
                 "tolerance": {"atol": self.atol, "rtol": self.rtol},
                 "max_abs_diff": {k: float(f"{v:.3g}") for k, v in self.max_diff.items()},
                 "passed": not self.problems}
 
 
-def _run_target_case(module, spec: GraphSpec, runtime, case: Case, dtype: str, cmp: Comparison) -> None:
+def _run_target_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
+                     cmp: Comparison) -> None:
     layers = (len(spec.inputs) - 3) // 2  # 3 id inputs, then a key and a value per layer
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
-    past = None
+    past: list[torch.Tensor] = []  # the cache: 2L tensors (B, H, P, D)
     for i, n in enumerate(case.steps):
         if n < 0:
             past = [t[:, :, : t.shape[2] + n] for t in past]
@@ -92,7 +96,7 @@ def _run_target_case(module, spec: GraphSpec, runtime, case: Case, dtype: str, c
         past = [ref[name] for name in present_names(layers)]
 
 
-def _run_drafter_case(module, spec: GraphSpec, runtime, case: Case, dtype: str, cmp: Comparison,
+def _run_drafter_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str, cmp: Comparison,
                       mask_id: int) -> None:
     length, masked = case.steps
     device = next(module.parameters()).device
@@ -115,7 +119,7 @@ def _open(path: Path, device: torch.device) -> OrtRuntime:
 
 
 @torch.no_grad()
-def validate(module, spec: GraphSpec, path: Path, dtype: str, mask_id: int | None = None) -> dict:
+def validate(module: Graph, spec: GraphSpec, path: Path, dtype: str, mask_id: int | None = None) -> dict:
     """Run the sweep of spec.kind; -> summary for the manifest. Raises ExportValidationError
     listing every mismatch. bf16 graphs are skipped (summary says why) where onnxruntime cannot
     run them (its CPU provider has no bf16 kernels)."""
@@ -134,6 +138,7 @@ def validate(module, spec: GraphSpec, path: Path, dtype: str, mask_id: int | Non
             _run_target_case(module, spec, runtime, case, dtype, cmp)
     else:
         cases = DRAFTER_SWEEP
+        assert mask_id is not None, "a drafter graph is validated with its mask id"
         for case in cases:
             _run_drafter_case(module, spec, runtime, case, dtype, cmp, mask_id)
     if cmp.problems:

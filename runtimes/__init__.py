@@ -13,17 +13,25 @@ missing one is one error line naming the extra that installs it.
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from specdiff.contracts import Runtime
 from specdiff.errors import UsageError
+
+if TYPE_CHECKING:
+    from specdiff.artifacts import Artifacts
+
+    from .models import GraphDrafter, GraphTarget
 
 RUNTIMES = {"onnxruntime": "runtimes.onnxruntime", "tensorrt": "runtimes.tensorrt"}
 CHOICES = ("torch", *RUNTIMES)
 __all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 
 
-def load_models(runtime: str, artifacts, device: str = "cpu") -> dict:
+def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts,
+                device: str = "cpu") -> dict[str, GraphTarget | GraphDrafter]:
     """{"target": ..., "drafter": ...} for the components an export directory (a path or an
     opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`."""
     from specdiff.artifacts import Artifacts, open_artifacts
@@ -34,24 +42,25 @@ def load_models(runtime: str, artifacts, device: str = "cpu") -> dict:
         raise UsageError(f"unknown runtime '{runtime}' (choose from {', '.join(CHOICES)})")
     backend = import_module(RUNTIMES[runtime])
     art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
-    built = {"target": GraphTarget, "drafter": GraphDrafter}
+    built: dict[str, type[GraphTarget] | type[GraphDrafter]] = {"target": GraphTarget, "drafter": GraphDrafter}
     return {kind: built[kind].from_artifacts(art, backend.open_graph(art, kind, device), device)
             for kind in built if art.component(kind) is not None}
 
 
-def runtime_models(runtime: str, artifacts: str | None, options: dict) -> dict:
+def runtime_models(runtime: str, artifacts: str | None,
+                   options: dict[str, Any]) -> dict[str, GraphTarget | GraphDrafter]:
     """The `generate --runtime/--artifacts` options -> loaded target / drafter to pass to plan()
     in place of names (torch: nothing to load here)."""
     from specdiff.artifacts import open_artifacts
 
     if runtime == "torch":
         if artifacts:
-            raise UsageError("--artifacts needs --runtime onnxruntime or tensorrt (torch loads --target/--drafter)")
+            raise UsageError("`artifacts` needs `runtime` onnxruntime or tensorrt (torch loads `target`/`drafter`)")
         return {}
     if not artifacts:
-        raise UsageError(f"--runtime {runtime} needs --artifacts DIR (written by `specdiff export`)")
+        raise UsageError(f"`runtime` {runtime} needs `artifacts` DIR (written by `specdiff export`)")
     art = open_artifacts(artifacts)
     for kind in ("target", "drafter"):
         if art.component(kind) is not None and options.get(kind):
-            raise UsageError(f"--{kind} comes from --artifacts with --runtime {runtime}; drop --{kind}")
+            raise UsageError(f"`{kind}` comes from `artifacts` with `runtime` {runtime}; drop `{kind}`")
     return load_models(runtime, art, options.get("device") or "cpu")

@@ -13,8 +13,12 @@ drafter does. The graph has no padding mask: rows with the same padding run toge
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from specdiff.artifacts import Artifacts
+from specdiff.contracts import Runtime
 from specdiff.drafters.diffusion import loglinear_sigma, masked_fraction
 from specdiff.nets.parameterization import x0_logits
 from specdiff.targets.rows import RowCache
@@ -25,8 +29,8 @@ from specdiff.graphs import TORCH_DTYPES, past_names, present_names
 class GraphTarget(RowCache):
     """A causal LM step graph as a Target. model: the manifest's `model` record of the target."""
 
-    def __init__(self, runtime, model: dict, tokenizer, device, *, dtype: str,
-                 max_length: int | None = None, max_step: int | None = None, max_rows: int | None = None):
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
+                 dtype: str, max_length: int | None = None, max_step: int | None = None, max_rows: int | None = None):
         super().__init__()
         self.runtime = runtime
         self.tokenizer = tokenizer
@@ -42,8 +46,8 @@ class GraphTarget(RowCache):
         self._past_names, self._present_names = past_names(model["layers"]), present_names(model["layers"])
 
     @classmethod
-    def from_artifacts(cls, art, runtime, device) -> "GraphTarget":
-        model, limits = art.component("target")["model"], runtime.limits
+    def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphTarget":
+        model, limits = art.record("target")["model"], runtime.limits
         max_length = min(model["max_length"], limits.max_seq) if limits else None
         return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"], max_length=max_length,
                    max_step=limits.max_step if limits else None, max_rows=limits.max_batch if limits else None)
@@ -79,7 +83,7 @@ class GraphDrafter:
     """A diffusion denoiser graph with the drafting interface of DiffusionDrafter.
     model: the manifest's `model` record of the drafter."""
 
-    def __init__(self, runtime, model: dict, tokenizer, device):
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str):
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.source = model["name"]
@@ -93,8 +97,8 @@ class GraphDrafter:
         self.device = torch.device(device)
 
     @classmethod
-    def from_artifacts(cls, art, runtime, device) -> "GraphDrafter":
-        return cls(runtime, art.component("drafter")["model"], art.tokenizer, device)
+    def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDrafter":
+        return cls(runtime, art.record("drafter")["model"], art.tokenizer, device)
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
                   pad: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,9 +8,11 @@ same binding code binds device pointers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from specdiff.artifacts import Artifacts
 from specdiff.errors import LoadError, UsageError
 
 from specdiff.extras import install_hint, require
@@ -23,7 +25,7 @@ ELEMENT_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int32: 6
                  torch.bool: 9, torch.float16: 10, torch.bfloat16: 16}
 
 
-def providers(ort, device: torch.device) -> list:
+def providers(ort: Any, device: torch.device) -> list[str | tuple[str, dict[str, int]]]:
     """The provider list for `device`; CUDA needs the onnxruntime-gpu build."""
     if device.type == "cpu":
         return ["CPUExecutionProvider"]
@@ -35,7 +37,8 @@ def providers(ort, device: torch.device) -> list:
     return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
 
 
-def session_options(ort, threads: int):
+def session_options(ort: Any, threads: int) -> Any:
+    """ort.SessionOptions for `threads` intra-op threads, no spinning, every graph optimisation."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -48,7 +51,7 @@ class OrtRuntime:
 
     limits = None  # ONNX Runtime serves any shape the graph allows
 
-    def __init__(self, path: Path, device="cpu", threads: int | None = None):
+    def __init__(self, path: Path, device: torch.device | str = "cpu", threads: int | None = None):
         ort = require("onnxruntime", "onnx")
         self.device = torch.device(device)
         options = session_options(ort, threads or torch.get_num_threads())
@@ -56,7 +59,7 @@ class OrtRuntime:
             self.session = ort.InferenceSession(str(path), options, providers=providers(ort, self.device))
         except Exception as e:  # onnxruntime raises its own pybind exception types (Fail, NotImplemented, ...)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise LoadError(f"onnxruntime cannot run {path} on {self.device.type}: {first}") from None
+            raise LoadError(f"onnxruntime cannot run {path} on {self.device.type}: {first}") from e
         self.path = path
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -99,7 +102,7 @@ def _dtype_name(dtype: str) -> str:
     return "fp32" if dtype == "float32" else dtype
 
 
-def _shown(record) -> str:
+def _shown(record: tuple[str, list[int | None]] | None) -> str:
     if record is None:
         return "absent"
     dtype, dims = record
@@ -110,12 +113,12 @@ def _first_line(e: Exception) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def open_graph(art, kind: str, device) -> OrtRuntime:
+def open_graph(art: Artifacts, kind: str, device: torch.device | str) -> OrtRuntime:
     """The ONNX graph of component `kind` ("target" | "drafter") of an opened export, checked
     against the manifest's IO signature."""
-    graph = art.component(kind).get("graph")
+    graph = art.record(kind).get("graph")
     if graph is None:
-        raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with --format tensorrt)")
+        raise LoadError(f"{art.root} holds no ONNX graph for the {kind} (exported with `fmt` tensorrt)")
     runtime = OrtRuntime(art.path(graph), device)
-    runtime.check_io(art.component(kind)["io"])
+    runtime.check_io(art.record(kind)["io"])
     return runtime

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from specdiff.artifacts import read_engine
+from specdiff.artifacts import Artifacts, read_engine
 from specdiff.errors import LoadError, UsageError
 from specdiff.extras import require
 from specdiff.graphs import Limits, check_step_inputs
@@ -28,10 +29,10 @@ def check_engine(meta: dict, path: Path, trt_version: str, gpu: str) -> None:
     """Refuse an engine built with another TensorRT version or for another GPU."""
     if meta.get("tensorrt") != trt_version or meta.get("gpu") != gpu:
         raise LoadError(f"{path}: engine built with TensorRT {meta.get('tensorrt')} for {meta.get('gpu')}; "
-                        f"this machine has TensorRT {trt_version} and {gpu}: export again with --format tensorrt here")
+                        f"this machine has TensorRT {trt_version} and {gpu}: export again with `fmt` tensorrt here")
 
 
-def torch_dtypes(trt) -> dict:
+def torch_dtypes(trt: Any) -> dict[Any, torch.dtype]:
     """{trt.DataType member: torch dtype} for the members this TensorRT has."""
     return {getattr(trt.DataType, name): dtype for name, dtype in TRT_DTYPES.items() if hasattr(trt.DataType, name)}
 
@@ -39,7 +40,8 @@ def torch_dtypes(trt) -> dict:
 class TrtRuntime:
     """One engine and its execution context. run({name: tensor}) -> {output name: tensor}."""
 
-    def __init__(self, trt, plan: bytes, meta: dict, device, expected: list[str] | None = None):
+    def __init__(self, trt: Any, plan: bytes, meta: dict, device: torch.device | str,
+                 expected: list[str] | None = None):
         self.device = torch.device(device)
         self.limits = Limits(**meta["limits"])
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
@@ -70,7 +72,7 @@ class TrtRuntime:
         for name, t in bound.items():
             if not self.context.set_input_shape(name, tuple(t.shape)):
                 raise UsageError(f"{name} of shape {tuple(t.shape)} is outside the engine's profile "
-                                 f"({self.limits}); export again with larger --max-batch / --max-seq")
+                                 f"({self.limits}); export again with larger `max_batch` / `max_seq`")
             self._bind(name, t)
         out = {n: torch.empty(tuple(self.context.get_tensor_shape(n)), dtype=dtype, device=self.device)
                for n, dtype in self.outputs.items()}
@@ -85,16 +87,16 @@ def gpu_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device)
 
 
-def open_graph(art, kind: str, device) -> TrtRuntime:
+def open_graph(art: Artifacts, kind: str, device: torch.device | str) -> TrtRuntime:
     """The TensorRT engine of component `kind` of an opened export, checked against this machine."""
     device = torch.device(device)
     if device.type != "cuda":
-        raise UsageError("--runtime tensorrt runs on a CUDA GPU: add --device cuda")
+        raise UsageError("`runtime` tensorrt runs on a CUDA GPU: add `device` cuda")
     trt = require("tensorrt", "tensorrt")
-    component = art.component(kind)
+    component = art.record(kind)
     engine = component.get("engine")
     if engine is None:
-        raise LoadError(f"{art.root} holds no TensorRT engine for the {kind} (export with --format tensorrt or all)")
+        raise LoadError(f"{art.root} holds no TensorRT engine for the {kind} (export with `fmt` tensorrt or all)")
     path = art.path(engine["file"])
     meta, plan = read_engine(path)
     check_engine(meta, path, trt.__version__, gpu_name(device))

@@ -19,7 +19,7 @@ _LAZY = {"GenerationResult": ".generation", "generate": ".generation", "stream":
          "load_target": ".loading", "Sampling": ".sampling"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     """Import torch-backed names on first use, so that `import specdiff.errors` (and with it
     `specdiff --help`) stays free of torch and transformers."""
     if name not in _LAZY:

@@ -40,13 +40,15 @@ def _at(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), n]
 
 
-def greedy(draft, q, p, generator=None):
+def greedy(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     target = p.argmax(-1)  # (B, g+1)
     n = leading_true(draft == target[:, :-1])
     return n, _at(target, n)
 
 
-def standard(draft, q, p, generator=None):
+def standard(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     B, g = draft.shape
     p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]  # (B, g)
     q_x = q.gather(-1, draft[..., None])[..., 0]
@@ -59,14 +61,16 @@ def standard(draft, q, p, generator=None):
     return n, sample(residual, generator)
 
 
-def match(draft, q, p, generator=None):
+def match(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     y = sample(p, generator)  # (B, g+1)
     n = leading_true(draft == y[:, :-1])
     return n, _at(y, n)
 
 
-def select(draft, q, p, generator=None):
-    B, g = draft.shape
+def select(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    B, g = draft.shape  # q is not read: the draft's point mass is its q
     p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]  # (B, g)
     n = leading_true(torch.rand(B, g, generator=generator, device=p.device) < p_x)
     p_n = _at(p, n)  # (B, V)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from .errors import LoadError
 from .requests import check_recorded
@@ -83,7 +85,7 @@ def file_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in files}
 
 
-def vocab_sha256(tokenizer) -> str:
+def vocab_sha256(tokenizer: Any) -> str:
     """A hash of the token -> id map (what decides whether two tokenizers are interchangeable)."""
     items = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
     return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode("utf-8")).hexdigest()
@@ -105,11 +107,15 @@ class Artifacts:
         """The manifest record of "target" or "drafter", None when the export has none."""
         return self.manifest["components"].get(kind)
 
+    def record(self, kind: str) -> dict:
+        """The manifest record of a component the export holds (KeyError if none: see `component`)."""
+        return self.manifest["components"][kind]
+
     def path(self, relative: str) -> Path:
         return self.root / relative
 
 
-def open_artifacts(directory) -> Artifacts:
+def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
     """Read and check an export directory: manifest, tokenizer, then every file's sha256."""
     root = Path(directory)
     manifest = read_manifest(root)
@@ -213,7 +219,7 @@ def _check_io(kind: str, component: dict, dtype: str, where: str) -> None:
             raise ValueError(f"{where}.{side}[{first}] is {have}; the model record and dtype make it {want}")
 
 
-def describe(tensor) -> str:
+def describe(tensor: object) -> str:
     """An IO record {name, dims, dtype} (or a bare name) as one would write it: 'logits (batch, seq_len, 320) fp32'."""
     if not isinstance(tensor, dict):
         return repr(tensor)
@@ -221,7 +227,7 @@ def describe(tensor) -> str:
     return f"{tensor.get('name')}{dims}{' ' + str(tensor['dtype']) if 'dtype' in tensor else ''}"
 
 
-def _check(value, schema, where: str) -> None:
+def _check(value: Any, schema: object, where: str) -> None:
     """value against schema (see SCHEMA); ValueError naming the dotted path of the first problem."""
     if isinstance(schema, dict):
         _check(value, dict, where)
@@ -236,23 +242,23 @@ def _check(value, schema, where: str) -> None:
         _check(value, list, where)
         for i, item in enumerate(value):
             _check(item, schema[0], f"{where}[{i}]")
-    elif not isinstance(value, schema) or (isinstance(value, bool) and bool not in _types(schema)):
+    elif not isinstance(value, _types(schema)) or (isinstance(value, bool) and bool not in _types(schema)):
         names = " or ".join(JSON_NAMES[t] for t in _types(schema))
         raise ValueError(f"{where} must be {names}, got {JSON_NAMES.get(type(value), type(value).__name__)}")
 
 
-def _recorded(settings, where: str) -> None:
+def _recorded(settings: object, where: str) -> None:
     try:
         check_recorded(settings)
     except ValueError as e:
         raise ValueError(f"{where}.{e}") from e
 
 
-def _types(schema) -> tuple:
+def _types(schema: object) -> tuple[type, ...]:
     return schema if isinstance(schema, tuple) else (schema,)
 
 
-def _check_tokenizer(root: Path, manifest: dict):
+def _check_tokenizer(root: Path, manifest: dict) -> Any:
     from specdiff.loading import load_tokenizer
 
     record = manifest["tokenizer"]

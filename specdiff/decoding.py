@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Callable, Iterable, Iterator, cast
 
@@ -93,7 +94,7 @@ class _Parts:
     def __init__(self, sync: Callable[[], None]):
         self.sync, self.m = sync, Metrics()
 
-    def timed(self, part: str):
+    def timed(self, part: str) -> AbstractContextManager[None]:
         return self.m.timed(part, self.sync)
 
     def charge(self, rows: list[Row], wall_s: float) -> None:

@@ -35,7 +35,7 @@ from .budget import check_step
 from .compiled import compile_models, compile_seconds, warm_up
 from .contracts import Proposer, Target
 from .decoding import Row
-from .drafters.diffusion import block_sizes, get_schedule
+from .drafters.diffusion import DiffusionProposer, block_sizes, get_schedule
 from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UntrainedDrafterWarning, UsageError
 from .loading import check_pair, load_drafter, load_target
 from .methods import DRAFTER_KINDS, TARGET_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
@@ -205,7 +205,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     proposer = _proposer(chosen, target, drafter, draft)
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer, draft) if proposer else None
     if proposer and draft.drafts > 1:
-        proposer = SelfSelection(proposer, draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
+        proposer = SelfSelection(cast(DiffusionProposer, proposer),  # only specdiff reads `drafts`
+                                 draft.drafts, draft.draft_temperature, iid=rule_name == "multi")
     if chosen.accepts(drafter):
         _warn_untrained(drafter)
     block = _block_settings(settings, sampling, target, drafter if chosen.needs else None)

@@ -21,6 +21,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .artifacts import sha256_file
 from .atomic import new_directory
@@ -111,5 +112,5 @@ def convert(path: Path, out: Path) -> None:
     config.save_pretrained(str(out))
 
 
-def _tied(config) -> set[str]:
+def _tied(config: Any) -> set[str]:
     return {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

@@ -156,9 +156,9 @@ class Limits:
         stays inside the context window; max_seq defaults to the most that allows."""
         max_step = min(max_step, max(context // 2, 1))
         max_seq = max_seq if max_seq is not None else context - max_step + 1
-        for name, value in (("max-batch", max_batch), ("max-seq", max_seq)):
+        for name, value in (("max_batch", max_batch), ("max_seq", max_seq)):
             if value < 1:
-                raise UsageError(f"--{name} must be >= 1, got {value}")
+                raise UsageError(f"`{name}` must be >= 1, got {value}")
         max_step = min(max_step, max_seq)
         if max_seq - 1 + max_step > context:
             raise UsageError(f"`max_seq` {max_seq} leaves no room for a {max_step}-token step in the "

@@ -15,7 +15,7 @@ import re
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
@@ -75,7 +75,7 @@ def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry)
     name = os.fspath(name)
     entry = registry.entries.get(name)
     if entry is not None:
-        if entry.kind not in kinds:
+        if not isinstance(entry, ModelEntry) or entry.kind not in kinds:  # a PairEntry is of kind pair
             raise RegistryError(f"'{name}' is a {entry.kind} in models.yaml, not a {' or '.join(kinds)}")
         if entry.path is not None and not entry.path.is_dir():
             what = "is not a directory" if entry.path.exists() else "does not exist"
@@ -94,7 +94,7 @@ def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry)
     raise RegistryError(f"unknown model '{name}': not in models.yaml ({known}) and not a directory")
 
 
-def _hub_call(what: str, source: str, fn, *args, **kwargs):
+def _hub_call(what: str, source: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a from_pretrained call, turning its many failure types into one LoadError line."""
     if not Path(source).exists():
         check_hub(source)
@@ -130,11 +130,14 @@ def _hub_unreachable(endpoint: str) -> str | None:
     return None
 
 
-def load_tokenizer(source: str):
+def load_tokenizer(source: str) -> Any:
+    """The transformers tokenizer at a directory or hub id (a LoadError line if none loads)."""
     return _hub_call("tokenizer", source, AutoTokenizer.from_pretrained, trust_remote_code=False)
 
 
-def _load_causal_lm(name: str | os.PathLike, kinds, device: str, dtype: str, registry: Registry | None):
+def _load_causal_lm(name: str | os.PathLike, kinds: tuple[str, ...], device: str, dtype: str,
+                    registry: Registry | None) -> tuple[Any, Any, str]:
+    """-> (the transformers model on `device`, its tokenizer, its name)."""
     registry = registry or load_registry()
     source, entry = resolve(name, kinds, registry)
     tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
@@ -283,7 +286,7 @@ def _load_diffusion(source: str, entry: ModelEntry | None, fmt: Format, registry
     return DiffusionDrafter(backbone, tokenizer=tokenizer, source=entry.name if entry else source, **fields)
 
 
-def _drafter_tokenizer(directory: Path, entry: ModelEntry | None, registry: Registry):
+def _drafter_tokenizer(directory: Path, entry: ModelEntry | None, registry: Registry) -> Any:
     """The tokenizer beside the weights, else the entry's `tokenizer:`, else None (the SEDD and
     MDLM repositories carry none; check_pair then compares vocabulary sizes only)."""
     if any((directory / name).is_file() for name in TOKENIZER_FILES):
@@ -299,7 +302,7 @@ def _check_causal_lm(source: str) -> None:
         raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from e
 
 
-def check_pair(target: Target, drafter: Any) -> None:
+def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's."""
     if drafter.vocab_size != target.vocab_size:
         raise IncompatibleModelsError(

@@ -12,6 +12,9 @@ this table; a new method is its own proposer module plus one entry here (and its
     settings   the draft settings it reads (gamma, steps, schedule, drafts, ...): what `specdiff bench` sweeps
     loop       which decoding loop runs it (decoding.decode_ar / decode_speculative;
                block_decoding.decode_block / decode_simsd_exact; simsd.decode_simsd)
+    exact      whether its output is its reference's (the target's greedy tokens, the target's
+               distribution; block's output for block targets): tests/test_methods.py requires an
+               identity test for each exact method; False declares it approximate (simsd)
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Method:
     rules: tuple[str, ...] = ()
     settings: tuple[str, ...] = ()  # the DraftSettings fields it reads (what a bench sweeps)
     target: str = "causal"  # a key of TARGET_KINDS
+    exact: bool = True  # False: approximate, its output is not its reference's
 
     def accepts(self, drafter: Any) -> bool:
         return self.needs is not None and DRAFTER_KINDS[self.needs][1](drafter)
@@ -104,7 +108,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "state copies: block's output", loop=decode_simsd_exact, needs="block-diffusion",
            target="block-diffusion", settings=("gamma", "steps", "remasking", "threshold")),
     Method("simsd", "SimSD's single verify pass (temporal mask, RoPE copies): APPROXIMATE, not block's output",
-           loop=decode_simsd, needs="block-diffusion", target="block-diffusion"),
+           loop=decode_simsd, needs="block-diffusion", target="block-diffusion", exact=False),
 )}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 
 def _grow(xs: list[int], n: int) -> None:
@@ -51,7 +51,7 @@ class Metrics:
         self.histogram[accepted] += 1
 
     @contextmanager
-    def timed(self, part: str, sync=None):
+    def timed(self, part: str, sync: Callable[[], None] | None = None) -> Iterator[None]:
         """Add the time spent in the block to `draft_s` or `verify_s`."""
         start = time.perf_counter()
         yield

@@ -96,10 +96,10 @@ class PairEntry:
 
 @dataclass(frozen=True)
 class Registry:
-    entries: dict
+    entries: dict[str, ModelEntry | PairEntry]
     file: Path
 
-    def get(self, name: str, kind: str | None = None):
+    def get(self, name: str, kind: str | None = None) -> ModelEntry | PairEntry | None:
         entry = self.entries.get(name)
         if entry is None:
             return None
@@ -113,11 +113,11 @@ class Registry:
     def pair(self, name: str) -> PairEntry:
         """The pair called `name`; an unknown name is a usage error listing the known pairs."""
         entry = self.get(name, "pair")
-        if entry is None:
+        if not isinstance(entry, PairEntry):  # None: an entry of kind pair is a PairEntry
             raise UsageError(f"unknown pair '{name}' (known: {', '.join(self.names('pair'))})")
         return entry
 
-    def chosen_pair(self, pair: str | None, target) -> PairEntry | None:
+    def chosen_pair(self, pair: str | None, target: Any) -> PairEntry | None:
         """The pair a request uses: the one named; with neither pair nor target, the default
         (default_pair); else none."""
         if pair is None and target is None:
@@ -148,7 +148,7 @@ class Registry:
                      isinstance(m, ModelEntry) and m.gguf for m in models)
         return [how for module, how in dict(needs).items() if importlib.util.find_spec(module) is None]
 
-    def resolve(self, pair: str | None, target, drafter) -> tuple[Any, Any, dict]:
+    def resolve(self, pair: str | None, target: Any, drafter: Any) -> tuple[Any, Any, dict[str, Any]]:
         """-> (target, drafter, the pair's defaults): a target or drafter given wins over the
         pair's (see chosen_pair)."""
         entry = self.chosen_pair(pair, target)
@@ -165,7 +165,7 @@ class _LineLoader(yaml.SafeLoader):
     """Safe loader that records each mapping's line number under the key '__line__' and refuses
     keys that are not text (`1: x`), so that every key can be named and sorted in a message."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = super().construct_mapping(node, deep=deep)
         for key in mapping:
             if not isinstance(key, str):
@@ -182,7 +182,7 @@ def load_registry(file: str | os.PathLike | None = None) -> Registry:
     unknown = sorted(set(doc) - {"models", "__line__"})
     if unknown:
         raise RegistryError(f"{path}: unknown top-level key(s) {', '.join(map(str, unknown))} (allowed: models)")
-    entries: dict = {}
+    entries: dict[str, ModelEntry | PairEntry] = {}
     for raw in doc["models"]:
         entry = _entry(raw, path)
         if entry.name in entries:
@@ -191,11 +191,11 @@ def load_registry(file: str | os.PathLike | None = None) -> Registry:
     registry = Registry(entries, path)
     for raw in doc["models"]:
         if raw.get("kind") == "pair":
-            _check_pair(registry.entries[raw["name"]], registry, f"{path}:{raw['__line__']}")
+            _check_pair(registry.pair(raw["name"]), registry, f"{path}:{raw['__line__']}")
     return registry
 
 
-def _read_yaml(path: Path):
+def _read_yaml(path: Path) -> Any:
     """The parsed file, or a RegistryError naming it: unreadable, not UTF-8, not YAML."""
     try:
         return yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
@@ -215,7 +215,7 @@ def _read_yaml(path: Path):
         raise RegistryError(f"{path}: nested too deeply to be a model registry") from e
 
 
-def _entry(raw, path: Path):
+def _entry(raw: Any, path: Path) -> ModelEntry | PairEntry:
     if not isinstance(raw, dict):
         raise RegistryError(f"{path}: every item of 'models' must be a mapping, got {raw!r}")
     raw = dict(raw)

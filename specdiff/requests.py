@@ -16,6 +16,7 @@ import math
 import os
 import sys
 from collections.abc import Iterable
+from typing import Any, TypeGuard
 
 from .errors import InputError, UsageError
 from .names import SCHEDULES
@@ -29,7 +30,7 @@ OPTIONS = ("gamma", "steps", "schedule", "drafts", "draft_temperature", "max_new
            "top_p", "repetition_penalty", "batch_size", "remasking", "threshold")
 
 
-def check_prompts(prompts) -> list[str]:
+def check_prompts(prompts: object) -> list[str]:
     """A string or an iterable of strings -> the list of prompts, each encodable as UTF-8."""
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -57,7 +58,7 @@ def check_text(text: str, where: str) -> str:
     return text
 
 
-def check_text_options(system, stop) -> tuple[str | None, tuple[str, ...]]:
+def check_text_options(system: object, stop: object) -> tuple[str | None, tuple[str, ...]]:
     """A system message (None or text) and stop strings (None, one string or an iterable of
     non-empty strings), each encodable as UTF-8: a lone surrogate in one crashed the tokenizer
     (system) or could never match decoded text (stop). -> (system, stop as a tuple)."""
@@ -75,12 +76,13 @@ def check_text_options(system, stop) -> tuple[str | None, tuple[str, ...]]:
     return system, stop
 
 
-def check_seed(seed) -> None:
+def check_seed(seed: object) -> None:
     if not _is_int(seed) or not 0 <= seed <= SEED_MAX:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
 
 
-def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=None) -> None:
+def check_sampling(temperature: object = None, top_k: object = None, top_p: object = None,
+                   repetition_penalty: object = None) -> None:
     """The sampling parameters given (None: the default): types and ranges."""
     if temperature is not None and not (_is_real(temperature) and 0 <= temperature < math.inf):
         raise UsageError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
@@ -94,7 +96,7 @@ def check_sampling(temperature=None, top_k=None, top_p=None, repetition_penalty=
                          f"them penalised logits overflow float32), got {_short(repetition_penalty)}")
 
 
-def check_counts(values: dict) -> None:
+def check_counts(values: dict[str, Any]) -> None:
     """Each of COUNTS that `values` holds (not None) is an integer >= 1."""
     for key in COUNTS:
         value = values.get(key)
@@ -113,7 +115,7 @@ def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
             raise UsageError(f"unknown option `{key}`{hint}")
 
 
-def check_names(**names) -> None:
+def check_names(**names: object) -> None:
     """Settings that name something (method, schedule, acceptance, ...): a string, or None for
     the default. A list or a number is refused here, not met later as a TypeError."""
     for key, value in names.items():
@@ -121,14 +123,14 @@ def check_names(**names) -> None:
             raise UsageError(f"`{key}` must be a name (a string), got {_kind(value)}")
 
 
-def check_flags(**flags) -> None:
+def check_flags(**flags: object) -> None:
     """Switches (chat, truncate_prompt, ...): True, False, or None for the default."""
     for key, value in flags.items():
         if value is not None and not isinstance(value, bool):
             raise UsageError(f"`{key}` must be True or False, got {_short(value)}")
 
 
-def check_model(model, role: str) -> None:
+def check_model(model: object, role: str) -> None:
     """A model as plan() takes it: None, a name or a path, or a loaded object (which plan checks
     once loaded); a number, bytes or a container names nothing."""
     if isinstance(model, (bool, int, float, bytes, list, tuple, dict, set)):
@@ -136,8 +138,9 @@ def check_model(model, role: str) -> None:
                          f"(specdiff.load_{role}), got {_kind(model)}")
 
 
-def check_request(target, drafter, *, seed, device, temperature=None, top_k=None, top_p=None,
-                  repetition_penalty=None, **options) -> tuple:
+def check_request(target: Any, drafter: Any, *, seed: object, device: object, temperature: object = None,
+                  top_k: object = None, top_p: object = None, repetition_penalty: object = None,
+                  **options: object) -> tuple[Any, Any]:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
     (os.PathLike) turned into the string that names it, anything else as given. `options`: some
     of OPTIONS, no other name."""
@@ -156,7 +159,7 @@ def check_request(target, drafter, *, seed, device, temperature=None, top_k=None
     return _name(target), _name(drafter)
 
 
-def check_recorded(settings) -> dict:
+def check_recorded(settings: object) -> dict[str, Any]:
     """A drafter's recorded draft settings (`defaults` in its config.json or an export manifest):
     an object with some of gamma and steps (integers >= 1) and schedule (a known name). -> a copy;
     ValueError naming the first problem (the reader says in which file)."""
@@ -173,28 +176,28 @@ def check_recorded(settings) -> dict:
     return dict(settings)
 
 
-def _name(model):
+def _name(model: Any) -> Any:
     return os.fspath(model) if isinstance(model, os.PathLike) else model
 
 
-def _is_device(x) -> bool:
+def _is_device(x: object) -> bool:
     torch = sys.modules.get("torch")  # a torch.device exists only once torch is imported
     return isinstance(x, str) or (torch is not None and isinstance(x, torch.device))
 
 
-def _is_int(x) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_real(x) -> bool:
+def _is_real(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _kind(x) -> str:
+def _kind(x: object) -> str:
     return "None" if x is None else type(x).__name__
 
 
-def _short(x) -> str:
+def _short(x: object) -> str:
     """repr(x), cut to a readable length (a seed may have thousands of digits)."""
     if _is_int(x) and abs(x) >= 10**30:  # str() of a 5000-digit integer raises ValueError
         return f"an integer of about {int(x.bit_length() * math.log10(2)) + 1} digits"

@@ -41,7 +41,7 @@ class Sampling:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_sampling(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
 
     @property

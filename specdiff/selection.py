@@ -36,6 +36,7 @@ import torch
 
 from . import acceptance
 from .contracts import Draft
+from .drafters.diffusion import DiffusionProposer
 from .errors import UsageError
 from .sampling import Generators, Sampling, sample
 
@@ -49,7 +50,8 @@ class Candidates(Draft):
 class SelfSelection:
     """K candidate drafts from one call of a DiffusionProposer (see the module docstring)."""
 
-    def __init__(self, proposer, drafts: int, draft_temperature: float | None = None, iid: bool = False):
+    def __init__(self, proposer: DiffusionProposer, drafts: int, draft_temperature: float | None = None,
+                 iid: bool = False):
         self.proposer = proposer
         self.drafts = drafts
         self.draft_temperature = draft_temperature
@@ -87,7 +89,8 @@ def _pick(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), k]
 
 
-def greedy(draft, q, p, generator=None):
+def greedy(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, K, g = draft.shape
     target = p.argmax(-1)  # (B, K, g+1)
     n_k = acceptance.leading_true((draft == target[..., :g]).reshape(B * K, g)).reshape(B, K)
@@ -96,7 +99,8 @@ def greedy(draft, q, p, generator=None):
     return n, _pick(target, k)[torch.arange(B, device=p.device), n], k
 
 
-def select(draft, q, p, generator=None):
+def select(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = draft.shape[-1]
     p_x = p[..., :g, :].gather(-1, draft[..., None])[..., 0]  # (B, K, g)
     k = _streak_score(p_x).argmax(-1)  # (B,)
@@ -111,7 +115,8 @@ def _residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, rest / total.clamp_min(torch.finfo(r.dtype).tiny), r)
 
 
-def multi(draft, q, p, generator=None):
+def multi(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, K, g = draft.shape
     rows = torch.arange(B, device=p.device)
     alive = torch.ones(B, K, dtype=torch.bool, device=p.device)  # agree with every accepted token

@@ -47,7 +47,8 @@ def temporal_mask(n_left: int, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([top, rows], 0)
 
 
-def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, generator):
+def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling,
+           generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fill the block's masked slots one per step, most confident first. -> (positions (n,) in
     the block, in position order; their tokens (n,), reveal steps (n,), q (n, V))."""
     state, B = run.block.clone(), run.B

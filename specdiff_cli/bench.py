@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import click
 
@@ -13,6 +15,11 @@ from specdiff import names
 from .flags import to_flags
 from .prompts import read_prompts
 from .threads import default_threads, threads_option
+
+if TYPE_CHECKING:
+    from specdiff.tools.bench import Models, Settings
+
+T = TypeVar("T")
 
 
 def _graphs(runtime: str, artifacts: str, device: str, threads: int) -> dict:
@@ -29,8 +36,9 @@ def _graphs(runtime: str, artifacts: str, device: str, threads: int) -> dict:
         torch.set_num_threads(before)
 
 
-def _list(kind):
-    def parse(ctx, param, value):
+def _list(kind: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, str | None], tuple[T, ...] | None]:
+    """A click callback: 'a,b' -> (kind('a'), kind('b')); None stays None."""
+    def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[T, ...] | None:
         if value is None:
             return None
         try:
@@ -43,7 +51,7 @@ def _list(kind):
     return parse
 
 
-def _report_dir(ctx, param, value):
+def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """Refuse an --out that cannot become a directory before the models load, not after the run."""
     from specdiff.errors import UsageError
     from specdiff.tools.bench_output import check_report_dir
@@ -110,9 +118,14 @@ def _report_dir(ctx, param, value):
 @click.option("--chat/--no-chat", default=None,
               help="Put each prompt through the target's chat template [default: the pair's, else no].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
-def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format, num_prompts, max_new_tokens,
-          repeats, warmup, gammas, steps, schedules, drafts, draft_temperature, rules, temperatures, top_k, top_p,
-          batch_sizes, compiled, artifacts, runtime, seed, out, check, threads, device, dtype, truncate_prompt, chat, no_plots):
+def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter: str | None,
+          methods: tuple[str, ...] | None, prompt_file: str | None, input_format: str, num_prompts: int | None,
+          max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int, ...] | None,
+          steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
+          draft_temperature: float | None, rules: tuple[str, ...] | None, temperatures: tuple[float, ...] | None,
+          top_k: int, top_p: float, batch_sizes: tuple[int, ...] | None, compiled: bool, artifacts: str | None,
+          runtime: str, seed: int, out: str, check: bool, threads: int | None, device: str, dtype: str,
+          truncate_prompt: bool, chat: bool | None, no_plots: bool) -> None:
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
 
@@ -168,7 +181,7 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
                         batch_sizes or (1,), ("torch",) + ("compiled",) * compiled + (runtime,) * bool(artifacts))
     if artifacts:
-        models.graphs[runtime] = _graphs(runtime, artifacts, device, settings.threads)
+        models.graphs[runtime] = _graphs(runtime, artifacts, device, settings.threads or default_threads())
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))
@@ -179,7 +192,9 @@ def bench(pair, target, drafter, ar_drafter, methods, prompt_file, input_format,
         raise click.ClickException(f"greedy outputs differ from ar: {', '.join(report['check']['mismatched'])}")
 
 
-def _bench_block(lib, models, prompts, methods, settings, steps, gammas, pick, out, check) -> None:
+def _bench_block(lib: ModuleType, models: Models, prompts: list[str], methods: Sequence[str] | None,
+                 settings: Settings, steps: Sequence[int | None], gammas: Sequence[int | None], pick: dict[str, Any],
+                 out: str, check: bool) -> None:
     """A block-diffusion target: block, simsd-exact, simsd (specdiff.tools.bench_block); the table,
     DIR/bench.json and a JSON summary line."""
     from specdiff.tools.bench_block import BLOCK_METHODS, format_block_table, run_block
@@ -197,7 +212,7 @@ def _bench_block(lib, models, prompts, methods, settings, steps, gammas, pick, o
         raise click.ClickException(f"greedy outputs differ from block: {', '.join(differ)}")
 
 
-def _can_plot(require_matplotlib) -> bool:
+def _can_plot(require_matplotlib: Callable[[], object]) -> bool:
     """Without matplotlib the plots are skipped with a note: the figures are in bench.json anyway."""
     from specdiff.errors import LoadError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
 import click
 
@@ -13,7 +14,7 @@ class FiniteList(click.ParamType):
 
     name = "LIST"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
         if isinstance(value, tuple):
             return value
         try:
@@ -28,7 +29,7 @@ class FiniteList(click.ParamType):
 class Finite(click.FloatRange):
     """A float option in a range that also refuses nan and inf (nan passes every comparison)."""
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
@@ -83,7 +84,7 @@ class Finite(click.FloatRange):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, help="torch CPU threads.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
-def distill(threads, **options):
+def distill(threads: int | None, **options: Any) -> None:
     """Train a diffusion drafter on a target's own continuations of prompts.
 
     \b

@@ -6,7 +6,7 @@ import click
 
 
 @click.group()
-def drafter():
+def drafter() -> None:
     """Create and convert diffusion drafters."""
 
 
@@ -18,7 +18,7 @@ def drafter():
 @click.option("--heads", default=4, show_default=True, type=int)
 @click.option("--context", default=32, show_default=True, type=int, help="Context tokens the drafter sees (N).")
 @click.option("--seed", default=0, show_default=True, type=int)
-def init(target, out, layers, dim, heads, context, seed):
+def init(target: str, out: str, layers: int, dim: int, heads: int, context: int, seed: int) -> None:
     """A randomly initialised drafter whose vocabulary is the target's plus one mask id."""
     from specdiff.tools.drafter_init import init_drafter
 
@@ -33,7 +33,7 @@ def init(target, out, layers, dim, heads, context, seed):
               help="fp32 is lossless; fp16 halves the size.")
 @click.option("--context", type=int, default=None, metavar="N",
               help="Context tokens the drafter sees (default: the source's; 960 for SEDD/MDLM hub models).")
-def convert(src, out, dtype, context):
+def convert(src: str, out: str, dtype: str, context: int | None) -> None:
     """Convert a diffusion drafter (SEDD hub, MDLM HF or project format) to the project's format.
 
     \b

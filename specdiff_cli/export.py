@@ -20,7 +20,8 @@ import click
               help="Longest sequence, prompt + new tokens (TensorRT profile) [default: the context window "
                    "less one 64-token step].")
 @click.option("--device", default="cpu", show_default=True, help="Where the models run while exporting.")
-def export(target, drafter, pair, fmt, out, dtype, opset, max_batch, max_seq, device):
+def export(target: str | None, drafter: str | None, pair: str | None, fmt: str, out: str, dtype: str, opset: int,
+           max_batch: int, max_seq: int | None, device: str) -> None:
     """Export a target and/or a diffusion drafter to ONNX (and TensorRT), validated against PyTorch.
 
     \b

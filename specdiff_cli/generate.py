@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import click
 
@@ -12,8 +13,14 @@ from specdiff import names
 
 from .output import check_output, check_stdout, open_output
 from .prompts import Layout, read_prompts, unescape
-from .ray_run import WORKER_OPTIONS, check_ray_flags, ray_options, run_on_ray, run_to_dir
+from .prompts import PromptRecord
+from .ray_run import WORKER_OPTIONS, Pool, check_ray_flags, ray_options, run_on_ray, run_to_dir
 from .threads import set_threads, threads_option
+
+if TYPE_CHECKING:
+    from specdiff.generation import Event, Output, Plan
+    from specdiff.metrics import Metrics
+    from specdiff.text import IncrementalText
 
 
 @click.command()
@@ -82,8 +89,9 @@ from .threads import set_threads, threads_option
 @click.option("--stream/--no-stream", default=None,
               help="Print each continuation as it is produced [default: when stdout is a terminal].")
 @ray_options
-def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, echo, output, stats,
-             truncate_prompt, stream, **options):
+def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: str, whole: bool, jsonl: bool,
+             raw: bool, separator: str | None, echo: bool, output: str | None, stats: bool, truncate_prompt: bool,
+             stream: bool | None, **options: Any) -> None:
     """Generate continuations of prompts: exactly the target's own output, faster.
 
     \b
@@ -98,11 +106,12 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     from specdiff.generation import iter_generate, plan
 
     layout = _layout(jsonl, raw, separator, echo)
-    pool, output_dir = [options.pop(name) for name in WORKER_OPTIONS], options.pop("output_dir")
+    pool, output_dir = cast(Pool, tuple(options.pop(name) for name in WORKER_OPTIONS)), options.pop("output_dir")
     check_ray_flags(pool, stream, output_dir, prompt_file, output)
     check_stdout(output or output_dir)
     stream = _check_stream(stream, jsonl, output) and pool[0] is None
     if output_dir:
+        assert prompt_file is not None  # check_ray_flags: --output-dir reads a --prompt-file
         total = run_to_dir(prompt_file, _input_format(whole, input_format), output_dir, layout,
                            _ray_options(options), *pool, options.pop("threads"), truncate_prompt)
         if stats and total is not None:
@@ -127,7 +136,8 @@ def generate(prompts, prompt_file, input_format, whole, jsonl, raw, separator, e
     _stats(stats, p, _write_results(records, outputs, layout, output))
 
 
-def _ray(records, options, pool, threads, truncate_prompt, layout, output, stats) -> None:
+def _ray(records: list[PromptRecord], options: dict[str, Any], pool: Pool, threads: int | None,
+         truncate_prompt: bool, layout: Layout, output: str | None, stats: bool) -> None:
     """--ray: the prompts decoded by a Ray actor pool, written as a local run writes them."""
     result = run_on_ray([r.prompt for r in records], _ray_options(options), *pool, threads, truncate_prompt)
     total = _write_results(records, iter(result.outputs), layout, output)
@@ -135,18 +145,19 @@ def _ray(records, options, pool, threads, truncate_prompt, layout, output, stats
         click.echo(json.dumps({**result.settings, **total.to_dict(), "ray": result.ray}), err=True)
 
 
-def _ray_options(options: dict) -> dict:
+def _ray_options(options: dict[str, Any]) -> dict[str, Any]:
     if options.pop("runtime") != "torch" or options.pop("artifacts"):
         raise click.UsageError("--ray runs the torch runtime (each worker loads --target / --drafter)")
     return options
 
 
-def _write_results(records, outputs, layout: Layout, output):
+def _write_results(records: list[PromptRecord], outputs: Iterator[Output], layout: Layout,
+                   output: str | None) -> Metrics | None:
     """Write each result as it comes, in input order, to -o (whole or nothing) or stdout;
     -> total metrics."""
     writer = open_output(output) if output else None
     write = writer.write if writer else _write
-    total = None
+    total: Metrics | None = None
     try:
         for i, (record, out) in enumerate(zip(records, outputs)):
             write(layout.result(i, record, out.text, out.metrics.to_dict()))
@@ -160,7 +171,7 @@ def _write_results(records, outputs, layout: Layout, output):
     return total
 
 
-def _stats(wanted: bool, p, total) -> None:
+def _stats(wanted: bool, p: Plan, total: Metrics | None) -> None:
     """--stats: the settings that ran and the aggregate metrics, one JSON line on stderr."""
     if wanted and total is not None:
         warmup = {"warmup_s": round(p.warmup_s, 6)} if p.compiled else {}
@@ -182,19 +193,20 @@ def _input_format(whole: bool, input_format: str) -> str:
     return "whole" if whole else input_format
 
 
-def _check_stream(stream, jsonl: bool, output) -> bool:
+def _check_stream(stream: bool | None, jsonl: bool, output: str | None) -> bool:
     if stream and (jsonl or output):
         raise click.UsageError("--stream prints text as it is produced; it does not go with --jsonl or -o")
     return sys.stdout.isatty() and not (jsonl or output) if stream is None else stream
 
 
-def _stream(records, p, truncate_prompt: bool, layout: Layout):
+def _stream(records: list[PromptRecord], p: Plan, truncate_prompt: bool, layout: Layout) -> Metrics | None:
     """Write each continuation's text as its tokens are accepted, laid out as the whole result
     would be, in input order: the earliest unfinished prompt streams, the steps of prompts after
     it (decoded in the same batch) wait and are written when their turn comes; -> total metrics."""
     from specdiff.generation import stream
 
-    writer, waiting = _InOrder(p, records, layout), defaultdict(list)
+    writer = _InOrder(p, records, layout)
+    waiting: defaultdict[int, list[Event]] = defaultdict(list)
     for event in stream([r.prompt for r in records], p, truncate_prompt=truncate_prompt):
         waiting[event.index].append(event)
         while writer.current in waiting and writer.show(waiting.pop(writer.current)):
@@ -206,9 +218,11 @@ def _stream(records, p, truncate_prompt: bool, layout: Layout):
 class _InOrder:
     """Writes the events of prompt `current`, then of the next prompt, and so on."""
 
-    def __init__(self, p, records, layout: Layout):
+    def __init__(self, p: Plan, records: list[PromptRecord], layout: Layout):
         self.p, self.records, self.layout = p, records, layout
-        self.current, self.text, self.total = -1, None, None
+        self.current = -1
+        self.total: Metrics | None = None
+        self.text: IncrementalText  # the current prompt's, set by _next
         self._next()
 
     def _next(self) -> None:
@@ -219,7 +233,7 @@ class _InOrder:
         if self.current < len(self.records):
             _write(self.layout.head(self.current, self.records[self.current]))
 
-    def show(self, events: list) -> bool:
+    def show(self, events: list[Event]) -> bool:
         """Write events of the current prompt; True when they finish it (the next is current)."""
         _write(self.layout.text("".join(self.text.push(e.tokens) for e in events if e.output is None)))
         done = events[-1].output

@@ -14,7 +14,8 @@ import signal
 import sys
 import warnings
 from contextlib import contextmanager
-from typing import Iterator
+from types import FrameType
+from typing import Any, Iterator, NoReturn, Sequence
 
 import click
 
@@ -55,7 +56,7 @@ def _warnings_as_lines() -> Iterator[None]:
     with warnings.catch_warnings():
         shown = warnings.showwarning
 
-        def show(message, category, *args, **kwargs):
+        def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             if not issubclass(category, SpecdiffWarning):
                 return shown(message, category, *args, **kwargs)
             click.echo(f"specdiff: warning: {to_flags(str(message))}".replace("\n", " "), err=True)
@@ -75,7 +76,7 @@ def _quiet_when_run(command: click.Command) -> click.Command:
         run = command.callback
 
         @functools.wraps(run)
-        def quiet_run(*args, **kwargs):
+        def quiet_run(*args: Any, **kwargs: Any) -> Any:
             _quiet_libraries()
             return run(*args, **kwargs)
 
@@ -83,7 +84,7 @@ def _quiet_when_run(command: click.Command) -> click.Command:
     return command
 
 
-def _fail(message: str, code: int):
+def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"specdiff: error: {message}", err=True)
     sys.exit(code)
 
@@ -97,7 +98,7 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the cleanup short
     raise Terminated(signum)
@@ -113,7 +114,7 @@ def _stop_signals_raise() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _end_quietly(ctx):
+def _end_quietly(ctx: click.Context) -> NoReturn:
     """stdout is a closed pipe: exit 0, and let the interpreter's final flush go to /dev/null."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
@@ -124,7 +125,7 @@ class SpecdiffGroup(click.Group):
     """A group whose main() turns every user-facing error into one stderr line; CliRunner calls
     this same main(), so tests see exactly what a shell user sees."""
 
-    def parse_args(self, ctx, args):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """No command: the help, as click >= 8.2 prints it (on stderr, exit 2), not a usage error
         flattened by main() into one line."""
         if not args and not ctx.resilient_parsing:
@@ -132,19 +133,21 @@ class SpecdiffGroup(click.Group):
             ctx.exit(2)
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             with guarded_stdout(), _warnings_as_lines():
                 return super().invoke(ctx)
         except BrokenPipeError:  # click's main() would exit 1 on it
             _end_quietly(ctx)
 
-    def main(self, args=None, prog_name=None, standalone_mode=True, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> NoReturn:
         from specdiff.errors import SpecdiffError
 
         try:
             with _stop_signals_raise():
-                rv = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+                rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                                  **extra)
         except click.ClickException as e:
             _fail(e.format_message().replace("\n", " "), e.exit_code)
         except click.Abort:
@@ -162,7 +165,7 @@ class SpecdiffGroup(click.Group):
 
 @click.group(cls=SpecdiffGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specdiff")  # the code running, not whichever metadata is found first
-def cli():
+def cli() -> None:
     """specdiff: faster LLM generation, token for token the target's own, by speculative
     decoding with discrete-diffusion drafters.
 

@@ -9,13 +9,13 @@ import click
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per entry.")
-def models(as_json):
+def models(as_json: bool) -> None:
     """List the models and pairs of models.yaml."""
-    from specdiff.registry import load_registry
+    from specdiff.registry import PairEntry, load_registry
 
     registry = load_registry()
     for e in registry.entries.values():
-        if e.kind == "pair":
+        if isinstance(e, PairEntry):  # kind pair
             where = f"{e.target} + {e.drafter}" + (f"  {json.dumps(e.defaults)}" if e.defaults else "")
         else:
             where = e.where

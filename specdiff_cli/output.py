@@ -15,15 +15,17 @@ import stat
 import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, TextIO, TypeVar
 
 import click
 
 from specdiff.atomic import create_beside, write_error
 from specdiff.errors import UsageError, WriteError
 
+T = TypeVar("T")
 
-def check_output(ctx, param, value: str | None) -> str | None:
+
+def check_output(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Click callback: refuse an output path that cannot be written, before models load."""
     if value is None:
         return None
@@ -113,7 +115,7 @@ class AtomicWriter:
 class StreamWriter:
     """Text written in place, each piece flushed (a reader sees it at once); nothing to undo."""
 
-    def __init__(self, name: str, file, close: bool = True):
+    def __init__(self, name: str, file: TextIO, close: bool = True):
         self.name, self.file, self.close = name, file, close
 
     def write(self, text: str) -> None:
@@ -138,10 +140,10 @@ class _Stdout:
     """sys.stdout, whose failed writes are WriteErrors naming stdout (a BrokenPipeError stays one);
     `stream` None stands for a closed stdout."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: TextIO | None):
         self.stream = stream
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
     @property
@@ -150,20 +152,20 @@ class _Stdout:
 
     def isatty(self) -> bool:
         """A closed stdout is no terminal (asked before anything is written: --stream's default)."""
-        return not self.closed and self.stream.isatty()
+        return self.stream is not None and not self.stream.closed and self.stream.isatty()
 
-    def write(self, s) -> int:
-        return self._guard(lambda: self.stream.write(s))
+    def write(self, s: str) -> int:
+        return self._guard(lambda stream: stream.write(s))
 
     def flush(self) -> None:
-        if self.stream is not None:  # a closed stdout was never written (write raised): nothing to flush
-            self._guard(self.stream.flush)
+        if self.stream is not None:  # a closed stdout holds nothing to flush (was an AttributeError)
+            self._guard(lambda stream: stream.flush())
 
-    def _guard(self, call):
+    def _guard(self, call: Callable[[TextIO], T]) -> T:
         if self.stream is None:
             raise WriteError("cannot write stdout: it is closed")
         try:
-            return call()
+            return call(self.stream)
         except BrokenPipeError:
             raise
         except OSError as e:

@@ -14,6 +14,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any, NoReturn
 
 from specdiff.errors import InputError, SpecdiffError, UsageError
 from specdiff.requests import check_text
@@ -81,7 +82,7 @@ def parse_line(line: str, fmt: str, where: str) -> PromptRecord | None:
     return parse_jsonl_line(line, where) if fmt == "jsonl" else PromptRecord(line)
 
 
-def _json_line(line: str, where: str):
+def _json_line(line: str, where: str) -> Any:
     """One JSONL line -> its value, which can be written back as JSON: no NaN or Infinity (not
     JSON), no number that overflows to inf or exceeds int()'s digit limit, no lone surrogate
     ("\\ud800"), no nesting deeper than the parser's recursion limit."""
@@ -100,7 +101,7 @@ def _json_line(line: str, where: str):
     return obj
 
 
-def _refuse_constant(name: str):
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
@@ -118,7 +119,8 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin, fmt: str) -> list[PromptRecord]:
+def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin: IO[bytes] | None,
+                 fmt: str) -> list[PromptRecord]:
     """From --prompt (repeatable), --prompt-file PATH, or stdin, a binary stream (also
     --prompt-file -; None when the process has no stdin)."""
     if prompts and prompt_file:

@@ -9,20 +9,27 @@ import os
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import click
 
 from specdiff.errors import InputError, UsageError
 
-from .output import open_output
+from .output import AtomicWriter, StreamWriter, open_output
 from .prompts import Layout, decode_utf8, parse_line
+
+if TYPE_CHECKING:
+    from specdiff.metrics import Metrics
+    from specdiff.ray import RayResult
 
 WORKER_OPTIONS = ("ray", "workers", "cpus_per_worker", "gpus_per_worker")
 DEFAULTS = (None, 2, 1.0, 0.0)
 SHARD = 10_000  # results per --output-dir file
+Pool = tuple[Optional[str], int, float, float]  # the WORKER_OPTIONS' values (--ray None: no Ray)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def ray_options(command):
+def ray_options(command: F) -> F:
     """--ray [ADDRESS], --workers, --cpus-per-worker, --gpus-per-worker."""
     options = [
         click.option("--ray", metavar="ADDRESS", is_flag=False, flag_value="", default=None,
@@ -41,7 +48,8 @@ def ray_options(command):
     return functools.reduce(lambda c, option: option(c), reversed(options), command)
 
 
-def check_ray_flags(pool: list, stream, output_dir, prompt_file, output) -> None:
+def check_ray_flags(pool: Pool, stream: bool | None, output_dir: str | None, prompt_file: str | None,
+                    output: str | None) -> None:
     """The worker flags mean nothing without --ray; --stream needs the local loop; --output-dir
     reads a prompt file (not stdin) and replaces -o."""
     if pool[0] is None:
@@ -54,8 +62,8 @@ def check_ray_flags(pool: list, stream, output_dir, prompt_file, output) -> None
         raise click.UsageError("--output-dir writes the results of a --prompt-file PATH; it replaces -o")
 
 
-def run_on_ray(prompts: list[str], options: dict, address: str, workers: int, cpus: float, gpus: float,
-               threads: int | None, truncate_prompt: bool):
+def run_on_ray(prompts: list[str], options: dict[str, Any], address: str | None, workers: int, cpus: float,
+               gpus: float, threads: int | None, truncate_prompt: bool) -> RayResult:
     """-> specdiff.ray.RayResult, Ray quiet but for its warnings."""
     import specdiff.ray as sray
 
@@ -135,8 +143,8 @@ def read_chunk(chunk: dict, path: str, fmt: str) -> list[dict]:
 
 
 
-def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict, address: str,
-               workers: int, cpus: float, gpus: float, threads: int | None, truncate_prompt: bool):
+def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict[str, Any], address: str | None,
+               workers: int, cpus: float, gpus: float, threads: int | None, truncate_prompt: bool) -> Metrics | None:
     """--output-dir: a prompt file of any size, checked line by line here, read in chunks by Ray,
     decoded by the pool; results come back in input order into out_dir/part-NNNNN.{jsonl,txt} of
     SHARD results each (each file whole or absent). -> total metrics."""
@@ -149,17 +157,20 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict,
     chunks = index_file(path, fmt, sray.TASK_SIZE)
     sray.init(address or None, **_quiet())
     ds = ray.data.from_items([asdict(c) for c in chunks]).flat_map(
-        read_chunk, fn_kwargs={"path": os.path.abspath(path), "fmt": fmt})
+        read_chunk,  # type: ignore[arg-type]  # ray's type of fn leaves out the fn_kwargs it is called with
+        fn_kwargs={"path": os.path.abspath(path), "fmt": fmt})
     done = sray.map_prompts(ds, workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus,
                             threads=threads or max(1, int(cpus)), truncate_prompt=truncate_prompt, **options)
     suffix = "jsonl" if layout.mode == "jsonl" else "txt"
-    total, writer = None, None
+    total: Metrics | None = None
+    writer: AtomicWriter | StreamWriter | None = None
     try:
         for row, out in sray.iter_outputs(done):
             i = int(row["index"])
             if i % SHARD == 0:
                 writer = _next_shard(writer, layout, directory / f"part-{i // SHARD:05d}.{suffix}")
             record = parse_line(row["line"], fmt, path)
+            assert writer is not None and record is not None  # index 0 opened a shard; rows are non-blank lines
             writer.write(layout.result(i % SHARD, record, out.text, out.metrics.to_dict()))
             total = out.metrics if total is None else total.merge(out.metrics)
         _next_shard(writer, layout, None)
@@ -169,7 +180,8 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict,
     return total
 
 
-def _next_shard(writer, layout: Layout, path: Path | None):
+def _next_shard(writer: AtomicWriter | StreamWriter | None, layout: Layout,
+                path: Path | None) -> AtomicWriter | StreamWriter | None:
     """Finish the current shard file (if any) and open the next (path None: none)."""
     if writer:
         writer.write(layout.end())

@@ -10,8 +10,11 @@ On a larger machine the cost of the spare core is small.
 from __future__ import annotations
 
 import os
+from typing import Any, Callable, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def usable_cpus() -> int:
@@ -23,7 +26,8 @@ def default_threads() -> int:
     return max(1, usable_cpus() - 1)
 
 
-def threads_option(command):
+def threads_option(command: F) -> F:
+    """The --threads option, added to a click command function."""
     return click.option(
         "--threads", type=click.IntRange(min=1),
         help=f"torch CPU threads [default: the usable CPUs less one, here {default_threads()}; "

@@ -25,6 +25,8 @@ from tiny import make_tokenizer
 
 MASK = "<|mask|>"
 PROMPTS = ["To be, or not", "The quick brown fox jumps over the lazy dog. A journey"]  # partial / other blocks
+# block equals the no-cache reference written here, simsd-exact equals block (tests/test_methods.py)
+IDENTITY_TESTED = ("block", "simsd-exact")
 
 
 def make_sdar(directory: Path, tokenizer, *, block_size: int = 4, layers: int = 2, dim: int = 32,

@@ -287,3 +287,10 @@ def test_library_errors_name_parameters_not_flags():
         with pytest.raises(UsageError) as info:
             Sampling(**kwargs)
         assert "--" not in str(info.value) and list(kwargs)[0] in str(info.value)
+
+
+def test_the_cli_shows_parameters_as_the_flags_that_set_them():
+    from specdiff_cli.flags import to_flags
+
+    assert to_flags("`max_batch` must be >= 1; export again with `fmt` tensorrt") == \
+        "--max-batch must be >= 1; export again with --format tensorrt"

@@ -68,23 +68,65 @@ def test_the_checker_resolves_relative_imports():
     assert _violates("specdiff.tools.bench", FORBIDDEN[CORE])
 
 
-FLAG = re.compile(r"(?<![\w-])--[a-z]")
+LIBRARY = ("specdiff", "runtimes", "exporters")  # specdiff_cli turns parameters into flags (specdiff_cli/flags.py)
+FLAG = re.compile(r"(?<![\w-])--[a-z{]")
 
 
-def _raises(path: Path):
+def _text(node: ast.Constant | ast.JoinedStr) -> str:
+    """A string literal as written, an f-string's fields as {}: f"--{name}" names a flag too."""
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return node.value
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, kinds) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def string_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string literal but docstrings, an f-string as one literal. Messages are
+    often built before their raise (a table of what each option needs, a `why` clause), so every
+    literal counts, not only those inside a raise."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            skip |= {id(v) for v in ast.walk(node) if v is not node}
+    return [(n.lineno, _text(n)) for n in ast.walk(tree) if id(n) not in skip
+            and (isinstance(n, ast.JoinedStr) or isinstance(n, ast.Constant) and isinstance(n.value, str))]
+
+
+def _raises(path: Path) -> list[ast.Raise]:
     return [n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.Raise)]
+
+
+def _library_files() -> list[Path]:
+    return [p for package in LIBRARY for p in sorted((ROOT / package).rglob("*.py"))]
 
 
 def test_library_errors_name_parameters_and_keep_their_cause():
     """The library speaks in parameters (`truncate_prompt`), which the CLI shows as flags, and a
     library error raised while handling another keeps it as its cause (no `from None`)."""
     flags, dropped = [], []
-    for path in (ROOT / "specdiff").rglob("*.py"):
-        for node in _raises(path):
-            where = f"{path.relative_to(ROOT)}:{node.lineno}"
-            texts = [c.value for c in ast.walk(node.exc) if isinstance(c, ast.Constant)
-                     and isinstance(c.value, str)] if node.exc else []
-            flags += [where for t in texts if FLAG.search(t)]
-            if isinstance(node.cause, ast.Constant) and node.cause.value is None:
-                dropped.append(where)
-    assert not flags and not dropped
+    for path in _library_files():
+        where = path.relative_to(ROOT)
+        flags += [f"{where}:{line}: {text}" for line, text in string_literals(path.read_text(encoding="utf-8"))
+                  if FLAG.search(text)]
+        dropped += [f"{where}:{node.lineno}" for node in _raises(path)
+                    if isinstance(node.cause, ast.Constant) and node.cause.value is None]
+    assert not flags and not dropped, "\n".join(flags + dropped)
+
+
+def test_the_flag_check_sees_fstrings_and_messages_built_before_the_raise():
+    """Negative controls: each of these names a flag, so the test above must see it."""
+    source = ('why = " (use --format onnx)"\n'
+              'raise UsageError(f"--{name} must be >= 1" + why)\n'
+              'raise UsageError(f"--max-batch {n} is too large")\n')
+    texts = [text for _, text in string_literals(source)]
+    assert sorted(t for t in texts if FLAG.search(t)) == [" (use --format onnx)", "--max-batch {} is too large",
+                                                          "--{} must be >= 1"]
+    assert not [t for t in ("`batch_size` must be >= 1", "a well-formed text", "x--y")
+                if FLAG.search(t)]
+    assert {"specdiff", "runtimes", "exporters"} <= {p.relative_to(ROOT).parts[0] for p in _library_files()}

@@ -1,9 +1,12 @@
-"""The method registry: the torch-free names equal the registries, exactness is enforced from the
-proposer's own declaration, and the decoding loops stream every token exactly once."""
+"""The method registry: the torch-free names equal the registries, every method is identity-tested
+or declared approximate, exactness is enforced from the proposer's own declaration, and the
+decoding loops stream every token exactly once."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -24,6 +27,52 @@ def test_torch_free_names_equal_the_registries():
     assert names.RULES == tuple(dict.fromkeys([*acceptance.RULES, *selection.RULES]))
     assert names.SCHEDULES == tuple(SCHEDULES)
     assert (*names.METHODS, *names.PEERS) == tuple(PASSES)
+
+
+def identity_lists(tests: Path = Path(__file__).parent) -> dict[str, tuple[str, ...]]:
+    """{test module: its IDENTITY_TESTED}, the methods whose output its tests hold to a reference
+    (greedy token identity, the target's distribution, block's output)."""
+    lists = {}
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["IDENTITY_TESTED"]:
+                lists[path.name] = ast.literal_eval(node.value)
+    return lists
+
+
+def methods_run_by_tests(path: Path) -> set[str]:
+    """The `method="..."` names the test functions of a module pass."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tests = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    return {k.value.value for t in tests for k in ast.walk(t) if isinstance(k, ast.keyword)
+            and k.arg == "method" and isinstance(k.value, ast.Constant)}
+
+
+def untested(registry: dict[str, methods.Method], lists: dict[str, tuple[str, ...]]) -> set[str]:
+    """Methods that claim exactness and that no identity test names."""
+    named = {m for names_ in lists.values() for m in names_}
+    return {name for name, m in registry.items() if m.exact and name not in named}
+
+
+def test_every_method_is_identity_tested_or_declared_approximate(monkeypatch):
+    lists = identity_lists()
+    assert untested(methods.METHODS, lists) == set()
+    listed = {m for names_ in lists.values() for m in names_}
+    assert {m for m in listed if m not in methods.METHODS or not methods.METHODS[m].exact} == set()
+    assert [m.name for m in methods.METHODS.values() if not m.exact] == ["simsd"]
+    # negative control: a new method that claims exactness, with no test, is caught
+    monkeypatch.setitem(methods.METHODS, "new", replace(methods.METHODS["spec-ar"], name="new"))
+    assert untested(methods.METHODS, lists) == {"new"}
+
+
+def test_identity_lists_name_methods_their_tests_run():
+    """A name in IDENTITY_TESTED is passed as `method=` by a test of that module: the list is not
+    a bare declaration."""
+    lists = identity_lists()
+    assert len(lists) >= 3
+    tests = Path(__file__).parent
+    assert {module: set(names_) - methods_run_by_tests(tests / module) for module, names_ in lists.items()} == \
+        {module: set() for module in lists}
 
 
 class StubProposer(ARProposer):

@@ -219,7 +219,7 @@ def test_network_settings_by_version(version, network_flags, onnx_dtype, engine_
 
 
 @pytest.mark.parametrize("version, onnx_dtype, engine_dtype, error, message", [
-    ("11.1.0", "fp32", "fp16", UsageError, "TensorRT 11 builds strongly typed networks only: export the ONNX graph with --dtype fp16"),
+    ("11.1.0", "fp32", "fp16", UsageError, "TensorRT 11 builds strongly typed networks only: export the ONNX graph with `dtype` fp16"),
     ("10.9.0", "fp16", "bf16", UsageError, "cannot build a bf16 engine from a fp16 graph"),
     ("8.6.1", "fp16", "fp16", LoadError, "TensorRT 8.6.1 is too old"),
 ])

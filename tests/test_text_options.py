@@ -20,6 +20,7 @@ from specdiff.sampling import penalize, seen_tokens
 from specdiff_cli.main import cli
 
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():", "It was the best of times"]
+IDENTITY_TESTED = ("ar",)  # ar, the reference, equals transformers' own greedy generate (tests/test_methods.py)
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 

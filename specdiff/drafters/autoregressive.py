@@ -8,6 +8,8 @@ target's sees only the last (window - gamma) tokens.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -21,7 +23,7 @@ from ..targets.causal import context_window, real_vocab_size
 class ARDrafter(nn.Module):
     """A causal LM used as a drafter. forward(input_ids (B, L)) -> logits (B, L, V_head)."""
 
-    def __init__(self, model, tokenizer, name: str = ""):
+    def __init__(self, model: Any, tokenizer: Any, name: str = ""):
         super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer

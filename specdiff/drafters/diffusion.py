@@ -25,7 +25,7 @@ from torch import nn
 
 from ..contracts import Draft
 from ..errors import UsageError
-from ..nets.dit import DDiT
+from ..nets.dit import DDiT, DiTConfig
 from ..nets.parameterization import x0_logits
 from ..sampling import Generators, Sampling
 
@@ -61,7 +61,7 @@ class DiffusionDrafter(nn.Module):
         self.untrained = untrained  # random weights (`drafter init`): its drafts are rarely accepted
 
     @property
-    def config(self):
+    def config(self) -> DiTConfig:
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
@@ -86,7 +86,7 @@ def masked_fraction(input_ids: torch.Tensor, mask_id: int, pad: torch.Tensor | N
     return (input_ids == mask_id).sum(dim=1) / real
 
 
-def context_window(drafter, gamma: int) -> int:
+def context_window(drafter: DiffusionDrafter, gamma: int) -> int:
     """Context tokens n before gamma draft slots: the drafter's context_length, cut so that
     n + gamma stays within the length it was trained on (when it knows it)."""
     length = getattr(drafter, "length", None)  # exported graphs (runtimes) carry none

@@ -18,6 +18,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -32,7 +33,8 @@ FORMAT_VERSION = 1
 OPTIONAL_KEYS = ("rotary_emb.inv_freq",)  # a buffer the module rebuilds identically
 
 
-def load_state_strict(module: torch.nn.Module, state: dict, source: str, optional=OPTIONAL_KEYS) -> None:
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str,
+                      optional: tuple[str, ...] = OPTIONAL_KEYS) -> None:
     """Load `state` into `module`, or raise one LoadError listing every missing, unexpected or
     mis-shaped tensor."""
     expected = module.state_dict()
@@ -89,7 +91,7 @@ def _umask() -> int:
 
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
-             parameterization: str, tokenizer=None, dtype: torch.dtype | None = None,
+             parameterization: str, tokenizer: Any = None, dtype: torch.dtype | None = None,
              defaults: dict | None = None, untrained: bool = False) -> None:
     """Write a drafter in the project's format (tokenizer files and recorded `defaults` too, when
     given; `untrained`: random weights, recorded so that a run can say so)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,7 @@ class DiTConfig:
     mlp_ratio: int = 4
     time_conditioning: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.hidden_size % self.n_heads or (self.hidden_size // self.n_heads) % 2:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must split into {self.n_heads} heads of even size"
@@ -92,12 +93,14 @@ class Rotary(nn.Module):
     angles p * inv_freq would be off by up to 0.16 rad at p = 1000 (bf16: 0.44 rad). Device moves
     still apply."""
 
+    inv_freq: torch.Tensor  # (head_dim / 2,) fp32, a registered buffer
+
     def __init__(self, head_dim: int):
         super().__init__()
         inv_freq = 1.0 / ROTARY_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=True)
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Rotary:
         inv_freq = self.inv_freq
         super()._apply(fn, recurse)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
@@ -141,7 +144,8 @@ class DDiTBlock(nn.Module):
         )
         self.adaLN_modulation = nn.Linear(cfg.cond_dim, 6 * h)
 
-    def forward(self, x, c, cos, sin, keys=None):
+    def forward(self, x: torch.Tensor, c: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                keys: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, L, h), c (B, cond), cos/sin (L or B, 1, L, head_dim), keys (B, 1, 1, L) bool:
         the positions attention may read (None: all) -> (B, L, h)."""
         B, L, h = x.shape
@@ -164,7 +168,8 @@ class FinalLayer(nn.Module):
         self.linear = nn.Linear(cfg.hidden_size, cfg.vocab_size)
         self.adaLN_modulation = nn.Linear(cfg.cond_dim, 2 * cfg.hidden_size)
 
-    def forward(self, x, c):
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x (B, L, h), c (B, cond) -> logits (B, L, vocab)."""
         shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=2)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 

@@ -75,7 +75,7 @@ def _fields(config: dict, spec: dict[str, type], where: Path) -> dict[str, Any]:
     return found
 
 
-def _backbone(where: Path, **shape) -> DDiT:
+def _backbone(where: Path, **shape: Any) -> DDiT:
     try:
         return DDiT(DiTConfig(**shape))
     except ValueError as e:

@@ -47,7 +47,7 @@ class BlockDiffusionTarget:
 
     kind = "block-diffusion"
 
-    def __init__(self, model, tokenizer, name: str = "", *, block_size: int, mask_id: int):
+    def __init__(self, model: Any, tokenizer: Any, name: str = "", *, block_size: int, mask_id: int):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "block-diffusion model")

@@ -9,6 +9,8 @@ Logits are float32 over the tokenizer's real vocabulary: rows of a padded head (
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -18,7 +20,7 @@ from ..hf_cache import returned_cache, with_cache
 from .rows import RowCache
 
 
-def context_window(config) -> int:
+def context_window(config: Any) -> int:
     for name in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
@@ -26,13 +28,13 @@ def context_window(config) -> int:
     raise IncompatibleModelsError(f"cannot tell the context window of model type '{config.model_type}'")
 
 
-def eos_token_id(tokenizer, config) -> int | None:
+def eos_token_id(tokenizer: Any, config: Any) -> int | None:
     """The tokenizer's EOS id, else the config's; None unless a single id."""
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.eos_token_id
     return eos if isinstance(eos, int) else None
 
 
-def real_vocab_size(tokenizer, model, name: str) -> int:
+def real_vocab_size(tokenizer: Any, model: Any, name: str) -> int:
     """len(tokenizer), checked against the rows of the model's output head."""
     vocab = len(tokenizer)
     head_rows = model.get_output_embeddings().weight.shape[0]
@@ -47,7 +49,7 @@ class HFModel:
     """What a target over a Hugging Face causal LM knows of it: the model, its tokenizer, the real
     vocabulary, the context window and EOS (CausalLMTarget, targets.static.StaticTarget)."""
 
-    def __init__(self, model, tokenizer, name: str = ""):
+    def __init__(self, model: Any, tokenizer: Any, name: str = ""):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "target")
@@ -68,7 +70,7 @@ class HFModel:
 class CausalLMTarget(HFModel, RowCache):
     """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache)."""
 
-    def __init__(self, model, tokenizer, name: str = ""):
+    def __init__(self, model: Any, tokenizer: Any, name: str = ""):
         RowCache.__init__(self)
         HFModel.__init__(self, model, tokenizer, name)
 

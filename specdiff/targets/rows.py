@@ -120,7 +120,8 @@ class RowCache:
     def _track(self) -> None:
         self.kv_peak_bytes = max(self.kv_peak_bytes, sum(t.numel() * t.element_size() for t in self.kv))
 
-    def _unpadded(self, ids: torch.Tensor, kv: list[torch.Tensor], past: int = 0):
+    def _unpadded(self, ids: torch.Tensor, kv: list[torch.Tensor],
+                  past: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward ids (B, S) over kv holding `past` columns of every row, none of them padding."""
         B, S = ids.shape
         mask = torch.ones(B, past + S, dtype=torch.long, device=ids.device)

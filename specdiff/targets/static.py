@@ -23,17 +23,18 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Any, Callable
 
 import torch
 
 from ..errors import IncompatibleModelsError
 from ..hf_cache import returned_cache, with_cache
-from .causal import HFModel
+from .causal import CausalLMTarget, HFModel
 
 STATIC_MODEL_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
 
 
-def check_static(config) -> None:
+def check_static(config: Any) -> None:
     """Refuse a model the static cache cannot run exactly (see the module docstring)."""
     if config.model_type not in STATIC_MODEL_TYPES:
         raise IncompatibleModelsError(f"`compile` runs {', '.join(STATIC_MODEL_TYPES)} targets; "
@@ -52,7 +53,7 @@ class CompiledStep:
     step(shape, *args): the first call of a shape compiles it, and its time goes to `warmup_s`.
     On CUDA the output is copied: a CUDA graph's output is overwritten by its next replay."""
 
-    def __init__(self, fn, device: torch.device, compile: bool = True):
+    def __init__(self, fn: Callable[..., torch.Tensor], device: torch.device, compile: bool = True):
         self.device = device
         self.shapes: set[tuple[int, ...]] = set()  # the shapes it has run
         self.warmup_s = 0.0
@@ -63,7 +64,7 @@ class CompiledStep:
         else:
             self.fn = torch.compile(fn, dynamic=False, options={"cpp_wrapper": True})
 
-    def __call__(self, shape: tuple[int, ...], *args) -> torch.Tensor:
+    def __call__(self, shape: tuple[int, ...], *args: object) -> torch.Tensor:
         if shape in self.shapes:
             out = self.fn(*args)
         else:
@@ -83,7 +84,8 @@ class _Slots:
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], cols: torch.Tensor):
         self.keys, self.values, self.cols = keys, values, cols  # cols (B, W)
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1) beside cols (B, W)
         for buffer, new in ((self.keys[layer_idx], k), (self.values[layer_idx], v)):
             # index_put_, not scatter_: torch.compile writes it in place (a scatter_ on a graph
@@ -95,7 +97,7 @@ class _Slots:
         return 0  # positions are always given
 
 
-def _step(model, vocab: int, max_position: int, ids: torch.Tensor, lengths: torch.Tensor,
+def _step(model: Any, vocab: int, max_position: int, ids: torch.Tensor, lengths: torch.Tensor,
           keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
     """ids (B, W) after each row's lengths (B,) cached tokens -> logits (B, W, V) float32; the
     step's keys and values are written into the buffers (B, H, C, D)."""
@@ -117,7 +119,7 @@ class StaticTarget(HFModel):
 
     max_rows: int | None = None
 
-    def __init__(self, model, tokenizer, name: str = "", compile: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, name: str = "", compile: bool = True):
         check_static(model.config)
         super().__init__(model, tokenizer, name)
         self.lengths = torch.zeros(0, dtype=torch.long)  # (B,) live rows, in slots 0 .. B-1
@@ -129,7 +131,7 @@ class StaticTarget(HFModel):
                                  compile)  # shapes (R, W, C)
 
     @classmethod
-    def of(cls, target, compile: bool = True) -> "StaticTarget":
+    def of(cls, target: CausalLMTarget, compile: bool = True) -> "StaticTarget":
         """The static-cache twin of a CausalLMTarget (same model and tokenizer)."""
         return cls(target.model, target.tokenizer, target.name, compile)
 

@@ -34,10 +34,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import transformers
+from torch import nn
 from transformers.utils import logging as hf_logging
 
 from .callstats import CallLog, mean_seconds, verifications
@@ -69,7 +70,7 @@ class Models:
     ar_drafter: ARDrafter | None = None
     graphs: dict[str, dict] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
 
-    def drafter_module(self, method: str):
+    def drafter_module(self, method: str) -> nn.Module | BlockDiffusionTarget | None:
         """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
         if NEEDS.get(method) == "drafter":
             return self.drafter
@@ -139,8 +140,9 @@ def default_prompts(pair: str | None, target: Any, registry: Registry | None = N
     return entry.prompts if entry is not None and entry.prompts is not None else DEFAULT_PROMPTS
 
 
-def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, methods=(), device="cpu",
-                dtype="auto", registry: Registry | None = None) -> tuple[Models, dict]:
+def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = None, ar_drafter: Any = None,
+                methods: Sequence[str] = (), device: str = "cpu", dtype: str = "auto",
+                registry: Registry | None = None) -> tuple[Models, dict]:
     """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
     `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
     pair's `ar_drafter:` is loaded."""
@@ -160,9 +162,11 @@ def load_models(*, pair=None, target=None, drafter=None, ar_drafter=None, method
     return models, defaults
 
 
-def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEFAULTS["schedule"],),
-             drafts=(None,), rules=(None,), temperatures=(None,), batch_sizes=(1,),
-             runtimes=("torch",)) -> list[Variant]:
+def variants(methods: Sequence[str], gammas: Sequence[int] = (DEFAULTS["gamma"],),
+             steps: Sequence[int | None] = (None,), schedules: Sequence[str] = (DEFAULTS["schedule"],),
+             drafts: Sequence[int | None] = (None,), rules: Sequence[str | None] = (None,),
+             temperatures: Sequence[float | None] = (None,), batch_sizes: Sequence[int] = (1,),
+             runtimes: Sequence[str] = ("torch",)) -> list[Variant]:
     """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
     only that) x drafts; the other drafting methods sweep gamma. Drafting rows sweep the rules
@@ -181,7 +185,7 @@ def variants(methods, gammas=(DEFAULTS["gamma"],), steps=(None,), schedules=(DEF
         rows.append(Variant("ar", temperature=temperature))
         for v in _drafting(methods, gammas, steps, schedules):
             for k in drafts if "drafts" in _settings(v.method) else (None,):
-                fit = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
+                fit: list[str | None] = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
     unused = [r for r in rules if r is not None and r not in {v.acceptance for v in rows}]
     if unused:
@@ -199,7 +203,8 @@ def _runs(v: Variant) -> bool:
     return not v.on_graphs or v.method in ("ar", "specdiff")
 
 
-def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
+def _drafting(methods: Sequence[str], gammas: Sequence[int], steps: Sequence[int | None],
+              schedules: Sequence[str]) -> Iterator[Variant]:
     for method in [m for m in METHODS if m in methods and m != "ar"]:
         for g in gammas:
             if "steps" not in _settings(method):
@@ -211,7 +216,7 @@ def _drafting(methods, gammas, steps, schedules) -> Iterator[Variant]:
                     yield Variant(method, g, t, s)
 
 
-def check_rules(rules) -> None:
+def check_rules(rules: Iterable[str | None]) -> None:
     """Every rule named is a known acceptance rule: an unknown one used to fit no row and be dropped."""
     known = list(dict.fromkeys([*RULES, *selection.RULES]))
     for rule in rules:
@@ -236,7 +241,7 @@ def available_methods(models: Models) -> list[str]:
 
 
 def _check_models(models: Models, rows: list[Variant]) -> None:
-    what = {"ar_drafter": "an autoregressive drafter (--ar-drafter)", "drafter": "a diffusion drafter (--drafter)"}
+    what = {"ar_drafter": "an autoregressive drafter (`ar_drafter`)", "drafter": "a diffusion drafter (`drafter`)"}
     for v in rows:
         if v.on_graphs:
             graphs = models.graphs.get(v.runtime, {})
@@ -250,9 +255,11 @@ def _check_models(models: Models, rows: list[Variant]) -> None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
 
 
-# --- one pass over the prompts, per method: yields (new tokens, decoding seconds) per prompt ---
+# --- one pass over the prompts, per method: yields (new tokens, decoding seconds) per prompt, and the
+# loop's own metrics for specdiff's methods ---
 
-Pass = Callable[[list[str], list[list[int]]], Iterator[tuple[list[int], float]]]
+Pass = Callable[[list[str], list[list[int]]],
+                Iterator[tuple[list[int], float] | tuple[list[int], float, Metrics]]]
 
 
 def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
@@ -267,7 +274,7 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
              top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size,
              compile=v.compiled, chat=s.chat)
 
-    def one_pass(prompts, encoded):
+    def one_pass(prompts: list[str], encoded: list[list[int]]) -> Iterator[tuple[list[int], float, Metrics]]:
         for out in iter_generate(prompts, p, s.truncate_prompt):
             yield out.tokens, out.metrics.wall_s, out.metrics
     one_pass.plan = p  # type: ignore[attr-defined]  # its target holds the KV peak (and warm-up)
@@ -295,7 +302,7 @@ def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict:
 
 
 @contextmanager
-def _hf_settings(models: Models, v: Variant):
+def _hf_settings(models: Models, v: Variant) -> Iterator[None]:
     """Assistant: constant num_assistant_tokens = gamma, no confidence early exit (its generation
     config is where transformers reads these); transformers' warnings off. Restored afterwards."""
     assistant = models.ar_drafter if v.method == "hf-assisted" else None
@@ -317,7 +324,7 @@ def _hf_settings(models: Models, v: Variant):
 def _hf_pass(models: Models, v: Variant, s: Settings) -> Pass:
     t, kwargs = models.target, _hf_kwargs(models, v, s)
 
-    def one_pass(prompts, encoded):
+    def one_pass(prompts: list[str], encoded: list[list[int]]) -> Iterator[tuple[list[int], float]]:
         with _hf_settings(models, v), torch.no_grad():
             for ids in encoded:
                 x = torch.tensor([ids], device=t.device)
@@ -353,7 +360,8 @@ class Repeat:
         return [c for prompt in self.calls for c in prompt.get(role, [])]
 
 
-def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repeat:
+def _timed_pass(models: Models, v: Variant, one_pass: Pass, prompts: list[str],
+                encoded: list[list[int]]) -> Repeat:
     """One pass with every forward call logged where calls can be (Variant.logged; elsewhere the
     loop's own metrics count them)."""
     roles = {"target": models.target.model} if v.logged else {}
@@ -378,8 +386,8 @@ def _timed_pass(models: Models, v: Variant, one_pass, prompts, encoded) -> Repea
     return r
 
 
-def _measure(models: Models, rows: list[Variant], s: Settings, prompts, encoded,
-             log) -> tuple[list[list[Repeat]], list[float | None]]:
+def _measure(models: Models, rows: list[Variant], s: Settings, prompts: list[str], encoded: list[list[int]],
+             log: Callable[[str], None]) -> tuple[list[list[Repeat]], list[float | None]]:
     """Warm-up passes of every variant, then the timed passes round-robin (pass i of every variant,
     then pass i + 1), so that a slow spell of a shared machine hits all methods alike instead of
     all the passes of one. -> per variant, its timed passes and its compile seconds (compiled
@@ -424,7 +432,7 @@ def _median_of(xs: list) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _row(v: Variant, repeats: list[Repeat], encoded) -> dict:
+def _row(v: Variant, repeats: list[Repeat], encoded: list[list[int]]) -> dict:
     """Speeds over all passes; acceptance, counts and time split from the median pass; call costs
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]

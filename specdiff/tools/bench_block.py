@@ -16,11 +16,12 @@ before the first difference. `exact` says whether a method claims block's output
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from ..generation import Plan, iter_generate, plan
+from ..block_decoding import BlockSettings
+from ..generation import Output, Plan, iter_generate, plan
 from ..methods import METHODS
 from ..metrics import Metrics
 from .bench import Models, Settings, environment, spread
@@ -35,7 +36,7 @@ def _prefix_fraction(reference: list[int], got: list[int]) -> float:
     return n / len(reference) if reference else 1.0
 
 
-def _plan(models: Models, method: str, s: Settings, **draft) -> Plan:
+def _plan(models: Models, method: str, s: Settings, **draft: Any) -> Plan:
     """The row's plan, given only the draft settings its method reads (plan() refuses the others:
     simsd reads none) and `threshold` only for dynamic remasking."""
     given = {k: v for k, v in draft.items() if k in METHODS[method].settings and v is not None}
@@ -45,8 +46,10 @@ def _plan(models: Models, method: str, s: Settings, **draft) -> Plan:
                 temperature=s.temperature, max_new_tokens=s.max_new_tokens, seed=s.seed, **given)
 
 
-def run_block(models: Models, prompts: list[str], methods, s: Settings, *, steps=(None,), gammas=(None,),
-              remasking=None, threshold=None, log: Callable[[str], None] = lambda msg: None) -> dict:
+def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Settings, *,
+              steps: Sequence[int | None] = (None,), gammas: Sequence[int | None] = (None,),
+              remasking: str | None = None, threshold: float | None = None,
+              log: Callable[[str], None] = lambda msg: None) -> dict:
     """Time each method at each step count (module docstring); -> the report."""
     rows = [(m, t, g) for t in steps for m in BLOCK_METHODS if m in methods or m == "block"
             for g in (gammas if m == "simsd-exact" else (None,))]
@@ -58,7 +61,7 @@ def run_block(models: Models, prompts: list[str], methods, s: Settings, *, steps
             log(f"bench: warm-up {m} steps={p.block.steps if p.block else t}{f' gamma={g}' if g else ''}")
             for _ in range(s.warmup):
                 list(iter_generate(prompts, p, s.truncate_prompt))
-        passes: list[list[list]] = [[] for _ in rows]
+        passes: list[list[list[Output]]] = [[] for _ in rows]  # per row, per pass, per prompt
         for i in range(s.repeats):
             log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} rows")
             for p, out in zip(plans, passes):
@@ -70,17 +73,20 @@ def run_block(models: Models, prompts: list[str], methods, s: Settings, *, steps
             "environment": env, "rows": _rows(rows, plans, passes)}
 
 
-def _rows(rows, plans, passes) -> list[dict]:
-    reference: dict[int, list] = {p.block.steps: ps for p, ps in zip(plans, passes) if p.method.name == "block"}
+def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
+          passes: list[list[list[Output]]]) -> list[dict]:
+    reference: dict[int, list[list[Output]]] = {_block(p).steps: ps for p, ps in zip(plans, passes)
+                                                if p.method.name == "block"}
     out = []
     for (m, _, g), p, ps in zip(rows, plans, passes):
-        ref = reference[p.block.steps]
+        block = _block(p)
+        ref = reference[block.steps]
         speeds = [_total(o).tokens_per_s for o in ps]
         ratios = [a / _total(r).tokens_per_s for a, r in zip(speeds, ref)]
         total = _total(ps[0])
         agree = [_prefix_fraction(r.tokens, o.tokens) for r, o in zip(ref[0], ps[0])]
-        out.append({"method": m, "steps": p.block.steps, "gamma": g and p.block.gamma,
-                    "remasking": p.block.remasking, "exact": EXACT[m],
+        out.append({"method": m, "steps": block.steps, "gamma": g and block.gamma,
+                    "remasking": block.remasking, "exact": EXACT[m],
                     "tokens_per_s": spread(speeds), "speedup": statistics.median(ratios),
                     "speedup_range": [min(ratios), max(ratios)], "new_tokens": total.new_tokens,
                     "target_calls": total.target_calls, "drafter_calls": total.drafter_calls,
@@ -91,7 +97,13 @@ def _rows(rows, plans, passes) -> list[dict]:
     return out
 
 
-def _total(outputs) -> Metrics:
+def _block(p: Plan) -> BlockSettings:
+    """The block settings of a block-diffusion target's plan (which always has them)."""
+    assert p.block is not None
+    return p.block
+
+
+def _total(outputs: list[Output]) -> Metrics:
     total = Metrics()
     for o in outputs:
         total = total.merge(o.metrics)

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..atomic import new_file, write_error
 from ..errors import LoadError, UsageError
 from ..extras import install_hint
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+Row = dict[str, Any]  # one row of a report (bench.json "rows")
 
 PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
          "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png", "tokens_per_s_vs_batch_size.png")
@@ -19,7 +26,7 @@ PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
 SHORT = {"gamma": "g={}", "steps": "T={}", "batch_size": "b={}"}  # how a swept setting reads in a legend
 
 
-def _f(x, fmt: str) -> str:
+def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
@@ -79,7 +86,7 @@ def write_report(report: dict, out_dir: str | Path, plots: bool = True) -> list[
     return written
 
 
-def require_matplotlib():
+def require_matplotlib() -> type[Figure]:
     """-> matplotlib's Figure class, or a LoadError that says how to get it."""
     try:
         from matplotlib.figure import Figure
@@ -88,7 +95,7 @@ def require_matplotlib():
     return Figure
 
 
-def _speedup(ax, rows):
+def _speedup(ax: Axes, rows: list[Row]) -> bool:
     labels = [r["label"] for r in rows][::-1]
     rows = rows[::-1]
     med = [r["speedup"] for r in rows]
@@ -102,19 +109,21 @@ def _speedup(ax, rows):
     ax.set_xlabel("speed-up over ar (tokens/s ratio)")
     ax.set_title("Speed-up per method")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8)
+    return True
 
 
-def _ticks_integer(ax):
+def _ticks_integer(ax: Axes) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _drafting(rows):
+def _drafting(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r["per_position_acceptance"]]
 
 
-def _lengths(ax, rows):
+def _lengths(ax: Axes, rows: list[Row]) -> bool:
+    """True once drawn; False: no row drafts, nothing to plot (the other plots alike)."""
     rows = _drafting(rows)
     if not rows:
         return False
@@ -126,9 +135,10 @@ def _lengths(ax, rows):
     ax.set_ylabel("fraction of verifications")
     ax.set_title("Accepted-length histogram")
     ax.legend(fontsize=8)
+    return True
 
 
-def _positions(ax, rows):
+def _positions(ax: Axes, rows: list[Row]) -> bool:
     rows = _drafting(rows)
     if not rows:
         return False
@@ -141,14 +151,16 @@ def _positions(ax, rows):
     ax.set_ylim(0, 1.02)
     ax.set_title("Per-position acceptance")
     ax.legend(fontsize=8)
+    return True
 
 
-def _series(ax, rows, x_key: str, group_keys: tuple[str, ...], xlabel: str, title: str):
+def _series(ax: Axes, rows: list[Row], x_key: str, group_keys: tuple[str, ...], xlabel: str,
+            title: str) -> bool:
     """Median tokens/s (min-max bars) against x_key, one line per group; ar as a dashed line."""
     swept = [r for r in rows if r[x_key] is not None]
     if len({r[x_key] for r in swept}) < 2:
         return False
-    groups: dict = {}
+    groups: dict[tuple, list[Row]] = {}
     for r in swept:
         groups.setdefault(tuple(r[k] for k in group_keys), []).append(r)
     for key, members in groups.items():
@@ -164,22 +176,23 @@ def _series(ax, rows, x_key: str, group_keys: tuple[str, ...], xlabel: str, titl
     ax.set_ylabel("tokens/s (median, min-max)")
     ax.set_title(title)
     ax.legend(fontsize=8)
+    return True
 
 
-def _batch_1(rows):
+def _batch_1(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.get("batch_size", 1) == 1]
 
 
-def _vs_gamma(ax, rows):
+def _vs_gamma(ax: Axes, rows: list[Row]) -> bool:
     return _series(ax, _batch_1(rows), "gamma", ("method", "steps", "schedule"),
                    "gamma (draft length)", "Tokens/s against gamma")
 
 
-def _vs_steps(ax, rows):
+def _vs_steps(ax: Axes, rows: list[Row]) -> bool:
     return _series(ax, _batch_1(rows), "steps", ("gamma", "schedule"),
                    "T (denoising steps per draft)", "Tokens/s against T")
 
 
-def _vs_batch_size(ax, rows):
+def _vs_batch_size(ax: Axes, rows: list[Row]) -> bool:
     return _series(ax, rows, "batch_size", ("method", "gamma", "steps", "schedule"), "prompts per forward pass",
                    "Tokens/s (all rows) against batch size")

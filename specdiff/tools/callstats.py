@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -54,13 +55,14 @@ class CallLog:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _pre(self, role, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
+    def _pre(self, role: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = cast(torch.Tensor, kwargs.get("input_ids", args[0] if args else None))  # (B, S): always given
         cache = passed_cache(kwargs)
         cached = None if cache is None else int(cache.get_seq_length())
         self._open[role] = (int(ids.shape[1]), cached, self._now())
 
-    def _post(self, role, module, args, kwargs, output):
+    def _post(self, role: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: object) -> None:
         fed, cached, start = self._open.pop(role)
         self.calls[role].append(Call(fed, cached, self._now() - start))
 
@@ -78,7 +80,7 @@ class CallLog:
     def __enter__(self) -> "CallLog":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -53,7 +53,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from functools import partial
 from typing import Callable
@@ -63,8 +63,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..atomic import check_new_directory, new_directory, new_file
-from .distill_data import (Batch, DataSpec, Pattern, Sequences, build_sequences, make_batch, read_tokens,
-                           split_limits)
+from .distill_data import (Batch, DataSpec, Pattern, Sequences, Teacher, build_sequences, make_batch,
+                           read_tokens, split_limits)
 from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
 from ..errors import DivergedError, UsageError
 from ..loading import check_pair, load_diffusion_drafter, load_target
@@ -251,7 +251,7 @@ def _check(cfg: DistillConfig) -> None:
     for name in ("gamma", "steps_per_draft", "num_prompts", "continuation_tokens", "batch_size",
                  "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
         if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+            raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
     if any(name not in LOSSES for name in cfg.loss.split("+")):
         raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)}, or a sum such as ce+kl)")
     _check_finite(cfg)
@@ -286,7 +286,7 @@ def _check_teacher(cfg: DistillConfig) -> None:
         raise UsageError(f"`teacher_top_p` must lie in (0, 1], got {', '.join(map(str, top_ps))}")
 
 
-def _mask_id(tokenizer, mask_token: str | None) -> int:
+def _mask_id(tokenizer: Any, mask_token: str | None) -> int:
     if mask_token is None:
         return len(tokenizer)
     vocab = tokenizer.get_vocab()
@@ -295,7 +295,7 @@ def _mask_id(tokenizer, mask_token: str | None) -> int:
     return vocab[mask_token]
 
 
-def _new_drafter(cfg: DistillConfig, tokenizer) -> DiffusionDrafter:
+def _new_drafter(cfg: DistillConfig, tokenizer: Any) -> DiffusionDrafter:
     shape = {k: getattr(cfg, k) or v for k, v in DEFAULT_SHAPE.items()}
     if min(shape.values()) < 1:
         raise UsageError(f"`layers`, `dim`, `heads` and `context` must be >= 1, got {shape}")
@@ -310,7 +310,7 @@ def _new_drafter(cfg: DistillConfig, tokenizer) -> DiffusionDrafter:
                             parameterization="subs", tokenizer=tokenizer, source=cfg.out)
 
 
-def _initial_drafter(cfg: DistillConfig, target) -> DiffusionDrafter:
+def _initial_drafter(cfg: DistillConfig, target: Teacher) -> DiffusionDrafter:
     if cfg.drafter is None:
         return _new_drafter(cfg, target.tokenizer)
     drafter = load_diffusion_drafter(cfg.drafter)
@@ -365,7 +365,7 @@ def _latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _save_checkpoint(root: Path, drafter: DiffusionDrafter, opt, state: TrainState) -> None:
+def _save_checkpoint(root: Path, drafter: DiffusionDrafter, opt: torch.optim.Optimizer, state: TrainState) -> None:
     path = root / f"step-{state.step:07d}"
     if path.exists():
         return
@@ -377,7 +377,7 @@ def _save_checkpoint(root: Path, drafter: DiffusionDrafter, opt, state: TrainSta
         shutil.rmtree(old)
 
 
-def _load_checkpoint(path: Path, target) -> tuple[DiffusionDrafter, dict, TrainState]:
+def _load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict, TrainState]:
     backbone, fields = load_own(path, read_json(path / "config.json"))
     drafter = DiffusionDrafter(backbone, tokenizer=target.tokenizer, source=str(path), **fields)
     check_pair(target, drafter)
@@ -385,7 +385,7 @@ def _load_checkpoint(path: Path, target) -> tuple[DiffusionDrafter, dict, TrainS
     return drafter, saved.pop("optimizer"), TrainState(**saved)
 
 
-def _save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer) -> None:
+def _save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer: Any) -> None:
     save_own(directory, drafter.backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
              context_length=drafter.context_length, parameterization=drafter.parameterization,
              tokenizer=tokenizer, defaults=drafter.defaults)
@@ -397,7 +397,7 @@ def trained_for(cfg: DistillConfig) -> dict:
     return {"gamma": cfg.gamma, "steps": cfg.steps_per_draft, "schedule": "l2r"}
 
 
-def _publish(out: Path, drafter: DiffusionDrafter, tokenizer) -> None:
+def _publish(out: Path, drafter: DiffusionDrafter, tokenizer: Any) -> None:
     """Write the drafter's files into `out`, config.json last (a drafter once it exists)."""
     (out / "config.json").unlink(missing_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=out))
@@ -418,7 +418,7 @@ def validation_loss(drafter: DiffusionDrafter, batches: list[Batch], cfg: Distil
     return round(sum(values) / len(values), 5)
 
 
-def _step(drafter: DiffusionDrafter, opt, batch: Batch, lr: float, cfg: DistillConfig) -> float:
+def _step(drafter: DiffusionDrafter, opt: torch.optim.Optimizer, batch: Batch, lr: float, cfg: DistillConfig) -> float:
     """One optimizer step -> the batch's loss."""
     for group in opt.param_groups:
         group["lr"] = lr
@@ -430,7 +430,8 @@ def _step(drafter: DiffusionDrafter, opt, batch: Batch, lr: float, cfg: DistillC
     return loss.item()
 
 
-def _train(drafter, opt, state: TrainState, cfg: DistillConfig, data: Data, progress: bool) -> None:
+def _train(drafter: DiffusionDrafter, opt: torch.optim.Optimizer, state: TrainState, cfg: DistillConfig, data: Data,
+           progress: bool) -> None:
     """Steps until max_steps or the time budget; validation and checkpoints on the way."""
     generator = torch.Generator().manual_seed(cfg.seed)
     if state.rng is not None:
@@ -476,7 +477,7 @@ class Data:
     limits: torch.Tensor | None  # (M,) per-row split limits (chat: nothing past the answer's end)
 
 
-def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bool) -> Data:
+def _prepare(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, progress: bool) -> Data:
     """Sequences, raw text, the drafting pattern and the fixed validation batches."""
     N, L = drafter.context_length, cfg.continuation_tokens
     P = (cfg.prompt_tokens or CHAT_PROMPT_TOKENS) if cfg.chat else N
@@ -502,7 +503,7 @@ def _prepare(cfg: DistillConfig, target, drafter: DiffusionDrafter, progress: bo
                 P, split_limits(train, P, cfg.gamma, eos))
 
 
-def evaluate_drafter(cfg: DistillConfig, target, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
+def evaluate_drafter(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
     """tau and alpha of specdiff (l2r, T steps) against the target on held-out prompts (distinct
     prompts: the S samples of one share it), greedy and at eval_temperature (seed cfg.seed)."""
     from ..generation import generate
@@ -537,7 +538,7 @@ def data_directory(cfg: DistillConfig) -> Path:
     return Path(cfg.data) if cfg.data else Path(cfg.out) / "data"
 
 
-def build_data(cfg: DistillConfig, target, progress: bool) -> dict:
+def build_data(cfg: DistillConfig, target: Teacher, progress: bool) -> dict:
     """data_only: the teacher data cache alone -> a short report."""
     data = _prepare(cfg, target, _initial_drafter(cfg, target), progress)
     return {"target": target.name, "data": str(data_directory(cfg)), "generated_tokens": data.generated_tokens,

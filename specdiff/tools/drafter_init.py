@@ -31,7 +31,7 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
     check_new_directory(out)
     for name, value in (("layers", layers), ("dim", dim), ("heads", heads), ("context", context)):
         if value < 1:
-            raise UsageError(f"--{name} must be >= 1, got {value}")
+            raise UsageError(f"`{name}` must be >= 1, got {value}")
     source, _ = resolve(target, ("target",), registry or load_registry())
     tokenizer = load_tokenizer(source)
     vocab = len(tokenizer)
