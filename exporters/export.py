@@ -21,7 +21,7 @@ from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
-from specdiff.loading import check_pair, is_block_checkpoint, load_drafter, load_target
+from specdiff.loading import is_block_checkpoint, load_drafter, load_target, pair_models
 from specdiff.registry import Registry, load_registry
 from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
@@ -119,7 +119,7 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
     if d is not None and not isinstance(d, DiffusionDrafter):
         raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with `target`")
     if t is not None and d is not None:
-        check_pair(t, d)
+        pair_models(t, d)
     tokenizer = t.tokenizer if t is not None else d.tokenizer if d is not None else None  # _names: one is given
     if tokenizer is None:
         raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its `target`")

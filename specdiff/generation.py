@@ -37,7 +37,7 @@ from .contracts import Proposer, Target
 from .decoding import Row
 from .drafters.diffusion import DiffusionProposer, block_sizes, get_schedule
 from .errors import ContextWindowWarning, IncompatibleModelsError, InputError, UntrainedDrafterWarning, UsageError
-from .loading import check_pair, load_drafter, load_target
+from .loading import load_drafter, load_target, pair_models
 from .methods import DRAFTER_KINDS, TARGET_KINDS, DraftSettings, Method, default_method, get_method, is_block_diffusion
 from .metrics import Metrics
 from .registry import Registry, load_registry
@@ -196,13 +196,16 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         settings = choose(given, defaults)
     chosen.check_target(target)
     _check_used(settings, chosen)
+    if chosen.needs is not None:  # before compile: a drafter may take rows of the target's weights
+        chosen.check_drafter(drafter)
+        pair_models(target, drafter)
     if compile:
         target, drafter = compile_models(target, drafter)
     opts = values(settings)
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
                         float(opts["repetition_penalty"]))
     draft = DraftSettings(opts["gamma"], opts["steps"], opts["schedule"], opts["drafts"], opts["draft_temperature"])
-    proposer = _proposer(chosen, target, drafter, draft)
+    proposer = _proposer(chosen, drafter, draft)
     rule_name = _rule_name(opts["acceptance"], sampling, chosen, proposer, draft) if proposer else None
     if proposer and draft.drafts > 1:
         proposer = SelfSelection(cast(DiffusionProposer, proposer),  # only specdiff reads `drafts`
@@ -342,17 +345,15 @@ def text_options(target: Target, chat: bool, system: str | None, stop: Iterable[
     return TextOptions(bool(chat), system, tuple(stop))
 
 
-def _proposer(method: Method, target: Target, drafter: Any, settings: DraftSettings) -> Proposer | None:
-    """The method's proposer around the drafter, checked against the target (None for methods
-    without one: block-diffusion methods drive their drafter themselves)."""
+def _proposer(method: Method, drafter: Any, settings: DraftSettings) -> Proposer | None:
+    """The method's proposer around the drafter (None for methods without one: block-diffusion
+    methods drive their drafter themselves)."""
     if settings.drafts > 1 and "drafts" not in method.settings:
         raise UsageError(f"method '{method.name}' drafts one candidate; `drafts` > 1 needs specdiff")
     if settings.draft_temperature is not None and settings.drafts == 1:
         raise UsageError("`draft_temperature` warps candidate drafts 2..K: it needs `drafts` > 1")
     if method.needs is None:
         return None
-    method.check_drafter(drafter)
-    check_pair(target, drafter)
     return method.build(drafter, settings) if method.build else None
 
 

@@ -302,6 +302,19 @@ def _check_causal_lm(source: str) -> None:
         raise LoadError(f"{source}: not a drafter checkpoint this version can read ({str(e).splitlines()[0]})") from e
 
 
+def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
+    """check_pair, then a diffusion drafter that reads its token embedding and output head from
+    its target (`target_embeddings`) gets them from this one (a torch model)."""
+    check_pair(target, drafter)
+    if not (isinstance(drafter, DiffusionDrafter) and drafter.target_embeddings):
+        return
+    model = getattr(target, "model", None)
+    if model is None:
+        raise UsageError(f"drafter '{drafter.source}' reads its token embedding and output head from its "
+                         "target: run the target on the torch runtime")
+    drafter.share_target_embeddings(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+
+
 def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's."""
     if drafter.vocab_size != target.vocab_size:

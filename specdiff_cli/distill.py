@@ -47,6 +47,8 @@ class Finite(click.FloatRange):
 @click.option("--data", metavar="DIR", help="Teacher data cache [default: OUT/data]; runs with the same data "
               "settings may share one.")
 @click.option("--data-only", is_flag=True, help="Build the teacher data cache (--data), then stop.")
+@click.option("--from-target", is_flag=True, help="New drafter: the target's width, reading and writing through the "
+              "target's own token embedding and output head (frozen).")
 @click.option("--drafter", metavar="DIR", help="Start from this diffusion drafter (else a new one, see --layers).")
 @click.option("--layers", type=int, help="New drafter: DDiT blocks [default: 2].")
 @click.option("--dim", type=int, help="New drafter: hidden size [default: 128].")

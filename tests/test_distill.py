@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 import specdiff
 from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo, slots
 from specdiff.tools.distill_data import Pattern, Sequences, make_batch
-from specdiff.errors import DivergedError, UsageError
+from specdiff.errors import DivergedError, IncompatibleModelsError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.generation import plan
-from specdiff.loading import load_drafter, load_target
+from specdiff.loading import load_drafter, load_target, pair_models
 from specdiff.methods import DraftSettings
 from specdiff.nets.parameterization import x0_logits
 from specdiff.sampling import Sampling
@@ -243,3 +243,40 @@ def test_diverged_run_writes_no_drafter(tiny, prompts, tmp_path):
         distill(DistillConfig(target=str(tiny.gpt2), prompts=str(prompts), out=str(out),
                               **dict(SMALL_CFG, lr=1e30, max_steps=5)))
     assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_from_target_shares_the_targets_embedding_and_head_and_does_not_store_them(tiny, prompts, tmp_path):
+    """--from-target: rows 0..V-1 of the drafter's token embedding and head are the target's
+    (GPT-2, dim 32), frozen through training and a resume while the blocks learn; they are not
+    in model.safetensors; loaded alone the drafter refuses to draft, paired with the target it
+    has them again and drafts losslessly; a width other than the target's is refused."""
+    out = tmp_path / "a"
+    cfg = DistillConfig(target=str(tiny.gpt2), prompts=str(prompts), out=str(out), max_steps=6,
+                        val_every=3, checkpoint_every=3, **SMALL_CFG, from_target=True)
+    distill(cfg)
+    stored = load_file(str(out / "model.safetensors"))
+    shutil.rmtree(out / "checkpoints" / "step-0000006")
+    (out / "config.json").unlink()
+    distill(DistillConfig(**{**cfg.__dict__, "resume": True, "max_steps": 9}))
+    assert json.loads((out / "config.json").read_text())["target_embeddings"] is True
+    after = load_file(str(out / "model.safetensors"))
+    assert {"vocab_embed.embedding", "output_layer.linear.weight"}.isdisjoint(after)
+    assert after["vocab_embed.embedding_rest"].shape == (1, 32)  # the mask row only
+    assert not torch.equal(after["blocks.0.attn_qkv.weight"], stored["blocks.0.attn_qkv.weight"])
+
+    alone = load_drafter(str(out))
+    with pytest.raises(UsageError, match="reads its token embedding and output head from its target"):
+        alone.x0_logits(torch.zeros(1, 6, dtype=torch.long))
+    target, paired = load_target(str(tiny.gpt2)), load_drafter(str(out))
+    pair_models(target, paired)
+    V = paired.vocab_size
+    assert torch.equal(paired.backbone.vocab_embed.embedding[:V], target.model.get_input_embeddings().weight[:V])
+    assert torch.equal(paired.backbone.output_layer.linear.weight[:V], target.model.get_output_embeddings().weight[:V])
+    ar = specdiff.generate(PROMPTS, target=target, method="ar", max_new_tokens=24)
+    spec = specdiff.generate(PROMPTS, target=target, drafter=str(out), gamma=4, steps=2, max_new_tokens=24)
+    assert [o.tokens for o in spec.outputs] == [o.tokens for o in ar.outputs]
+    wide = load_target(str(make_gpt2(tmp_path / "wide", tiny.tokenizer, dim=64)))
+    with pytest.raises(IncompatibleModelsError, match="width 32"):
+        pair_models(wide, load_drafter(str(out)))
+    with pytest.raises(UsageError, match="the target's hidden size 32"):
+        distill(DistillConfig(**{**cfg.__dict__, "out": str(tmp_path / "b"), "dim": 64, "resume": False}))

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..contracts import Draft
-from ..errors import UsageError
+from ..errors import IncompatibleModelsError, UsageError
 from ..nets.dit import DDiT, DiTConfig
 from ..nets.parameterization import x0_logits
 from ..sampling import Generators, Sampling
@@ -43,11 +43,16 @@ class DiffusionDrafter(nn.Module):
     forward(input_ids (B, L), sigma (B,), last=None, pad=None) -> raw backbone logits
     (B, L, V_drafter), or of the last `last` positions (B, last, V_drafter); pad (B,): padding
     positions before each row, masked out of attention.
+
+    target_embeddings: rows 0..V-1 of its token embedding and output head are its target's (it
+    was trained so); loaded from disk they are zero until `share_target_embeddings` fills them,
+    which pairing it with a target does, and it refuses to draft before.
     """
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
                  parameterization: str = "subs", tokenizer: Any = None, source: str = "",
-                 length: int | None = None, defaults: dict | None = None, untrained: bool = False):
+                 length: int | None = None, defaults: dict | None = None, untrained: bool = False,
+                 target_embeddings: bool = False):
         super().__init__()
         self.backbone = backbone
         self.vocab_size = vocab_size  # real vocabulary shared with the target (no mask id)
@@ -59,6 +64,8 @@ class DiffusionDrafter(nn.Module):
         self.source = source
         self.defaults = dict(defaults or {})  # draft settings it was trained for (gamma, steps, schedule)
         self.untrained = untrained  # random weights (`drafter init`): its drafts are rarely accepted
+        self.target_embeddings = target_embeddings
+        self.awaits_target = target_embeddings  # its shared rows are not filled in yet
 
     @property
     def config(self) -> DiTConfig:
@@ -66,7 +73,24 @@ class DiffusionDrafter(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
                 pad: torch.Tensor | None = None) -> torch.Tensor:
+        if self.awaits_target:
+            raise UsageError(f"drafter '{self.source}' reads its token embedding and output head from its "
+                             "target: load it together with one")
         return self.backbone(input_ids, sigma, last, pad)
+
+    def share_target_embeddings(self, embedding: torch.Tensor, head: torch.Tensor) -> None:
+        """Rows 0..V-1 of the token embedding and of the output head from the target's input
+        embedding (V_t, h) and output head (V_t, h), V_t >= V, cast to the drafter's dtype."""
+        dit, V = self.backbone, self.vocab_size
+        if embedding.shape[1] != dit.config.hidden_size or min(len(embedding), len(head)) < V:
+            raise IncompatibleModelsError(
+                f"drafter '{self.source}' shares the token embedding of a target of width {dit.config.hidden_size} "
+                f"and at least {V} tokens; this target's is {tuple(embedding.shape)}")
+        with torch.no_grad():
+            table, out = dit.vocab_embed.embedding, dit.output_layer.linear.weight
+            table[:V] = embedding[:V].to(table)
+            out[:V] = head[:V].to(out)
+        self.target_embeddings, self.awaits_target = True, False
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
                   pad: torch.Tensor | None = None) -> torch.Tensor:

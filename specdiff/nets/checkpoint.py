@@ -8,7 +8,13 @@ A drafter directory holds:
                        defaults (optional): the draft settings it was trained for, which generate
                        and bench use when neither an option nor a models.yaml pair sets them
                        (written by `specdiff distill`; absent from older and untrained drafters)
-    model.safetensors  the DDiT state dict under the SEDD parameter names
+                       "target_embeddings": true (optional): rows 0..V-1 of the token embedding
+                       and of the output head are the target's input embedding and output head
+                       (the drafter was trained with them frozen, `distill --from-target`); they
+                       are not stored, and the drafter reads them from its target when paired
+    model.safetensors  the DDiT state dict under the SEDD parameter names; with target_embeddings
+                       the two shared matrices keep only their rows V.. (the mask row), under
+                       NAME + "_rest"
     tokenizer files    the tokenizer shared with the target (tokenizer.json, ...)
 """
 
@@ -31,6 +37,7 @@ from .dit import DDiT, DiTConfig
 FORMAT = "ddit-drafter"
 FORMAT_VERSION = 1
 OPTIONAL_KEYS = ("rotary_emb.inv_freq",)  # a buffer the module rebuilds identically
+SHARED = ("vocab_embed.embedding", "output_layer.linear.weight")  # (V + extra, h): rows 0..V-1 the target's
 
 
 def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source: str,
@@ -92,16 +99,20 @@ def _umask() -> int:
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
              parameterization: str, tokenizer: Any = None, dtype: torch.dtype | None = None,
-             defaults: dict | None = None, untrained: bool = False) -> None:
+             defaults: dict | None = None, untrained: bool = False, target_embeddings: bool = False) -> None:
     """Write a drafter in the project's format (tokenizer files and recorded `defaults` too, when
-    given; `untrained`: random weights, recorded so that a run can say so)."""
+    given; `untrained`: random weights, recorded so that a run can say so; `target_embeddings`:
+    the rows it shares with its target are left out)."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {"specdiff_format": FORMAT, "format_version": FORMAT_VERSION,
               "backbone": backbone.config.to_dict(), "vocab_size": vocab_size, "mask_id": mask_id,
               "context_length": context_length, "parameterization": parameterization,
               **({"defaults": check_recorded(defaults)} if defaults else {}),
-              **({"untrained": True} if untrained else {})}
+              **({"untrained": True} if untrained else {}),
+              **({"target_embeddings": True} if target_embeddings else {})}
     state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in backbone.state_dict().items()}
+    if target_embeddings:
+        state.update({f"{k}_rest": state.pop(k)[vocab_size:].contiguous() for k in SHARED})
     save_tensors(state, directory / "model.safetensors")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     if tokenizer is not None:
@@ -110,17 +121,37 @@ def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, 
 
 def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
     """-> (backbone with weights, drafting fields of the config, its recorded `defaults` included:
-    {} when it has none, and `untrained`: False unless `drafter init` wrote it)."""
+    {} when it has none, `untrained`: False unless `drafter init` wrote it, and `target_embeddings`:
+    whether rows 0..V-1 of its embedding and head, zero here, are to be read from its target)."""
     try:
         dit = DiTConfig(**config["backbone"])
         fields = {k: config[k] for k in ("vocab_size", "mask_id", "context_length", "parameterization")}
         fields["defaults"] = check_recorded(config.get("defaults", {}))
-        fields["untrained"] = config.get("untrained", False)
-        if not isinstance(fields["untrained"], bool):
-            raise ValueError(f"untrained must be true or false, got {fields['untrained']!r}")
+        for flag in ("untrained", "target_embeddings"):
+            fields[flag] = config.get(flag, False)
+            if not isinstance(fields[flag], bool):
+                raise ValueError(f"{flag} must be true or false, got {fields[flag]!r}")
     except (KeyError, TypeError, ValueError) as e:
         raise LoadError(f"{directory / 'config.json'}: malformed drafter config ({e})") from e
     weights = directory / "model.safetensors"
     backbone = DDiT(dit)
-    load_state_strict(backbone, read_safetensors(weights), str(weights))
+    state = read_safetensors(weights)
+    if fields["target_embeddings"]:
+        state = _with_shared_rows(backbone, state, fields["vocab_size"])
+    load_state_strict(backbone, state, str(weights))
     return backbone, fields
+
+
+def _with_shared_rows(backbone: DDiT, state: dict, vocab_size: int) -> dict:
+    """The stored rows V.. of each shared matrix under its own name, rows 0..V-1 zero (the
+    target's, filled in when the drafter is paired); a missing or misshapen `_rest` is left for
+    load_state_strict to report."""
+    state = dict(state)
+    own = backbone.state_dict()
+    for k in SHARED:
+        rest = state.get(f"{k}_rest")
+        if rest is not None and rest.shape == own[k][vocab_size:].shape:
+            full = torch.zeros(own[k].shape, dtype=rest.dtype)
+            full[vocab_size:] = state.pop(f"{k}_rest")
+            state[k] = full
+    return state

@@ -36,5 +36,6 @@ def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", contex
         save_own(tmp, backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
                  context_length=context or drafter.context_length,
                  parameterization=drafter.parameterization, tokenizer=drafter.tokenizer,
-                 defaults=drafter.defaults, untrained=drafter.untrained)
+                 defaults=drafter.defaults, untrained=drafter.untrained,
+                 target_embeddings=drafter.target_embeddings)
     return out

@@ -67,7 +67,7 @@ from .distill_data import (Batch, DataSpec, Pattern, Sequences, Teacher, build_s
                            read_tokens, split_limits)
 from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
 from ..errors import DivergedError, UsageError
-from ..loading import check_pair, load_diffusion_drafter, load_target
+from ..loading import load_diffusion_drafter, load_target, pair_models
 from ..nets.checkpoint import load_own, read_json, save_own
 from ..nets.dit import DDiT, DiTConfig
 
@@ -91,6 +91,8 @@ class DistillConfig:
     prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
     data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
     data_only: bool = False  # build the teacher data cache, then stop (no drafter)
+    from_target: bool = False  # a new drafter of the target's width that reads and writes through the target's
+    # own (frozen) token embedding and output head, so that it starts from what the target knows of tokens
     drafter: str | None = None  # an existing drafter to start from, else a new one of this shape:
     layers: int | None = None
     dim: int | None = None
@@ -310,11 +312,39 @@ def _new_drafter(cfg: DistillConfig, tokenizer: Any) -> DiffusionDrafter:
                             parameterization="subs", tokenizer=tokenizer, source=cfg.out)
 
 
+def _share_target_embeddings(drafter: DiffusionDrafter, target: Teacher) -> DiffusionDrafter:
+    """A new drafter reads and writes through the target's input embedding and output head
+    (rows 0..V-1; the mask row keeps its random vector, scaled like the target's rows)."""
+    embed = target.model.get_input_embeddings().weight.detach()  # (V_t, h)
+    if embed.shape[1] != drafter.config.hidden_size:
+        raise UsageError(f"`from_target` needs `dim` = the target's hidden size {embed.shape[1]}")
+    with torch.no_grad():
+        rest = drafter.backbone.vocab_embed.embedding[drafter.vocab_size:]
+        rest.mul_(embed.norm(dim=1).mean() / rest.norm(dim=1, keepdim=True).clamp_min(1e-6))
+    drafter.target_embeddings = True
+    pair_models(target, drafter)
+    return drafter
+
+
+def _frozen(cfg: DistillConfig, drafter: DiffusionDrafter, target: Teacher) -> DiffusionDrafter:
+    """The rows a drafter shares with its target stay frozen: it learns only what lies between
+    them (also after a resume; `from_target` marks a checkpoint written before drafters recorded it)."""
+    if cfg.from_target and not drafter.target_embeddings:
+        drafter.target_embeddings = True
+        pair_models(target, drafter)
+    if drafter.target_embeddings:
+        drafter.backbone.vocab_embed.embedding.requires_grad_(False)
+        drafter.backbone.output_layer.linear.weight.requires_grad_(False)
+    return drafter
+
+
 def _initial_drafter(cfg: DistillConfig, target: Teacher) -> DiffusionDrafter:
+    if cfg.drafter is None and cfg.from_target:
+        return _share_target_embeddings(_new_drafter(cfg, target.tokenizer), target)
     if cfg.drafter is None:
         return _new_drafter(cfg, target.tokenizer)
     drafter = load_diffusion_drafter(cfg.drafter)
-    check_pair(target, drafter)
+    pair_models(target, drafter)
     if cfg.mask_token is not None and _mask_id(target.tokenizer, cfg.mask_token) != drafter.mask_id:
         raise UsageError(f"`mask_token` {cfg.mask_token!r} is not the mask id of {cfg.drafter} ({drafter.mask_id})")
     drafter.tokenizer = target.tokenizer
@@ -380,7 +410,7 @@ def _save_checkpoint(root: Path, drafter: DiffusionDrafter, opt: torch.optim.Opt
 def _load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict, TrainState]:
     backbone, fields = load_own(path, read_json(path / "config.json"))
     drafter = DiffusionDrafter(backbone, tokenizer=target.tokenizer, source=str(path), **fields)
-    check_pair(target, drafter)
+    pair_models(target, drafter)
     saved = torch.load(path / "state.pt", weights_only=True)
     return drafter, saved.pop("optimizer"), TrainState(**saved)
 
@@ -388,7 +418,7 @@ def _load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dic
 def _save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer: Any) -> None:
     save_own(directory, drafter.backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
              context_length=drafter.context_length, parameterization=drafter.parameterization,
-             tokenizer=tokenizer, defaults=drafter.defaults)
+             tokenizer=tokenizer, defaults=drafter.defaults, target_embeddings=drafter.target_embeddings)
 
 
 def trained_for(cfg: DistillConfig) -> dict:
@@ -556,11 +586,11 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     latest = _latest_checkpoint(out / "checkpoints") if cfg.resume else None
     drafter, opt_state, state = (_load_checkpoint(latest, target) if latest
                                  else (_initial_drafter(cfg, target), None, TrainState()))
-    drafter.to(cfg.device)
+    _frozen(cfg, drafter, target).to(cfg.device)
     drafter.defaults = trained_for(cfg)
     with _undone_if_diverged(out):
         data = _prepare(cfg, target, drafter, progress)
-        opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
+        opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr)
         if opt_state is not None:
             opt.load_state_dict(opt_state)
         if not state.history:
