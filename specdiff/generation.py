@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, cast
 
@@ -516,6 +517,22 @@ def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
     return in_order(stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress, indices=indices))
 
 
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to `threads` inside (None: left alone), restored after."""
+    if threads is None:
+        yield
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise UsageError(f"`threads` must be an integer >= 1, got {threads!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,
              method: str | None = None, gamma: int | None = None, steps: int | None = None,
              schedule: str | None = None, drafts: int | None = None, draft_temperature: float | None = None,
@@ -525,7 +542,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              truncate_prompt: bool = False, progress: bool = False, chat: bool | None = None,
              system: str | None = None, stop: Iterable[str] | str | None = None,
              batch_size: int | None = None, remasking: str | None = None,
-             threshold: float | None = None, compile: bool = False) -> GenerationResult:
+             threshold: float | None = None, compile: bool = False, threads: int | None = None) -> GenerationResult:
     """Generate a continuation of each prompt with the target, accelerated by the drafter.
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects
@@ -540,13 +557,17 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     acceptance greedy, select or multi); draft_temperature: how candidates 2..K are sampled.
     compile: the static KV cache and torch.compile'd steps (specdiff.compiled): the same tokens,
     compiled once per run before decoding.
+    threads: torch's CPU threads for this call (set, then restored; None: as the process has
+    them). torch takes one per core; where other processes share the cores (a 2-core machine)
+    one thread is several times faster, which is what the CLI's --threads defaults to.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
-    p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
-             seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule, drafts=drafts,
-             draft_temperature=draft_temperature,
-             temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
-             max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
-             remasking=remasking, threshold=threshold, compile=compile)
-    return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))
+    with torch_threads(threads):
+        p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
+                 seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule, drafts=drafts,
+                 draft_temperature=draft_temperature,
+                 temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                 max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
+                 remasking=remasking, threshold=threshold, compile=compile)
+        return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))

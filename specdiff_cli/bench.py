@@ -24,16 +24,11 @@ T = TypeVar("T")
 
 def _graphs(runtime: str, artifacts: str, device: str, threads: int) -> dict:
     """The export's target / drafter on `runtime`, its sessions opened with the bench's threads."""
-    import torch
-
     from runtimes import load_models
+    from specdiff.generation import torch_threads
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return load_models(runtime, artifacts, device)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _list(kind: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, str | None], tuple[T, ...] | None]:

@@ -39,3 +39,23 @@ def test_generate_sets_torch_threads(tiny, extra, expected):
 def test_threads_must_be_positive(tiny):
     result = CliRunner().invoke(cli, ["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--threads", "0"])
     assert result.exit_code == 2 and "--threads" in result.stderr
+
+
+def test_the_api_runs_with_the_threads_it_is_given_and_restores_them(tiny, monkeypatch):
+    """specdiff.generate(threads=1): torch runs the call with one thread (the target's forward
+    sees it), the process's count comes back after, the output is the same; bad counts are refused."""
+    import specdiff
+    from specdiff.targets.causal import CausalLMTarget
+
+    seen = []
+    run = CausalLMTarget._run
+    monkeypatch.setattr(CausalLMTarget, "_run", lambda self, *a, **k: seen.append(torch.get_num_threads())
+                        or run(self, *a, **k))
+    torch.set_num_threads(2)
+    one = specdiff.generate("x", target=str(tiny.gpt2), method="ar", max_new_tokens=3, threads=1)
+    assert set(seen) == {1} and torch.get_num_threads() == 2
+    assert specdiff.generate("x", target=str(tiny.gpt2), method="ar", max_new_tokens=3).texts == one.texts
+    assert seen[-1] == 2
+    for bad in (0, 1.5, True):
+        with pytest.raises(specdiff.SpecdiffError, match="`threads` must be an integer >= 1"):
+            specdiff.generate("x", target=str(tiny.gpt2), method="ar", max_new_tokens=3, threads=bad)

@@ -47,7 +47,7 @@ from ..acceptance import RULES
 from ..drafters.autoregressive import ARDrafter
 from ..drafters.diffusion import DiffusionDrafter, get_schedule
 from ..errors import IncompatibleModelsError, UsageError
-from ..generation import DEFAULT_STEPS, DEFAULTS, TextOptions, encode_prompts, iter_generate, plan
+from ..generation import DEFAULT_STEPS, DEFAULTS, TextOptions, encode_prompts, iter_generate, plan, torch_threads
 from ..methods import METHODS as REGISTRY, is_block_diffusion
 from ..names import PEERS
 from ..loading import load_drafter, load_target
@@ -526,15 +526,11 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt,
                              TextOptions(chat=settings.chat))
     _check_room(models.target, rows, encoded, settings.max_new_tokens)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(settings.threads or threads)
-    try:
+    with torch_threads(settings.threads):
         repeats, warmups = _measure(models, rows, settings, prompts, encoded, log)
         out = [({**_row(v, r, encoded), "memory": _memory(r), "compile_s": w}, r)
                for v, r, w in zip(rows, repeats, warmups)]
         env = environment(models)
-    finally:
-        torch.set_num_threads(threads)
     return _report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
 
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-import torch
 
 from ..block_decoding import BlockSettings
-from ..generation import Output, Plan, iter_generate, plan
+from ..generation import Output, Plan, iter_generate, plan, torch_threads
 from ..methods import METHODS
 from ..metrics import Metrics
 from .bench import Models, Settings, environment, spread
@@ -54,9 +53,7 @@ def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Set
     rows = [(m, t, g) for t in steps for m in BLOCK_METHODS if m in methods or m == "block"
             for g in (gammas if m == "simsd-exact" else (None,))]
     plans = [_plan(models, m, s, steps=t, gamma=g, remasking=remasking, threshold=threshold) for m, t, g in rows]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(s.threads or threads)
-    try:
+    with torch_threads(s.threads):
         for (m, t, g), p in zip(rows, plans):
             log(f"bench: warm-up {m} steps={p.block.steps if p.block else t}{f' gamma={g}' if g else ''}")
             for _ in range(s.warmup):
@@ -67,8 +64,6 @@ def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Set
             for p, out in zip(plans, passes):
                 out.append(list(iter_generate(prompts, p, s.truncate_prompt)))
         env = environment(models)  # the threads it ran with
-    finally:
-        torch.set_num_threads(threads)
     return {"config": {**vars(s), "prompts": len(prompts), "remasking": remasking, "threshold": threshold},
             "environment": env, "rows": _rows(rows, plans, passes)}
 
