@@ -101,6 +101,10 @@ def _hub_call(what: str, source: str, fn: Callable[..., Any], *args: Any, **kwar
     try:
         return fn(source, *args, **kwargs)
     except Exception as e:  # transformers raises OSError, ValueError, SafetensorError, ...
+        if not Path(source).exists() and hub_constants.HF_HUB_OFFLINE and not _cached(source):
+            raise LoadError(f"'{source}' is not a local directory and not in the local Hugging Face cache "
+                            "(HF_HUB_OFFLINE is set: cached models only); name a local directory, or "
+                            "download it once with network access") from e
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = "" if Path(source).exists() else " (not a local directory; the hub needs network access)"
         raise LoadError(f"cannot load {what} from '{source}'{hint}: {first}") from e
@@ -110,13 +114,18 @@ def check_hub(repo_id: str) -> None:
     """Fail in seconds, not after a minute of retries, when a hub id is not in the local Hugging
     Face cache and the hub does not answer. Not asked with HF_HUB_OFFLINE set (the hub library then
     reads the cache only) or when the id is cached."""
-    if hub_constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+    if hub_constants.HF_HUB_OFFLINE or _cached(repo_id):
         return
     failure = _hub_unreachable(hub_constants.ENDPOINT)
     if failure:
         raise LoadError(f"'{repo_id}' is not in the local Hugging Face cache and the hub ({hub_constants.ENDPOINT}) "
                         f"does not answer ({failure}); name a local directory, or set HF_HUB_OFFLINE=1 to use "
                         "cached models only")
+
+
+def _cached(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds the repository's config.json."""
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 @lru_cache(maxsize=None)
@@ -238,7 +247,7 @@ def _fetch(source: str, files: tuple[str, ...]) -> Path:
     """A local directory as is; a hub id -> a local snapshot holding those of `files` it has."""
     if Path(source).is_dir():
         return Path(source)
-    return Path(_hub_call("drafter files", source, snapshot_download, allow_patterns=list(files)))
+    return Path(_hub_call("model files", source, snapshot_download, allow_patterns=list(files)))
 
 
 def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",

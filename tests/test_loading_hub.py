@@ -72,3 +72,16 @@ def test_no_probe_when_offline_or_cached(hub, monkeypatch, tmp_path):
     loading.check_hub("someone/cached")  # in the cache: the hub is not asked
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     loading.check_hub("nobody/not-cached")  # offline: the hub library reads the cache only
+
+
+@pytest.mark.parametrize("load", [loading.load_target, loading.load_drafter])
+def test_offline_names_the_missing_model_not_the_hubs_setting(load, monkeypatch, tmp_path):
+    """HF_HUB_OFFLINE=1 and an id not in the cache: one line that names the id and the setting,
+    for a target too (it said "drafter files"), without the hub library's "set HF_HUB_OFFLINE=0"."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(LoadError) as e:
+        load("nobody/not-cached")
+    assert str(e.value) == ("'nobody/not-cached' is not a local directory and not in the local Hugging Face cache "
+                            "(HF_HUB_OFFLINE is set: cached models only); name a local directory, or download it "
+                            "once with network access")
