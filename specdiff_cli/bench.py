@@ -126,12 +126,14 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
 
     \b
     Examples:
-      specdiff bench --pair demo --gamma 4,8,12 --steps 1,2,4
-      specdiff bench --methods specdiff --drafts 1,4,8 --acceptance select,multi --temperature 0,0.8 --top-p 0.95
-      specdiff bench --target gpt2-xl --drafter ./drafter --ar-drafter gpt2 --check
-      specdiff bench --target gpt2 --methods ar,hf-prompt-lookup --prompt-file prompts/python-faq.txt
-      specdiff bench --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
-      specdiff bench --methods ar,specdiff --compile --artifacts demo-onnx --threads 1
+      specdiff bench --pair demo --gamma 4,8 --num-prompts 8 --repeats 1     # about a minute, offline
+      specdiff bench --pair smol --methods ar,specdiff --num-prompts 2 --repeats 1 --check   # a few minutes
+      specdiff bench --pair demo --methods ar,specdiff --drafts 1,4 --acceptance select,multi \
+          --temperature 0,0.8 --top-p 0.95
+      specdiff bench --pair demo --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
+      specdiff bench --pair demo --methods ar,specdiff --compile --artifacts demo-onnx --threads 1
+      specdiff bench --target gpt2-xl --drafter mdlm-owt --ar-drafter gpt2 --check   # hub models: network
+    Each row decodes every prompt (default: all the pair's held-out ones) --warmup + --repeats times.
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
     """
     from specdiff.generation import choose, values

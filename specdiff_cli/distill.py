@@ -91,9 +91,11 @@ def distill(threads: int | None, **options: Any) -> None:
 
     \b
     Examples:
-      specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2 --max-steps 2000
-      specdiff distill --target demo-target --prompts train.txt --out d \\
+      specdiff distill --target demo-target --prompts prompts/python-faq.txt --out d \\
           --mask-token '<|mask|>' --context 64 --time-budget 600
+      specdiff distill --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
+          --from-target --dim 576 --heads 9 --out smol-drafter      # hours on a CPU: scripts/smol/build.sh
+      specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2   # hub: network
     """
     import torch
 

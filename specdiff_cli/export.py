@@ -26,9 +26,9 @@ def export(target: str | None, drafter: str | None, pair: str | None, fmt: str, 
 
     \b
     Examples:
-      specdiff export --target gpt2 --drafter ./drafter --out gpt2-onnx
-      specdiff export --target gpt-neo-2.7B --dtype fp16 --format all --out neo-trt
-      specdiff generate --runtime onnxruntime --artifacts gpt2-onnx --prompt "Hello"
+      specdiff export --pair demo --out demo-onnx                 # offline, seconds
+      specdiff generate --pair demo --runtime onnxruntime --artifacts demo-onnx --prompt "Hello"
+      specdiff export --target gpt-neo-2.7B --dtype fp16 --format all --out neo-trt   # hub: network
     """
     from exporters.export import export as run_export
 

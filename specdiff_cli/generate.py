@@ -96,11 +96,11 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
 
     \b
     Examples:
-      echo "To be, or not to be" | specdiff generate --stats     # the demo pair, offline
-      specdiff generate --target gpt2 --drafter ./drafter --prompt "Hello"
-      specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt --jsonl
-      cat prompts.jsonl | specdiff generate --target gpt2 --jsonl --stats | jq .text
+      echo "What does zip() do?" | specdiff generate --stats     # the default pair, offline
+      specdiff generate --pair demo --prompt "To be, or not to be" --temperature 0.8 --seed 1
+      cat prompts.jsonl | specdiff generate --jsonl --stats | jq .text
       specdiff generate --prompt-file big.txt --ray local --workers 2 -o out.txt
+      specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt   # hub models: network
     """
     from runtimes import runtime_models
     from specdiff.generation import iter_generate, plan

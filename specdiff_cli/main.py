@@ -172,9 +172,9 @@ def cli() -> None:
     \b
     Examples:
       specdiff models
-      specdiff drafter init --target gpt2 --out my-drafter
-      specdiff generate --target gpt2-xl --drafter mdlm-owt --prompt "The meaning of life"
-      cat prompts.txt | specdiff generate --pair gpt2-xl+gpt2 --jsonl | jq .text
+      echo "What does zip() do?" | specdiff generate --stats       # the default pair, offline
+      specdiff bench --pair demo --num-prompts 8 --repeats 1 --check
+      specdiff generate --target gpt2-xl --drafter mdlm-owt --prompt "The meaning of life"   # hub: network
     """
 
 

@@ -123,7 +123,7 @@ def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
     result = _cli(tiny, tmp_path, "--gamma", "2,3", "--steps", "1,2", "--check")
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
-    assert lines[0].split()[:3] == ["method", "tok/s", "[min,"]
+    assert lines[0].split()[:3] == ["method", "tok/s", "speed-up"]  # one round: no [min, max] to show
     summary = json.loads(lines[-1])
     assert summary["check"] is True and summary["threads"] == 1 and "specdiff g=3 T=2 l2r" in summary["speedup"]
     out = tmp_path / "out"
@@ -334,3 +334,14 @@ def test_bench_refuses_drafts_past_free_memory_before_timing(tiny, tmp_path):
     assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
     assert "--drafts 100000000" in result.stderr and "GB free" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_table_shows_a_spread_only_over_several_rounds(tiny, tmp_path):
+    """[min, max] of tokens/s is a column when there were rounds to differ (it showed one round's
+    figure twice)."""
+    result = _cli(tiny, tmp_path, "--methods", "ar,specdiff", "--repeats", "2")
+    assert result.exit_code == 0, result.output
+    head, _, *rows = result.stdout.strip().splitlines()[:-1]
+    assert head.split()[:3] == ["method", "tok/s", "[min,"]
+    low, high = (float(x) for x in rows[0].split("[")[1].split("]")[0].split(","))
+    assert low <= float(rows[0].split()[1]) <= high

@@ -8,10 +8,16 @@
 #   2. teacher    WORK/data: the target's answers to 1,280 training questions through its chat
 #                 template, 128 tokens each, chunks alternating greedy / temperature 0.7 / 1.0 (top-p
 #                 0.95), with its top-32 soft labels (`specdiff distill --data-only`, 1 thread)
-#   3. drafters   three drafters on that data, trained at once (one thread each), the same number of
-#                 training tokens (SMOL_STEPS x 32 rows x 56 tokens; the AR drafter's steps match it):
-#                 WORK/aligned  DDiT 4 x 256, N = 48, gamma 8, T <= 2: soft-label KL + SpecDiff-2's
-#                               ce-streak at temperature 0.7 (the shipped diffusion drafter)
+#   3. drafters   three drafters on that data, trained at once (one thread each): the DDiTs for
+#                 SMOL_STEPS steps of 32 rows (8 draft slots each, about 6 masked: ~190 scored
+#                 tokens a step), the AR drafter for 333 steps of 8 answers (~1,000 scored tokens a
+#                 step). The shipped DDiTs: SMOL_STEPS=500, then SMOL_STEPS=1000, which resumes
+#                 them (the cosine learning rate then restarts at 0.6 x its peak at step 500); the
+#                 AR drafter: 333 steps (an earlier run of this step):
+#                 WORK/aligned  DDiT 2 x 576 reading and writing through the target's own token
+#                               embedding and output head (frozen; --from-target), N = 48, gamma 8,
+#                               T <= 2: soft-label KL + SpecDiff-2's ce-streak at temperature 0.7
+#                               (the shipped diffusion drafter)
 #                 WORK/ce       the same DDiT trained with plain cross-entropy (the alignment's baseline)
 #                 WORK/ar       GPT-2 2 x 256 on the same answers (the spec-ar baseline's drafter)
 #   4. fp16       MODELS/drafter (the aligned DDiT) and MODELS/ar-drafter, in fp16
@@ -23,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
-steps=${SMOL_STEPS:-2000}
+steps=${SMOL_STEPS:-1000}
 target=smollm2-135m-instruct
 mkdir -p "$work"
 
@@ -31,25 +37,30 @@ mkdir -p "$work"
 
 teacher=(--target "$target" --chat --prompts prompts/smol-train.txt --data "$work/data" --prompt-tokens 96
          --num-prompts 1280 --continuation-tokens 128 --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95
-         --soft-labels 32 --layers 4 --dim 256 --heads 4 --context 48 --threads 1)
+         --soft-labels 32 --threads 1)
 [ -f "$work/data/val.safetensors" ] && [ -f "$work/data/train-00019.safetensors" ] ||
-  specdiff distill "${teacher[@]}" --out "$work/data-run" --data-only
+  specdiff distill "${teacher[@]}" --out "$work/data-run" --data-only --from-target --dim 576 --heads 9
 
-train=(--gamma 8 --steps-per-draft 2 --batch-size 32 --lr 1e-3 --max-steps "$steps"
+train=(--from-target --layers 2 --dim 576 --heads 9 --context 48
+       --gamma 8 --steps-per-draft 2 --batch-size 32 --lr 1e-3 --max-steps "$steps"
        --val-every 100 --checkpoint-every 100 --eval-prompts 8 --eval-temperature 0.7 --draft-temperature 0.7)
+trained() {  # trained DIR: the steps DIR's finished run took (0: none yet)
+  python -c "import json, sys; print(json.load(open(sys.argv[1]))['compute']['steps'])" "$1/report.json" 2>/dev/null ||
+    echo 0
+}
 diffusion() {  # diffusion NAME LOSS: one DDiT drafter, resuming from its checkpoints; log in WORK/NAME.log
   local resume=()
   [ -d "$work/$1/checkpoints" ] && resume=(--resume)
-  [ -f "$work/$1/config.json" ] ||
+  [ "$(trained "$work/$1")" -ge "$steps" ] ||
     specdiff distill "${teacher[@]}" "${train[@]}" --out "$work/$1" --loss "$2" "${resume[@]}" >>"$work/$1.log" 2>&1
 }
-ar() {  # the AR drafter: 8 sequences of 224 tokens a step, as many tokens as the DDiT's steps
+ar() {  # the AR drafter: 8 answers (224 tokens with the prompt) a step
   local tokenizer
   tokenizer=$(python -c "from specdiff.registry import load_registry; print(load_registry().entries['$target'].source)")
   [ -f "$work/ar/model/config.json" ] ||
     python scripts/demo/train_lm.py --sequences "$work/data" --tokenizer "$tokenizer" --work "$work/ar" \
       --out "$work/ar/model" --layers 2 --dim 256 --heads 4 --batch-size 8 --lr 1e-3 \
-      --steps $((steps * 32 * 56 / (8 * 223))) --eval-s 120 --threads 1 --save-dtype fp32 >>"$work/ar.log" 2>&1
+      --steps 333 --eval-s 120 --threads 1 --save-dtype fp32 >>"$work/ar.log" 2>&1
 }
 diffusion aligned kl+ce-streak &
 pids=($!)
@@ -59,8 +70,10 @@ ar &
 pids+=($!)
 for pid in "${pids[@]}"; do wait "$pid"; done
 
-[ -f "$models/drafter/config.json" ] ||
+if [ ! "$models/drafter/config.json" -nt "$work/aligned/config.json" ]; then  # none, or an older run's
+  rm -rf "$models/drafter"
   specdiff drafter convert "$work/aligned" --out "$models/drafter" --dtype fp16
+fi
 if [ ! -f "$models/ar-drafter/config.json" ]; then
   mkdir -p "$models/ar-drafter"
   python -c "import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer

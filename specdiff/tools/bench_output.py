@@ -31,13 +31,16 @@ def _f(x: float | None, fmt: str) -> str:
 
 
 def format_table(report: dict) -> str:
-    head = f"{'method':30} {'tok/s':>8} {'[min, max]':>17} {'speed-up':>8} {'tau':>5} {'alpha':>5} " \
-           f"{'ideal':>6} {'meas/ideal':>10} {'match':>5}"
+    """One line per row; the [min, max] of tokens/s over rounds only when there were several."""
+    spread = report["config"]["repeats"] > 1
+    head = f"{'method':30} {'tok/s':>8} " + (f"{'[min, max]':>17} " if spread else "") + \
+           f"{'speed-up':>8} {'tau':>5} {'alpha':>5} {'ideal':>6} {'meas/ideal':>10} {'match':>5}"
     lines = [head, "-" * len(head)]
     for r in report["rows"]:
         t, match = r["tokens_per_s"], {True: "yes", False: "NO", None: "-"}[r["matches_ar"]]
-        span = f"[{t['min']:.1f}, {t['max']:.1f}]"
-        lines.append(f"{r['label']:30} {t['median']:8.1f} {span:>17} "
+        low_high = f"[{t['min']:.1f}, {t['max']:.1f}]"
+        span = f"{low_high:>17} " if spread else ""
+        lines.append(f"{r['label']:30} {t['median']:8.1f} {span}"
                      f"{r['speedup']:7.2f}x {r['tau']:5.2f} {_f(r['alpha'], '5.2f'):>5} "
                      f"{_f(r['ideal']['speedup'], '6.2f'):>6} {_f(r['ideal']['measured_over_ideal'], '10.2f'):>10} "
                      f"{'ref' if r['method'] == 'ar' else match:>5}")
