@@ -18,7 +18,6 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-
 from ..block_decoding import BlockSettings
 from ..generation import Output, Plan, iter_generate, plan, torch_threads
 from ..methods import METHODS

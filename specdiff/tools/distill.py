@@ -326,12 +326,9 @@ def _share_target_embeddings(drafter: DiffusionDrafter, target: Teacher) -> Diff
     return drafter
 
 
-def _frozen(cfg: DistillConfig, drafter: DiffusionDrafter, target: Teacher) -> DiffusionDrafter:
-    """The rows a drafter shares with its target stay frozen: it learns only what lies between
-    them (also after a resume; `from_target` marks a checkpoint written before drafters recorded it)."""
-    if cfg.from_target and not drafter.target_embeddings:
-        drafter.target_embeddings = True
-        pair_models(target, drafter)
+def _frozen(drafter: DiffusionDrafter) -> DiffusionDrafter:
+    """The rows a drafter shares with its target stay frozen (also after a resume: its checkpoints
+    record `target_embeddings`): it learns only what lies between them."""
     if drafter.target_embeddings:
         drafter.backbone.vocab_embed.embedding.requires_grad_(False)
         drafter.backbone.output_layer.linear.weight.requires_grad_(False)
@@ -586,7 +583,7 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     latest = _latest_checkpoint(out / "checkpoints") if cfg.resume else None
     drafter, opt_state, state = (_load_checkpoint(latest, target) if latest
                                  else (_initial_drafter(cfg, target), None, TrainState()))
-    _frozen(cfg, drafter, target).to(cfg.device)
+    _frozen(drafter).to(cfg.device)
     drafter.defaults = trained_for(cfg)
     with _undone_if_diverged(out):
         data = _prepare(cfg, target, drafter, progress)
