@@ -44,7 +44,7 @@ PY
 cat <<'TEXT'
 == 2. specdiff bench --check: four held-out questions, 128 new tokens, decoded by ar (plain
    decoding, the reference) and specdiff, greedy (t=0) and sampled (t=0.7, top-p 0.95), in one run:
-     tok/s       new tokens per second, median over rounds
+     tok/s       new tokens per second (one timed pass after one untimed)
      speed-up    tok/s over ar's at the same temperature, same run
      tau         tokens per target call (1 for ar); alpha: drafted tokens accepted
      match       greedy rows: yes = token-identical to ar on every question; sampled rows: '-'
