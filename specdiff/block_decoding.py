@@ -33,7 +33,6 @@ the output is vanilla's, for every remasking rule, whatever the draft.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -42,17 +41,10 @@ from .decoding import Row
 from .metrics import Clock
 from .metrics import Metrics
 from .sampling import Sampling
+from .settings import BlockSettings
 from .targets.block import BlockDiffusionTarget, copies
 
 SEED_SPACE = 2**62
-
-
-@dataclass(frozen=True)
-class BlockSettings:
-    remasking: str  # a key of REMASKING
-    steps: int  # S: denoising steps per block
-    threshold: float  # dynamic remasking's confidence threshold
-    gamma: int  # draft transitions per verification (simsd-exact)
 
 
 def _sequential(conf: torch.Tensor, masked: torch.Tensor, quota: int, threshold: float) -> torch.Tensor:
@@ -110,7 +102,7 @@ def transition(logits: torch.Tensor, block: torch.Tensor, step: int, mask_id: in
         probs = sampling.probs(logits)  # (B, V)
         x0 = (probs.log() + noise).argmax(-1)  # Gumbel-max: a draw from probs
         conf = probs.gather(-1, x0[:, None])[:, 0]
-    quota = math.ceil(int(masked.sum()) / (settings.steps - step))
+    quota = math.ceil(int(masked.sum()) / ((settings.steps or len(block)) - step))  # None: one slot per step
     chosen = REMASKING[settings.remasking](conf, masked, quota, settings.threshold)
     return torch.where(chosen, x0, block)
 

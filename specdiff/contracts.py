@@ -7,6 +7,8 @@
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
               candidates, those of specdiff.selection (greedy, select, multi)
     Runtime   runtimes.onnxruntime.OrtRuntime, runtimes.tensorrt.TrtRuntime
+    Decoder   what a method prepares for one run (methods.Method.prepare): methods.plain,
+              methods.speculative, methods.blocks
 
 Exactness is a property a proposer *declares* (`exact_rules`) and `generation.plan` enforces:
 a rule outside the declaration is refused when sampling (docs/lossless.md). At temperature 0
@@ -16,11 +18,14 @@ every rule reduces to the greedy check and is exact with any proposer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, runtime_checkable
 
 import torch
 
 from .sampling import Generators, Sampling
+
+if TYPE_CHECKING:
+    from .decoding import Row
 
 
 @dataclass
@@ -51,6 +56,7 @@ class Target(Protocol):
     eos_token_id: int | None
     name: str
     max_rows: int | None  # most rows per forward pass (None: any)
+    kv_peak_bytes: int  # the largest its KV cache has been (reset it to measure: specdiff bench)
 
     @property
     def device(self) -> torch.device: ...
@@ -109,3 +115,32 @@ class Runtime(Protocol):
     limits: Any
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
+class Decoder(Protocol):
+    """A method prepared for one run (methods.Method.prepare) around its models and settings.
+
+        decoder(rows, batch_size) -> (row, tokens appended), per step of each row: the rows are
+            decoded up to batch_size together; a row's metrics are complete once it has a
+            stop_reason
+        warm_up(rows, length)     compile its steps for `rows` rows of up to `length` tokens
+                                  (specdiff.compiled)
+        check_sizes(rows, batch_size, max_new_tokens, context)  refuse a step no memory holds
+        ran() -> {setting: value}  the draft settings it runs, as --stats reports them
+    settings: its family's settings (specdiff.settings; None: it reads none).
+    rule: the acceptance rule it runs (None: it verifies no draft).
+    """
+
+    @property
+    def settings(self) -> Any: ...
+
+    @property
+    def rule(self) -> str | None: ...
+
+    def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]: ...
+
+    def warm_up(self, rows: int, length: int) -> None: ...
+
+    def check_sizes(self, rows: int, batch_size: int, max_new_tokens: int, context: int) -> None: ...
+
+    def ran(self) -> dict[str, Any]: ...

@@ -167,10 +167,10 @@ def decode_ar(target: Target, rows: Iterable[Row], sampling: Sampling,
 
 def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], sampling: Sampling,
                        rule: Rule | selection.SelectRule, gamma: int,
-                       batch_size: int = 1) -> Iterator[tuple[Row, list[int]]]:
-    """Speculative decoding with any proposer and acceptance rule (see the module docstring): a
-    selection rule (specdiff.selection.RULES) when the proposer is a SelfSelection."""
-    K = proposer.drafts if isinstance(proposer, selection.SelfSelection) else 1  # candidates per row
+                       batch_size: int = 1, K: int = 1) -> Iterator[tuple[Row, list[int]]]:
+    """Speculative decoding with any proposer and acceptance rule (see the module docstring). K > 1
+    candidate drafts per row: the proposer drafts selection.Candidates (a SelfSelection) and the
+    rule is a selection rule (specdiff.selection.RULES)."""
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
         g = [min(gamma, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens

@@ -35,7 +35,8 @@ from typing import Any, Iterator
 from .errors import SpecdiffError, UsageError
 from .extras import require
 from .generation import GenerationResult, plan
-from .requests import OPTIONS, check_keywords, check_prompts, check_request
+from .requests import check_keywords, check_prompts, check_request
+from .settings import OPTIONS
 
 PLAN_PARAMETERS = tuple(name for name in inspect.signature(plan).parameters if name != "options")
 TASK_SIZE = 32  # prompts per map_batches call: a worker's unit of work and of retry, refilling

@@ -39,6 +39,7 @@ import yaml
 from .errors import DefaultPairWarning, RegistryError, UsageError
 from .gguf import GGUFSource, gguf_directory
 from .resources import data_path
+from .settings import TYPES
 
 DEFAULT_FILE = data_path("models.yaml")
 KINDS = ("target", "drafter", "pair")
@@ -47,10 +48,8 @@ MODEL_KEYS = {"name", "kind", "hub", "path", "gguf", "package", "sha256", "insta
               "description"}
 GGUF_KEYS = ("package", "sha256", "install")  # only beside `gguf`
 PAIR_KEYS = {"name", "kind", "target", "drafter", "ar_drafter", "defaults", "prompts", "description"}
-DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {"method": str, "gamma": int, "steps": int, "schedule": str, "acceptance": str,
-                 "temperature": (int, float), "top_k": int, "top_p": (int, float),
-                 "repetition_penalty": (int, float),
-                 "max_new_tokens": int, "remasking": str, "threshold": (int, float), "chat": bool}
+# what a pair's `defaults` may set, and the types they take (settings.py declares them)
+DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {"method": str, "acceptance": str, **TYPES}
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,10 @@ from typing import Any, TypeGuard
 
 from .errors import InputError, UsageError
 from .names import SCHEDULES
+from .settings import DECLARED, OPTIONS, problem
 
-PENALTY_RANGE = (1e-30, 1e30)  # a penalty p scales logits by up to max(p, 1 / p): float32 overflows past this
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
-COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
-# the settings plan() takes as keywords beyond its named parameters (generation.DEFAULTS, less chat)
-OPTIONS = ("gamma", "steps", "schedule", "drafts", "draft_temperature", "max_new_tokens", "temperature", "top_k",
-           "top_p", "repetition_penalty", "batch_size", "remasking", "threshold")
 
 
 def check_prompts(prompts: object) -> list[str]:
@@ -81,27 +77,12 @@ def check_seed(seed: object) -> None:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
 
 
-def check_sampling(temperature: object = None, top_k: object = None, top_p: object = None,
-                   repetition_penalty: object = None) -> None:
-    """The sampling parameters given (None: the default): types and ranges."""
-    if temperature is not None and not (_is_real(temperature) and 0 <= temperature < math.inf):
-        raise UsageError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {_short(temperature)}")
-    if top_k is not None and not (_is_int(top_k) and top_k >= 0):
-        raise UsageError(f"`top_k` must be an integer >= 0 (0 disables it), got {_short(top_k)}")
-    if top_p is not None and not (_is_real(top_p) and 0 < top_p <= 1):
-        raise UsageError(f"`top_p` must be a number in (0, 1], got {_short(top_p)}")
-    low, high = PENALTY_RANGE
-    if repetition_penalty is not None and not (_is_real(repetition_penalty) and low <= repetition_penalty <= high):
-        raise UsageError(f"`repetition_penalty` must be a finite number from {low:g} to {high:g} (1 = none; past "
-                         f"them penalised logits overflow float32), got {_short(repetition_penalty)}")
-
-
-def check_counts(values: dict[str, Any]) -> None:
-    """Each of COUNTS that `values` holds (not None) is an integer >= 1."""
-    for key in COUNTS:
-        value = values.get(key)
-        if value is not None and not (_is_int(value) and value >= 1):
-            raise UsageError(f"`{key}` must be an integer >= 1, got {_short(value)}")
+def check_settings(values: dict[str, Any]) -> None:
+    """Each declared setting (settings.py) that `values` holds, not None, has its type and bound."""
+    for key, value in values.items():
+        message = problem(key, value) if key in DECLARED else None
+        if message:
+            raise UsageError(f"{message}, got {_short(value)}")
 
 
 def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
@@ -143,17 +124,14 @@ def check_request(target: Any, drafter: Any, *, seed: object, device: object, te
                   **options: object) -> tuple[Any, Any]:
     """Check what plan() is given before it reads anything; -> (target, drafter) with a path
     (os.PathLike) turned into the string that names it, anything else as given. `options`: some
-    of OPTIONS, no other name."""
+    of settings.OPTIONS, no other name."""
     check_keywords(options, OPTIONS)
     check_model(target, "target")
     check_model(drafter, "drafter")
     check_names(schedule=options.get("schedule"), remasking=options.get("remasking"))
     check_seed(seed)
-    check_sampling(temperature, top_k, top_p, repetition_penalty)
-    check_counts(options)
-    draft_temperature = options.get("draft_temperature")
-    if draft_temperature is not None and not (_is_real(draft_temperature) and 0 < draft_temperature < math.inf):
-        raise UsageError(f"`draft_temperature` must be a finite number > 0, got {_short(draft_temperature)}")
+    check_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                    "repetition_penalty": repetition_penalty, **options})
     if not _is_device(device):
         raise UsageError(f"`device` must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
     return _name(target), _name(drafter)
@@ -187,10 +165,6 @@ def _is_device(x: object) -> bool:
 
 def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> TypeGuard[int | float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _kind(x: object) -> str:

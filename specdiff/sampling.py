@@ -20,14 +20,14 @@ model and raises ModelOutputError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
 from .errors import ModelOutputError
-from .requests import check_sampling
+from .requests import check_settings
 
 F32 = torch.finfo(torch.float32)
 # one generator, or one per row of a batch (row b draws from generators[b] only)
@@ -42,7 +42,7 @@ class Sampling:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p, self.repetition_penalty)
+        check_settings(asdict(self))
 
     @property
     def greedy(self) -> bool:

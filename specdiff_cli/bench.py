@@ -140,12 +140,12 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     from specdiff.tools import bench as lib
     from specdiff.tools.bench_output import format_table, require_matplotlib, summary, write_report
     from specdiff.errors import UsageError
-    from specdiff.requests import check_sampling, check_seed
+    from specdiff.requests import check_seed, check_settings
 
     check_seed(seed)  # before minutes of loading and timing, not at the first plan()
     for t in temperatures or ():
-        check_sampling(temperature=t)
-    check_sampling(top_k=top_k, top_p=top_p)
+        check_settings({"temperature": t})
+    check_settings({"top_k": top_k, "top_p": top_p})
     lib.check_rules(rules or ())
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target)), sys.stdin.buffer, input_format)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterator, cast
 import click
 
 from specdiff import names
+from specdiff.settings import help_text
 
 from .output import check_output, check_stdout, open_output
 from .prompts import Layout, read_prompts, unescape
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from specdiff.generation import Event, Output, Plan
     from specdiff.metrics import Metrics
     from specdiff.text import IncrementalText
+
+
+PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else "
 
 
 @click.command()
@@ -35,35 +39,27 @@ if TYPE_CHECKING:
 @click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
 @click.option("--method", type=click.Choice(names.METHODS),
               help="Decoding method [default: the pair's, else from the drafter, else ar].")
-@click.option("--gamma", type=int, help="Draft length [default: the pair's, else the drafter's, else 8].")
-@click.option("--steps", type=int,
-              help="Denoising steps T per draft (block-diffusion targets: per block) [default: the pair's, else the drafter's, else 4 (block size); oneshot: 1].")
-@click.option("--schedule", type=click.Choice(names.SCHEDULES),
-              help="Order in which draft slots are committed [default: the pair's, else the drafter's, else l2r].")
-@click.option("--remasking", type=click.Choice(names.REMASKING),
-              help="Block-diffusion targets: which masked slots a denoising step commits [default: static].")
-@click.option("--threshold", type=float,
-              help="Block-diffusion targets, --remasking dynamic: confidence to commit a slot [default: 0.9].")
-@click.option("--drafts", type=int,
-              help="K candidate drafts per step from one drafter call, the target keeping one (specdiff) [default: 1].")
+@click.option("--gamma", type=int, help=help_text("gamma", PAIR_DRAFTER))
+@click.option("--steps", type=int, help=help_text("steps", PAIR_DRAFTER) + " Block-diffusion targets: the block size. oneshot: 1.")
+@click.option("--schedule", type=click.Choice(names.SCHEDULES), help=help_text("schedule", PAIR_DRAFTER))
+@click.option("--remasking", type=click.Choice(names.REMASKING), help=help_text("remasking"))
+@click.option("--threshold", type=float, help=help_text("threshold"))
+@click.option("--drafts", type=int, help=help_text("drafts") + " specdiff only.")
 @click.option("--draft-temperature", type=float,
               help="Temperature candidates 2..K are sampled at [default: --temperature, 1 when greedy].")
 @click.option("--acceptance", type=click.Choice(names.RULES),
               help="Verification rule [default: greedy at temperature 0, else select with --drafts > 1, else standard].")
-@click.option("--temperature", type=float, help="0 = greedy [default: 0].")
-@click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = all).")
-@click.option("--top-p", type=float, help="Nucleus mass in (0, 1].")
-@click.option("--repetition-penalty", type=float,
-              help="Hugging Face's repetition penalty on the target (1 = none) [default: 1].")
+@click.option("--temperature", type=float, help=help_text("temperature", PAIR))
+@click.option("--top-k", type=int, help=help_text("top_k", PAIR))
+@click.option("--top-p", type=float, help=help_text("top_p", PAIR))
+@click.option("--repetition-penalty", type=float, help=help_text("repetition_penalty", PAIR))
 @click.option("--stop", multiple=True, metavar="TEXT",
               help="End a continuation at this text, which is left out (repeatable).")
-@click.option("--chat/--no-chat", default=None,
-              help="Put each prompt through the target's chat template [default: the pair's, else no].")
+@click.option("--chat/--no-chat", default=None, help=help_text("chat", PAIR))
 @click.option("--system", metavar="TEXT", help="A system message for --chat.")
-@click.option("--max-new-tokens", type=int, help="Tokens to generate per prompt [default: 64].")
+@click.option("--max-new-tokens", type=int, help=help_text("max_new_tokens", PAIR))
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=int,
-              help="Prompts decoded together (rows refill as others finish) [default: 8]; the output does not depend on it.")
+@click.option("--batch-size", type=int, help=help_text("batch_size", PAIR))
 @threads_option
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",

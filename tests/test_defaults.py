@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from specdiff.errors import LoadError
 from specdiff.generation import DEFAULT_STEPS, DEFAULTS, choose, plan, values
 from specdiff.loading import load_drafter
-from specdiff.methods import DraftSettings
+from specdiff.settings import BlockSettings, DraftSettings
 from specdiff.registry import load_registry
 from specdiff.tools.convert import convert_drafter
 from specdiff_cli.main import cli
@@ -130,8 +130,8 @@ def test_a_drafter_the_method_does_not_use_lends_it_no_settings(recorded, tiny):
     but with the drafter's recorded steps; now its settings apply only where it drafts."""
     drafter = load_drafter(recorded)  # records gamma 3, steps 2
     p = plan(target="demo-block-target", drafter=drafter, method="block")
-    assert p.drafter is None and p.block is not None
-    assert p.block.steps == p.target.block_size and p.sources["steps"] == "default"
+    assert p.drafter is None and isinstance(p.draft, BlockSettings)
+    assert p.draft.steps == p.target.block_size and p.sources["steps"] == "default"
     assert plan(target=tiny.gpt2, drafter=drafter, method="specdiff").draft.steps == 2  # where it drafts: its own
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import specdiff
 from specdiff.generation import plan
-from specdiff.methods import DraftSettings
+from specdiff.settings import DraftSettings
 from specdiff.resources import data_path
 from specdiff.tools.bench import DEFAULT_PROMPTS
 from specdiff_cli.main import cli

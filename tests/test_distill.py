@@ -19,7 +19,7 @@ from specdiff.errors import DivergedError, IncompatibleModelsError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.generation import plan
 from specdiff.loading import load_drafter, load_target, pair_models
-from specdiff.methods import DraftSettings
+from specdiff.settings import DraftSettings
 from specdiff.nets.parameterization import x0_logits
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli

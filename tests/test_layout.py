@@ -1,6 +1,7 @@
 """The import direction of the design: specdiff_cli -> {exporters, runtimes, specdiff};
 exporters, runtimes -> specdiff; inside specdiff the tools (bench, distillation, conversion) import
-the algorithm and never the reverse. The one crossing between exporters and runtimes: export
+the algorithm and never the reverse, and the methods never import the run that prepares them.
+Proposers are told apart by their own module only: the rest reads the Decoder contract. The one crossing between exporters and runtimes: export
 validation runs the graphs it wrote on ONNX Runtime."""
 
 import ast
@@ -12,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "specdiff (algorithm)"
 FORBIDDEN = {CORE: {"specdiff_cli", "exporters", "runtimes", "specdiff.tools"},
+             "specdiff/methods": {"specdiff.generation", "specdiff.ray"},  # a method knows no run
              "specdiff/tools": {"specdiff_cli", "exporters", "runtimes"},
              "runtimes": {"specdiff_cli", "exporters"},
              "exporters": {"specdiff_cli", "runtimes"}}
@@ -130,3 +132,33 @@ def test_the_flag_check_sees_fstrings_and_messages_built_before_the_raise():
     assert not [t for t in ("`batch_size` must be >= 1", "a well-formed text", "x--y")
                 if FLAG.search(t)]
     assert {"specdiff", "runtimes", "exporters"} <= {p.relative_to(ROOT).parts[0] for p in _library_files()}
+
+
+PROPOSERS = {"SelfSelection": "specdiff/selection.py", "DiffusionProposer": "specdiff/drafters/diffusion.py",
+             "ARProposer": "specdiff/drafters/autoregressive.py"}
+
+
+def proposer_checks(source: str) -> list[tuple[int, str]]:
+    """(line, class) of each isinstance() whose classes name a proposer of PROPOSERS."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
+            hits += [(node.lineno, name) for name in sorted(named & set(PROPOSERS))]
+    return hits
+
+
+def test_no_isinstance_on_proposers_outside_their_own_module():
+    """Self-selection was threaded through generation and decoding by isinstance four times; a
+    method's decoder now holds what it needs (methods/speculative.py)."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}" for package in (*LIBRARY, "specdiff_cli")
+           for path in sorted((ROOT / package).rglob("*.py"))
+           for line, name in proposer_checks(path.read_text(encoding="utf-8"))
+           if str(path.relative_to(ROOT)) != PROPOSERS[name]]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_proposer_check_sees_qualified_and_tuple_classes():
+    source = ("isinstance(p, selection.SelfSelection)\nisinstance(p, (ARProposer, int))\n"
+              "isinstance(p, Proposer)\n")
+    assert proposer_checks(source) == [(1, "SelfSelection"), (2, "ARProposer")]

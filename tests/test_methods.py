@@ -16,6 +16,8 @@ from specdiff.drafters.autoregressive import ARProposer
 from specdiff.drafters.diffusion import SCHEDULES
 from specdiff.errors import UsageError
 from specdiff.generation import generate, plan
+from specdiff.methods import speculative
+from specdiff.settings import DraftSettings
 from specdiff.tools.bench import PASSES
 from specdiff_cli.main import cli
 
@@ -83,9 +85,9 @@ class StubProposer(ARProposer):
 
 @pytest.fixture
 def stub_method(monkeypatch):
-    stub = methods.Method("stub", "test", loop=methods.decode_speculative, needs="autoregressive",
+    stub = methods.Method("stub", "test", speculative.prepare, needs="autoregressive",
                           build=lambda drafter, s: StubProposer(drafter),
-                          rules=("standard", "match", "greedy"), settings=("gamma",))
+                          rules=("standard", "match", "greedy"), family=DraftSettings, settings=("gamma",))
     monkeypatch.setitem(methods.METHODS, "stub", stub)
 
 
@@ -98,11 +100,11 @@ def test_a_rule_the_proposer_declares_inexact_is_refused(stub_method, pair):
     target, drafter = pair
     with pytest.raises(UsageError, match="standard acceptance would not be exact"):
         plan(target=target, drafter=drafter, method="stub", acceptance="standard", temperature=1.0)
-    assert plan(target=target, drafter=drafter, method="stub", temperature=1.0).rule_name == "match"
+    assert plan(target=target, drafter=drafter, method="stub", temperature=1.0).decoder.rule == "match"
     # the same drafter under a proposer that declares standard exact gets it
-    assert plan(target=target, drafter=drafter, method="spec-ar", temperature=1.0).rule_name == "standard"
+    assert plan(target=target, drafter=drafter, method="spec-ar", temperature=1.0).decoder.rule == "standard"
     # at temperature 0 every rule is the greedy check, exact with any drafts
-    assert plan(target=target, drafter=drafter, method="stub", acceptance="standard").rule_name == "standard"
+    assert plan(target=target, drafter=drafter, method="stub", acceptance="standard").decoder.rule == "standard"
 
 
 def test_a_method_refuses_rules_it_does_not_run(stub_method, pair, monkeypatch):
@@ -114,7 +116,7 @@ def test_a_method_refuses_rules_it_does_not_run(stub_method, pair, monkeypatch):
 
 def test_ar_ignores_a_drafter_it_does_not_use(pair, tmp_path):
     p = plan(target=pair[0], drafter=str(tmp_path / "no-such-drafter"), method="ar")
-    assert p.proposer is None and p.drafter is None
+    assert p.drafter is None and p.decoder.rule is None and p.draft is None
 
 
 @pytest.mark.parametrize("method", ["ar", "spec-ar"])

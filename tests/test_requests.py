@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdiff
-import specdiff.generation as generation
+import specdiff.generation.planning as generation
 from specdiff.errors import InputError, SpecdiffError, UsageError
 from specdiff.generation import plan
 from specdiff.loading import load_drafter, load_target

@@ -21,7 +21,7 @@ from specdiff.loading import load_drafter, load_target
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 from specdiff.generation import plan
-from specdiff.methods import DraftSettings
+from specdiff.settings import DraftSettings
 from tiny import make_tokenizer, with_defaults
 
 pytest_plugins = ["exported"]  # fixtures onnx_pair, onnx_neo: each tiny export once per session

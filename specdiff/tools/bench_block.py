@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-from ..block_decoding import BlockSettings
+from ..settings import BlockSettings
 from ..generation import Output, Plan, iter_generate, plan, torch_threads
 from ..methods import METHODS
 from ..metrics import Metrics
@@ -54,7 +54,7 @@ def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Set
     plans = [_plan(models, m, s, steps=t, gamma=g, remasking=remasking, threshold=threshold) for m, t, g in rows]
     with torch_threads(s.threads):
         for (m, t, g), p in zip(rows, plans):
-            log(f"bench: warm-up {m} steps={p.block.steps if p.block else t}{f' gamma={g}' if g else ''}")
+            log(f"bench: warm-up {m} steps={_steps(p)}{f' gamma={g}' if g else ''}")
             for _ in range(s.warmup):
                 list(iter_generate(prompts, p, s.truncate_prompt))
         passes: list[list[list[Output]]] = [[] for _ in rows]  # per row, per pass, per prompt
@@ -69,12 +69,12 @@ def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Set
 
 def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
           passes: list[list[list[Output]]]) -> list[dict]:
-    reference: dict[int, list[list[Output]]] = {_block(p).steps: ps for p, ps in zip(plans, passes)
+    reference: dict[int, list[list[Output]]] = {_steps(p): ps for p, ps in zip(plans, passes)
                                                 if p.method.name == "block"}
     out = []
     for (m, _, g), p, ps in zip(rows, plans, passes):
         block = _block(p)
-        ref = reference[block.steps]
+        ref = reference[_steps(p)]
         speeds = [_total(o).tokens_per_s for o in ps]
         ratios = [a / _total(r).tokens_per_s for a, r in zip(speeds, ref)]
         total = _total(ps[0])
@@ -93,8 +93,15 @@ def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
 
 def _block(p: Plan) -> BlockSettings:
     """The block settings of a block-diffusion target's plan (which always has them)."""
-    assert p.block is not None
-    return p.block
+    assert isinstance(p.draft, BlockSettings)
+    return p.draft
+
+
+def _steps(p: Plan) -> int:
+    """Its denoising steps per block, as prepared (methods.blocks: never None)."""
+    steps = _block(p).steps
+    assert steps is not None
+    return steps
 
 
 def _total(outputs: list[Output]) -> Metrics:

@@ -1,0 +1,83 @@
+"""Where each setting of a run comes from, resolved once: an option given (not None) > the
+models.yaml pair's `defaults` > the settings the drafter records (what it was trained for, read
+only when the method drafts with it) > the default its declaration gives (specdiff.settings).
+
+May import: specdiff.settings, methods (their families), drafters.diffusion (schedules), errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..drafters.diffusion import get_schedule
+from ..errors import UsageError
+from ..methods import Method, get_method
+from ..requests import check_settings
+from ..settings import DEFAULTS, METHOD_SETTINGS, family_default
+
+DEFAULT_STEPS = DEFAULTS["steps"]
+SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    source: str  # one of SOURCES
+
+
+def choose(options: dict[str, Any], pair: dict[str, Any] | None = None, drafter: Any = None) -> dict[str, Setting]:
+    """method, acceptance and every declared setting with where it came from, first found: an
+    option given (not None) > the models.yaml pair's `defaults` > the settings the drafter records
+    (its `defaults`; None, a name or a drafter without them: none) > the declared default. A
+    schedule with a fixed step count (oneshot) sets steps unless they are an option."""
+    layers = list(zip(SOURCES, (options, pair or {}, getattr(drafter, "defaults", None) or {})))
+    chosen = {key: next((Setting(layer[key], source) for source, layer in layers if layer.get(key) is not None),
+                        Setting(default, "default"))
+              for key, default in {"method": None, "acceptance": None, **DEFAULTS}.items()}
+    fixed = get_schedule(chosen["schedule"].value).fixed_steps
+    if fixed and chosen["steps"].source != "option":
+        chosen["steps"] = Setting(fixed, chosen["schedule"].source)
+    return chosen
+
+
+def values(chosen: dict[str, Setting]) -> dict[str, Any]:
+    return {key: setting.value for key, setting in chosen.items()}
+
+
+def named_method(chosen: dict[str, Setting]) -> Method | None:
+    """Check every chosen value against its declaration (a pair's defaults are typed by the
+    registry, not bounded) and the method's name; -> the method set (None: none)."""
+    opts = values(chosen)
+    check_settings(opts)
+    get_schedule(opts["schedule"])
+    return get_method(opts["method"]) if opts["method"] else None
+
+
+def family_settings(method: Method, chosen: dict[str, Setting]) -> Any:
+    """The method's family's settings (None: it reads none): each chosen value, or where none was
+    set the default the family itself declares (block steps: None, the block size)."""
+    if method.family is None:
+        return None
+    return method.family(**{f.name: family_default(method.family, f.name) if chosen[f.name].source == "default"
+                            else chosen[f.name].value for f in fields(method.family)})
+
+
+def check_used(chosen: dict[str, Setting], method: Method) -> None:
+    """A draft setting given as an option that the method does not read would do nothing (a
+    `threshold` for ar, a `schedule` for spec-ar): refuse it. Pair and drafter defaults are not
+    options: they apply where they are read."""
+    for key in METHOD_SETTINGS:
+        if chosen[key].source == "option" and key not in method.settings:
+            reads = ", ".join(f"`{k}`" for k in method.settings) or "none of the draft settings"
+            raise UsageError(f"method '{method.name}' does not use `{key}`; it reads {reads}")
+    if chosen["threshold"].source == "option" and chosen["remasking"].value != "dynamic":
+        raise UsageError(f"`threshold` is read by `remasking` dynamic only, not {chosen['remasking'].value}")
+
+
+def sources(chosen: dict[str, Setting], method: Method, drafter: Any) -> dict[str, str]:
+    """Where each setting came from; a method set nowhere is the drafter's kind's (or ar)."""
+    where = {key: s.source for key, s in chosen.items()}
+    if chosen["method"].value is None:
+        where["method"] = "drafter" if method.accepts(drafter) else "default"
+    return where

@@ -1,0 +1,160 @@
+"""A run's plan: the models loaded, the method chosen and prepared into its Decoder, every setting
+resolved once (choosing.py) and checked before the first token. May import: methods, loading,
+registry, requests, settings, compiled; not streaming or the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterable, cast
+
+from ..compiled import compile_models, compile_seconds
+from ..contracts import Decoder, Target
+from ..errors import UntrainedDrafterWarning, UsageError
+from ..loading import load_drafter, load_target, pair_models
+from ..methods import DRAFTER_KINDS, TARGET_KINDS, Method, Models, default_method
+from ..registry import Registry, load_registry
+from ..requests import check_flags, check_names, check_request, check_text_options
+from ..sampling import Sampling
+from ..targets.static import StaticTarget
+from .choosing import check_used, choose, family_settings, named_method, sources, values
+from .prompts import TextOptions, text_options
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run needs, validated: the models, the method and the decoder it prepared,
+    sampling, and where each setting came from."""
+
+    target: Target
+    drafter: Any  # None when the method drafts with none
+    method: Method
+    sampling: Sampling
+    decoder: Decoder
+    max_new_tokens: int
+    seed: int
+    text: TextOptions = TextOptions()
+    sources: dict[str, str] = field(default_factory=dict)  # setting -> where it came from (choosing.SOURCES)
+    batch_size: int = 1  # rows decoded together
+    compiled: bool = False  # static cache and compiled steps (specdiff.compiled)
+
+    @property
+    def draft(self) -> Any:
+        """The method's family's settings as it runs them (specdiff.settings; None: it reads none)."""
+        return self.decoder.settings
+
+    @property
+    def warmup_s(self) -> float:
+        """Seconds spent compiling (`compiled`), kept out of every prompt's decoding time."""
+        return compile_seconds(cast(StaticTarget, self.target), self.drafter) if self.compiled else 0.0
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the
+        method, the draft settings it reads, the acceptance rule, sampling and max_new_tokens."""
+        ran = {"method": self.method.name, **self.decoder.ran(), "temperature": self.sampling.temperature,
+               "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
+               "repetition_penalty": self.sampling.repetition_penalty, "max_new_tokens": self.max_new_tokens,
+               "batch_size": self.batch_size}
+        return {k: {"value": v, "from": self.sources.get(k, "default")} for k, v in ran.items() if v is not None}
+
+
+def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
+         device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
+         chat: bool | None = None, system: str | None = None, stop: Iterable[str] | str | None = None,
+         registry: Registry | None = None, compile: bool = False, **options: Any) -> Plan:
+    """Load models (names, paths or loaded objects), resolve the settings not given (choosing.choose:
+    option > pair > drafter > declared default), prepare the method's decoder. With neither pair
+    nor target: the default pair. compile: run through specdiff.compiled (static cache, torch.compile)."""
+    if not isinstance(compile, bool):
+        raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
+    target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
+    system, stop = check_text_options(system, stop)
+    check_names(pair=pair, method=method, acceptance=acceptance, dtype=dtype)
+    check_flags(chat=chat)
+    registry = _registry(registry)
+    target, drafter, defaults = registry.resolve(pair, target, drafter)
+    given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
+    named = named_method(choose(given, defaults))  # every option and pair default, before anything loads
+    if isinstance(target, str):
+        target = load_target(target, device=device, dtype=dtype, registry=registry)
+    if isinstance(drafter, str) and not (named and named.needs is None):
+        drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
+    _check_loaded(target, drafter)
+    chosen = named or _default_method(drafter, target)
+    uses = chosen.accepts(drafter)  # what a drafter it decodes without records is not this run's
+    settings = choose(given, defaults, drafter if uses else None)
+    chosen.check_target(target)
+    if chosen.needs is not None:  # before compile: a drafter may take rows of the target's weights
+        chosen.check_drafter(drafter)
+        pair_models(target, drafter)
+    if compile:
+        target, drafter = compile_models(target, drafter)
+    opts = values(settings)
+    sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
+                        float(opts["repetition_penalty"]))
+    decoder = chosen.prepare(Models(target, drafter if uses else None), family_settings(chosen, settings), sampling,
+                             opts["acceptance"])
+    check_used(settings, chosen)
+    if uses:
+        _warn_untrained(drafter)
+    decoder.check_sizes(opts["batch_size"], opts["batch_size"], opts["max_new_tokens"], 0)
+    return Plan(target, drafter if uses else None, chosen, sampling, decoder, opts["max_new_tokens"], seed,
+                text_options(target, opts["chat"], system, stop), sources(settings, chosen, drafter),
+                opts["batch_size"], compile)
+
+
+_WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters already warned about
+
+
+def _warn_untrained(drafter: Any) -> None:
+    """Say once per drafter (a bench makes many plans) that its config marks it untrained: a run
+    with `drafter init`'s random weights is slower than ar, and nothing else says why."""
+    if not getattr(drafter, "untrained", False) or drafter in _WARNED:
+        return
+    _WARNED.add(drafter)
+    warnings.warn(UntrainedDrafterWarning(
+        f"drafter '{_name(drafter)}' is untrained (random weights from `drafter init`): almost no draft will be "
+        "accepted, so this runs slower than plain decoding; train it with `specdiff distill`"), stacklevel=3)
+
+
+def _default_method(drafter: Any, target: Any) -> Method:
+    """The method no option or pair names: the first for this target that uses the drafter (its
+    kind's reference without one). A drafter given that no such method can use is refused, not
+    dropped silently."""
+    method = default_method(drafter, target)
+    if drafter is not None and not method.accepts(drafter):
+        kind = next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+        target_kind = next(what for what, check in TARGET_KINDS.values() if check(target))
+        raise UsageError(f"no method for {target_kind} drafts with {kind} ('{_name(drafter)}'): drop `drafter`, "
+                         f"or name a `method` ({method.name} decodes without one)")
+    return method
+
+
+def _name(model: Any) -> str:
+    return str(getattr(model, "name", None) or getattr(model, "source", None) or type(model).__name__)
+
+
+def _registry(registry: Any) -> Registry:
+    """The models.yaml to read: the shipped one (None), a loaded Registry, or a path to a file."""
+    if registry is None or isinstance(registry, (str, os.PathLike)):
+        return load_registry(registry)
+    if not isinstance(registry, Registry):
+        raise UsageError(f"`registry` must be a path to a models.yaml or a loaded Registry, got {type(registry).__name__}")
+    return registry
+
+
+def _check_loaded(target: Any, drafter: Any) -> None:
+    """Objects given as models are models: a raw Hugging Face model, say, is refused with what to
+    call instead, not met later as an AttributeError."""
+    if not (hasattr(target, "tokenizer") and hasattr(target, "max_length") and hasattr(target, "vocab_size")):
+        raise UsageError(f"`target` must be a models.yaml name, a directory, a hub id or a loaded target "
+                         f"(specdiff.load_target), got {type(target).__name__}")
+    unloaded = drafter is None or isinstance(drafter, str)  # a name is left unloaded for a method without one
+    if not unloaded and not any(check(drafter) for _, check in DRAFTER_KINDS.values()):
+        raise UsageError(f"`drafter` must be a models.yaml name, a directory, a hub id or a loaded drafter "
+                         f"(specdiff.load_drafter), got {type(drafter).__name__}")
+
+

@@ -1,0 +1,136 @@
+"""Decoding prompts with a plan: a stream of events as steps accept tokens (stream), the outputs
+in prompt order (in_order, iter_generate), and torch's thread count for a call (torch_threads).
+
+May import: planning, prompts, decoding (Row), metrics, text; not the CLI.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from ..decoding import Row
+from ..errors import UsageError
+from ..metrics import Metrics
+from ..requests import check_flags, check_prompts
+from ..text import StopStrings
+from .planning import Plan, plan
+from .prompts import encode_prompts
+
+
+@dataclass
+class Output:
+    prompt: str
+    text: str  # the continuation only
+    tokens: list[int]
+    metrics: Metrics
+
+
+@dataclass
+class Event:
+    """One decoding step of prompt `index`: the tokens it appended. The last event of a prompt
+    carries its finished `output` (and no tokens). Prompts decoded in one batch interleave."""
+
+    index: int
+    tokens: list[int]
+    output: Output | None = None
+
+
+@dataclass
+class GenerationResult:
+    outputs: list[Output] = field(default_factory=list)
+
+    @property
+    def texts(self) -> list[str]:
+        return [o.text for o in self.outputs]
+
+    @property
+    def metrics(self) -> Metrics:
+        total = Metrics()
+        for o in self.outputs:
+            total = total.merge(o.metrics)
+        return total
+
+
+def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
+           progress: bool = False, indices: list[int] | None = None, **options: Any) -> Iterator[Event]:
+    """Decode the prompts, `p.batch_size` at a time, yielding an Event per decoding step of each
+    prompt (the tokens it appended; prompts of one batch interleave) and a final Event per prompt
+    holding its Output, as soon as it is finished. `p`: a Plan; else `options` (as for
+    `generate`) make one. `indices`: each prompt's place in a larger input (default 0, 1, ...),
+    which seeds its generator and numbers it in errors, so that a shard decodes as the whole
+    would; events are indexed by the position in `prompts` all the same."""
+    prompts = check_prompts(prompts)
+    check_flags(truncate_prompt=truncate_prompt, progress=progress)
+    if p is not None and not isinstance(p, Plan):
+        raise UsageError(f"`p` must be a Plan (specdiff.generation.plan), got {type(p).__name__}")
+    if p is not None and options:
+        raise UsageError(f"`{next(iter(options))}` is a setting of a plan: pass the settings or the plan `p`, not both")
+    p = p or plan(**options)
+    indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
+    encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
+    if prompts:
+        longest = max(map(len, encoded)) + p.max_new_tokens  # the cache holds no more per row
+        rows = min(p.batch_size, len(prompts))
+        p.decoder.check_sizes(rows, p.batch_size, p.max_new_tokens, longest)
+        if p.compiled:
+            p.decoder.warm_up(rows, longest)
+    stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
+    pending = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
+                   torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)
+               for i, ids in enumerate(encoded))
+    with tqdm(total=len(prompts), disable=not progress, unit="prompt", leave=False) as bar:
+        for row, tokens in p.decoder(pending, p.batch_size):
+            yield Event(row.index, tokens)
+            if row.stop_reason:
+                text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)
+                text = stop.cut(text) if stop else text
+                bar.update()
+                yield Event(row.index, [], Output(prompts[row.index], text, row.new_tokens, row.metrics))
+
+
+def _check_indices(indices: list[int], n: int) -> list[int]:
+    if len(indices) != n or not all(isinstance(i, int) and i >= 0 for i in indices):
+        raise UsageError(f"`indices` must be {n} integers >= 0, one per prompt")
+    return list(indices)
+
+
+def in_order(events: Iterable[Event]) -> Iterator[Output]:
+    """The Outputs of a stream's events in prompt order: a finished output waits for those before it."""
+    done: dict[int, Output] = {}
+    following = 0
+    for event in events:
+        if event.output is not None:
+            done[event.index] = event.output
+            while following in done:
+                yield done.pop(following)
+                following += 1
+
+
+def iter_generate(prompts: list[str], p: Plan, truncate_prompt: bool = False,
+                  progress: bool = False, indices: list[int] | None = None) -> Iterator[Output]:
+    """Yield one Output per prompt, in order, as each is finished (and all before it);
+    `indices`: see `stream`."""
+    return in_order(stream(prompts, p, truncate_prompt=truncate_prompt, progress=progress, indices=indices))
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to `threads` inside (None: left alone), restored after."""
+    if threads is None:
+        yield
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise UsageError(f"`threads` must be an integer >= 1, got {threads!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+

@@ -1,0 +1,104 @@
+"""What a method is: its declaration (Method), the models it decodes with (Models), the kinds of
+drafter and target it may need, and the step-size check every causal decoder shares.
+
+May import: specdiff's contracts, settings, budget, errors and the drafters' and targets' kinds;
+not generation (which imports this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..budget import check_step
+from ..contracts import Decoder, Proposer, Target
+from ..drafters.autoregressive import ARDrafter
+from ..errors import UsageError
+from ..sampling import Sampling
+
+
+@dataclass(frozen=True)
+class Models:
+    """The loaded models a method decodes with; `drafter` is None for a method without one."""
+
+    target: Any
+    drafter: Any = None
+
+
+def is_diffusion(drafter: Any) -> bool:
+    """A DiffusionDrafter, or any object with its drafting interface (x0_logits, mask_id,
+    vocab_size, context_length), such as an exported graph (runtimes.models.GraphDrafter)."""
+    return hasattr(drafter, "x0_logits") and hasattr(drafter, "mask_id")
+
+
+def is_autoregressive(drafter: Any) -> bool:
+    return isinstance(drafter, ARDrafter)
+
+
+def is_block_diffusion(model: Any) -> bool:
+    """A block-diffusion LM (targets.block.BlockDiffusionTarget): SDAR and the demo block pair."""
+    return getattr(model, "kind", None) == "block-diffusion"
+
+
+# kind -> (how messages name it, the check)
+DRAFTER_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "autoregressive": ("an autoregressive (causal LM) drafter", is_autoregressive),
+    "diffusion": ("a diffusion drafter", is_diffusion),
+    "block-diffusion": ("a block-diffusion drafter", is_block_diffusion),
+}
+TARGET_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "causal": ("a causal LM target", lambda target: not is_block_diffusion(target)),
+    "block-diffusion": ("a block-diffusion target (SDAR layout)", is_block_diffusion),
+}
+
+# (method, models, its family's settings or None, sampling, acceptance asked for or None) -> Decoder
+Prepare = Callable[["Method", Models, Any, Sampling, "str | None"], Decoder]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method: see the table's docstring (methods/__init__.py)."""
+
+    name: str
+    summary: str
+    prepare_with: Prepare
+    needs: str | None = None  # a key of DRAFTER_KINDS; None: no drafter
+    build: Callable[[Any, Any], Proposer] | None = None  # (drafter, DraftSettings) -> its proposer
+    rules: tuple[str, ...] = ()
+    family: type | None = None  # the settings dataclass whose fields it reads (specdiff.settings)
+    settings: tuple[str, ...] = ()  # the fields of `family` it reads (what a bench sweeps)
+    target: str = "causal"  # a key of TARGET_KINDS
+    exact: bool = True  # False: approximate, its output is not its reference's
+
+    def prepare(self, models: Models, settings: Any, sampling: Sampling, acceptance: str | None = None) -> Decoder:
+        """The decoder of one run: the method's pieces built around the models, checked."""
+        return self.prepare_with(self, models, settings, sampling, acceptance)
+
+    def accepts(self, drafter: Any) -> bool:
+        return self.needs is not None and DRAFTER_KINDS[self.needs][1](drafter)
+
+    def check_drafter(self, drafter: Any) -> None:
+        if self.needs is not None and not self.accepts(drafter):
+            raise UsageError(f"method '{self.name}' needs {DRAFTER_KINDS[self.needs][0]} (`drafter`)")
+
+    def check_target(self, target: Any) -> None:
+        what, check = TARGET_KINDS[self.target]
+        if not check(target):
+            raise UsageError(f"method '{self.name}' needs {what}; '{target.name}' is not one (`target`)")
+
+
+def check_sizes(target: Target, *, gamma: int | None, copies: int, batch_size: int, max_new_tokens: int,
+                rows: int, context: int) -> None:
+    """Refuse sizes that cannot serve: a draft (gamma tokens; None: no draft) longer than the
+    target's context window, or a decoding step (`rows` rows decoded together, each verifying
+    `copies` candidate drafts of up to gamma + 1 tokens, caches of `context` tokens) larger than
+    the free memory (budget.py)."""
+    if gamma is not None and gamma >= target.max_length:
+        raise UsageError(f"`gamma` {gamma} does not fit the target's context window ({target.max_length} "
+                         "tokens) after a prompt")
+    if target.max_rows:  # the loop decodes no more rows together than the target takes
+        rows = min(rows, max(1, target.max_rows // copies))
+    sizes = {"batch_size": batch_size, **({"drafts": copies} if copies > 1 else {}),
+             **({"gamma": gamma} if gamma is not None else {})}
+    tokens = min(gamma + 1, max_new_tokens) if gamma is not None else 1
+    check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
