@@ -193,7 +193,8 @@ def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
 def test_timed_passes_are_round_robin_and_speedups_paired(tiny, monkeypatch):
     """Pass i of every variant runs before pass i + 1 of any (a slow spell hits all methods), and a
     speed-up is the median over rounds of the variant's tokens/s over ar's in the same round."""
-    from specdiff.tools import bench
+    from specdiff.tools.bench import measure
+    from specdiff.tools.bench.passes import Pass
 
     order, seconds = [], {"ar": [1.0, 3.0, 1.5], "spec-ar": [0.5, 3.0, 3.0]}  # per timed pass
 
@@ -201,10 +202,10 @@ def test_timed_passes_are_round_robin_and_speedups_paired(tiny, monkeypatch):
         def one_pass(prompts, encoded):
             order.append(v.method)
             timed = len([m for m in order if m == v.method]) - s.warmup
-            yield [1, 2, 3], seconds[v.method][timed - 1] if timed > 0 else 1.0
-        return one_pass
+            yield [1, 2, 3], seconds[v.method][timed - 1] if timed > 0 else 1.0, None
+        return Pass(one_pass)
 
-    monkeypatch.setattr(bench, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
+    monkeypatch.setattr(measure, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
     models, _ = load_models(target=str(tiny.gpt2), ar_drafter=str(tiny.ar))
     report = run(models, PROMPTS[:1], variants(["spec-ar"], gammas=(2,)), Settings(repeats=3, warmup=1, threads=1))
     assert order == ["ar", "spec-ar"] * 4
@@ -256,7 +257,8 @@ def test_unreliable_speedups_are_named_with_their_reasons():
 def test_cli_warns_when_rounds_disagree(tiny, tmp_path, monkeypatch):
     """Fake passes (as in the round-robin test): ar's rounds take 1, 3 and 1.5 s, so every
     speed-up over it is unreliable; the warning, its advice and bench.json say so."""
-    from specdiff.tools import bench
+    from specdiff.tools.bench import measure
+    from specdiff.tools.bench.passes import Pass
 
     seconds = {"ar": [1.0, 3.0, 1.5], "spec-ar": [0.5, 0.5, 0.5]}
 
@@ -265,10 +267,10 @@ def test_cli_warns_when_rounds_disagree(tiny, tmp_path, monkeypatch):
 
         def one_pass(prompts, encoded):
             done.append(1)
-            yield [1, 2, 3], seconds[v.method][len(done) - 1]
-        return one_pass
+            yield [1, 2, 3], seconds[v.method][len(done) - 1], None
+        return Pass(one_pass)
 
-    monkeypatch.setattr(bench, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
+    monkeypatch.setattr(measure, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
     result = _cli(tiny, tmp_path, "--methods", "spec-ar", "--gamma", "2", "--repeats", "3", "--no-plots")
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if line.startswith("specdiff: warning:")]

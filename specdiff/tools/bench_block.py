@@ -24,8 +24,7 @@ from ..methods import METHODS
 from ..metrics import Metrics
 from .bench import Models, Settings, environment, spread
 
-BLOCK_METHODS = ("block", "simsd-exact", "simsd")
-EXACT = {"block": True, "simsd-exact": True, "simsd": False}
+BLOCK_METHODS = tuple(name for name, m in METHODS.items() if m.target == "block-diffusion")
 
 
 def _prefix_fraction(reference: list[int], got: list[int]) -> float:
@@ -80,7 +79,7 @@ def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
         total = _total(ps[0])
         agree = [_prefix_fraction(r.tokens, o.tokens) for r, o in zip(ref[0], ps[0])]
         out.append({"method": m, "steps": block.steps, "gamma": g and block.gamma,
-                    "remasking": block.remasking, "exact": EXACT[m],
+                    "remasking": block.remasking, "exact": METHODS[m].exact,
                     "tokens_per_s": spread(speeds), "speedup": statistics.median(ratios),
                     "speedup_range": [min(ratios), max(ratios)], "new_tokens": total.new_tokens,
                     "target_calls": total.target_calls, "drafter_calls": total.drafter_calls,

@@ -1,0 +1,80 @@
+"""Side-by-side speed of decoding methods on the same target weights and prompts.
+
+    models, defaults = load_models(target="gpt2-xl", drafter="./drafter", ar_drafter="gpt2")
+    report = run(models, prompts, variants(["ar", "specdiff"], gammas=[4, 8]), Settings())
+    write_report(report, "bench-out")
+
+Methods: `ar`, `spec-ar`, `specdiff` run specdiff's own loop (generation.plan / iter_generate);
+`hf-assisted` (transformers assisted generation with the AR drafter, a constant
+num_assistant_tokens = gamma, confidence early exit off) and `hf-prompt-lookup`
+(prompt_lookup_num_tokens = gamma) are the peers a user would pick instead. `ar` always runs first:
+it is the reference for speed-ups, for c_1 and for the greedy token-by-token check.
+
+Each method: `warmup` untimed passes over all prompts, then `repeats` timed passes (tokens/s =
+new tokens / decoding seconds per pass; medians and spread over passes). Every forward call is
+logged by hooks (callstats.py), which gives call counts and costs, the draft/verify/other time
+split, and tau / alpha / accepted lengths for every method, HF peers included (for batched
+variants, where one call serves several prompts, tau / alpha come from the loop's own per-prompt
+metrics). Ideal speed-up:
+S_ideal = tau * c_1 / (c_v + n_d * c_d) (docs/lossless.md), n_d = drafter calls per
+verification (T for specdiff, gamma for an AR drafter).
+
+Batch sizes (`batch_sizes`): specdiff's own methods also run with several prompts per forward pass
+(a variant per batch size; the HF peers only at batch 1). A variant's tokens/s is then the
+throughput of its batches (new tokens / decoding seconds), `tokens_per_s_per_row` that over the
+batch size, and `memory.kv_cache_peak_mb` the largest KV cache its batches held.
+
+Rooms: config (Models, Variant, Settings, load_models), sweep (variants: the rows), passes (one
+typed Pass per method), measure (timing, memory, environment), report (rows, speed-ups, checks);
+this module runs them. Its output: tools/bench_output.py; block-diffusion targets: tools/bench_block.py.
+May import: the library and tools.callstats; never the CLI.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...errors import UsageError
+from ...generation import TextOptions, encode_prompts, torch_threads
+from ...targets.block import BlockDiffusionTarget
+from ...targets.causal import CausalLMTarget
+from .config import DEFAULT_PROMPTS, METHODS, NEEDS, Models, Settings, Variant, default_prompts, load_models
+from .measure import environment, memory_of, time_variants
+from .passes import PASSES
+from .report import SPREAD_LIMIT, make_report, row_of, spread, unreliable
+from .sweep import available_methods, check_models, check_rules, fits, variants
+
+__all__ = ["DEFAULT_PROMPTS", "METHODS", "NEEDS", "PASSES", "SPREAD_LIMIT", "Models", "Settings", "Variant",
+           "available_methods", "check_rules", "default_prompts", "environment", "fits", "load_models", "run",
+           "spread", "unreliable", "variants"]
+
+
+def run(models: Models, prompts: list[str], rows: list[Variant], settings: Settings,
+        log: Callable[[str], None] = lambda msg: None) -> dict:
+    """Time every variant on the prompts; -> the report (what bench.json holds)."""
+    if settings.repeats < 1 or settings.warmup < 0:
+        raise UsageError("repeats must be >= 1 and warmup >= 0")
+    refs = [Variant("ar", temperature=t) for t in dict.fromkeys([v.temperature for v in rows] or [None])]
+    rows = refs + [v for v in rows if v not in refs]  # the batch-1 reference at every temperature first
+    check_models(models, rows)
+    encoded = encode_prompts(models.target, prompts, settings.max_new_tokens, settings.truncate_prompt,
+                             TextOptions(chat=settings.chat))
+    _check_room(models.target, rows, encoded, settings.max_new_tokens)
+    with torch_threads(settings.threads):
+        repeats, warmups = time_variants(models, rows, settings, prompts, encoded, log)
+        out = [({**row_of(v, r, encoded), "memory": memory_of(r), "compile_s": w}, r)
+               for v, r, w in zip(rows, repeats, warmups)]
+        env = environment(models)
+    return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
+
+
+def _check_room(target: CausalLMTarget | BlockDiffusionTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
+    """transformers' prompt lookup does not cap its draft at the context window, so near the end a
+    verify call would run past the position embeddings: refuse such settings up front."""
+    gamma = max((v.gamma or 0 for v in rows if v.method == "hf-prompt-lookup"), default=0)
+    longest = max(map(len, encoded))
+    if gamma and longest + max_new_tokens + gamma > target.max_length:
+        raise UsageError(
+            f"hf-prompt-lookup g={gamma}: a {longest}-token prompt + {max_new_tokens} new tokens + gamma passes "
+            f"the target's context window of {target.max_length} (transformers does not cap prompt-lookup "
+            "drafts there); use shorter prompts, a lower `max_new_tokens`, or leave hf-prompt-lookup out")

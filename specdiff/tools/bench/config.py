@@ -1,0 +1,127 @@
+"""What a bench runs: the models loaded once (Models), one row's method and settings (Variant),
+the settings every row shares (Settings), and which models each method needs (NEEDS).
+May import: the library (loading, registry, methods); not the other bench modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import nn
+
+from ...drafters.autoregressive import ARDrafter
+from ...drafters.diffusion import DiffusionDrafter
+from ...errors import UsageError
+from ...loading import load_drafter, load_target
+from ...methods import METHODS as REGISTRY, is_block_diffusion
+from ...names import PEERS
+from ...registry import Registry, load_registry
+from ...resources import data_path
+from ...targets.block import BlockDiffusionTarget
+from ...targets.causal import CausalLMTarget
+
+METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
+SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
+NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
+DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
+
+
+@dataclass
+class Models:
+    target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
+    drafter: DiffusionDrafter | BlockDiffusionTarget | None = None
+    ar_drafter: ARDrafter | None = None
+    graphs: dict[str, dict] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
+
+    def drafter_module(self, method: str) -> nn.Module | BlockDiffusionTarget | None:
+        """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
+        if NEEDS.get(method) == "drafter":
+            return self.drafter
+        return self.ar_drafter.model if NEEDS.get(method) == "ar_drafter" and self.ar_drafter else None
+
+    def names(self) -> dict:
+        return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
+                "ar_drafter": getattr(self.ar_drafter, "source", None)}
+
+
+@dataclass(frozen=True)
+class Variant:
+    method: str
+    gamma: int | None = None
+    steps: int | None = None
+    schedule: str | None = None
+    drafts: int | None = None  # K candidate drafts (None: the plan's default, 1)
+    acceptance: str | None = None  # None: Settings.acceptance, else the plan's default
+    temperature: float | None = None  # None: Settings.temperature
+    batch_size: int = 1
+    runtime: str = "torch"  # or "compiled" (specdiff.compiled), or a graph runtime (RUNTIMES)
+
+    @property
+    def compiled(self) -> bool:
+        return self.runtime == "compiled"
+
+    @property
+    def on_graphs(self) -> bool:
+        """Whether it runs exported graphs (`Models.graphs`) rather than the torch models."""
+        return self.runtime not in ("torch", "compiled")
+
+    @property
+    def logged(self) -> bool:
+        """Whether its forward calls can be logged by hooks: eager torch only (a hook would make
+        torch.compile recompile; exported graphs are no modules)."""
+        return self.runtime == "torch"
+
+    @property
+    def label(self) -> str:
+        parts = [self.method] + ([f"g={self.gamma}"] if self.gamma else [])
+        parts += [f"T={self.steps}", str(self.schedule)] if self.steps else []
+        parts += ([f"K={self.drafts}"] if self.drafts else []) + ([self.acceptance] if self.acceptance else [])
+        parts += [f"t={self.temperature:g}"] if self.temperature is not None else []
+        parts += [f"b={self.batch_size}"] if self.batch_size != 1 else []
+        return " ".join(parts + ([self.runtime] if self.runtime != "torch" else []))
+
+
+@dataclass
+class Settings:
+    max_new_tokens: int = 64
+    repeats: int = 3
+    warmup: int = 1
+    temperature: float = 0.0  # of variants that set none
+    acceptance: str | None = None  # rule for spec-ar / specdiff rows that set none; default from plan()
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_temperature: float | None = None  # of rows with drafts > 1
+    seed: int = 0
+    threads: int | None = None  # torch threads while timing; None: leave as is
+    truncate_prompt: bool = False
+    chat: bool = False  # prompts go through the target's chat template (every row alike)
+
+
+def default_prompts(pair: str | None, target: Any, registry: Registry | None = None) -> Path:
+    """The prompt file bench uses when given none: the pair's `prompts:`, else DEFAULT_PROMPTS."""
+    entry = (registry or load_registry()).chosen_pair(pair, target)
+    return entry.prompts if entry is not None and entry.prompts is not None else DEFAULT_PROMPTS
+
+
+def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = None, ar_drafter: Any = None,
+                methods: Sequence[str] = (), device: str = "cpu", dtype: str = "auto",
+                registry: Registry | None = None) -> tuple[Models, dict]:
+    """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
+    `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
+    pair's `ar_drafter:` is loaded."""
+    registry = registry or load_registry()
+    if ar_drafter is None and any(NEEDS.get(m) == "ar_drafter" for m in methods):
+        ar_drafter = getattr(registry.chosen_pair(pair, target), "ar_drafter", None)
+    target, drafter, defaults = registry.resolve(pair, target, drafter)
+    models = Models(load_target(target, device=device, dtype=dtype, registry=registry))
+    for name, must_be_ar in ((drafter, False), (ar_drafter, True)):
+        if name is None:
+            continue
+        loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
+        if must_be_ar and not isinstance(loaded, ARDrafter):
+            raise UsageError(f"ar_drafter '{name}' is not a causal LM")
+        diffusion = isinstance(loaded, DiffusionDrafter) or is_block_diffusion(loaded)
+        setattr(models, "drafter" if diffusion else "ar_drafter", loaded)
+    return models, defaults

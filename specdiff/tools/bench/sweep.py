@@ -1,0 +1,108 @@
+"""The rows of a bench: each method at each setting it reads (the registry's Method.settings),
+rule, temperature, batch size and runtime (variants), and the checks that they can run.
+May import: bench.config and the library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable, Iterator, Sequence
+
+from ... import selection
+from ...acceptance import RULES
+from ...drafters.diffusion import get_schedule
+from ...errors import IncompatibleModelsError, UsageError
+from ...generation import DEFAULT_STEPS, DEFAULTS
+from .config import METHODS, NEEDS, REGISTRY, Models, Variant
+
+def variants(methods: Sequence[str], gammas: Sequence[int] = (DEFAULTS["gamma"],),
+             steps: Sequence[int | None] = (None,), schedules: Sequence[str] = (DEFAULTS["schedule"],),
+             drafts: Sequence[int | None] = (None,), rules: Sequence[str | None] = (None,),
+             temperatures: Sequence[float | None] = (None,), batch_sizes: Sequence[int] = (1,),
+             runtimes: Sequence[str] = ("torch",)) -> list[Variant]:
+    """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
+    schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
+    only that) x drafts; the other drafting methods sweep gamma. Drafting rows sweep the rules
+    that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
+    each batch size and on each of `runtimes` ("torch": eager; "compiled"; a graph runtime, which
+    runs ar and specdiff: exports hold a target and a diffusion drafter)."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
+    for name, values in (("gamma", gammas), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
+        if any(v is not None and v < 1 for v in values):
+            raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
+    check_rules(rules)
+    rows = []
+    for temperature in temperatures:
+        rows.append(Variant("ar", temperature=temperature))
+        for v in _drafting(methods, gammas, steps, schedules):
+            for k in drafts if "drafts" in _settings(v.method) else (None,):
+                fit: list[str | None] = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
+                rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
+    unused = [r for r in rules if r is not None and r not in {v.acceptance for v in rows}]
+    if unused:
+        raise UsageError(f"acceptance rule '{unused[0]}' fits none of the rows (single-draft rules for one draft, "
+                         "greedy / select / multi for `drafts` > 1, greedy only at `temperature` 0; ar uses none)")
+    swept = [replace(v, batch_size=b, runtime=r) for v in rows for b in dict.fromkeys(batch_sizes)
+             for r in dict.fromkeys(runtimes)]
+    return [v for v in swept if _runs(v)]
+
+
+def _runs(v: Variant) -> bool:
+    """The HF peers run eager torch at batch 1; graph runtimes run ar and specdiff."""
+    if v.method not in REGISTRY:
+        return v.batch_size == 1 and v.runtime == "torch"
+    return not v.on_graphs or v.method in ("ar", "specdiff")
+
+
+def _drafting(methods: Sequence[str], gammas: Sequence[int], steps: Sequence[int | None],
+              schedules: Sequence[str]) -> Iterator[Variant]:
+    for method in [m for m in METHODS if m in methods and m != "ar"]:
+        for g in gammas:
+            if "steps" not in _settings(method):
+                yield Variant(method, g)
+                continue
+            for s in schedules:
+                fixed = get_schedule(s).fixed_steps
+                for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
+                    yield Variant(method, g, t, s)
+
+
+def check_rules(rules: Iterable[str | None]) -> None:
+    """Every rule named is a known acceptance rule: an unknown one used to fit no row and be dropped."""
+    known = list(dict.fromkeys([*RULES, *selection.RULES]))
+    for rule in rules:
+        if rule is not None and rule not in known:
+            raise UsageError(f"unknown acceptance rule '{rule}' (choose from {', '.join(known)})")
+
+
+def fits(rule: str, drafts: int, temperature: float | None) -> bool:
+    """Whether a row with this many drafts, at this temperature (None: unknown), can run the rule:
+    single-draft rules for one draft, selection rules for several, greedy only at temperature 0."""
+    single = rule in RULES and rule != "multi"
+    return (single if drafts == 1 else rule in selection.RULES) and not (rule == "greedy" and temperature)
+
+
+def _settings(method: str) -> tuple[str, ...]:
+    """The draft settings a method reads: the registry's declaration; peers take gamma only."""
+    return REGISTRY[method].settings if method in REGISTRY else ("gamma",)
+
+
+def available_methods(models: Models) -> list[str]:
+    return [m for m in METHODS if NEEDS.get(m) is None or getattr(models, NEEDS[m]) is not None]
+
+
+def check_models(models: Models, rows: list[Variant]) -> None:
+    what = {"ar_drafter": "an autoregressive drafter (`ar_drafter`)", "drafter": "a diffusion drafter (`drafter`)"}
+    for v in rows:
+        if v.on_graphs:
+            graphs = models.graphs.get(v.runtime, {})
+            if "target" not in graphs or (v.method == "specdiff" and "drafter" not in graphs):
+                held = "a target and a diffusion drafter" if v.method == "specdiff" else "a target"
+                raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
+            if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
+                raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
+                                              "its rows would not be the same model's")
+        if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
+            raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
