@@ -1,8 +1,11 @@
-"""Decoding loops for block-diffusion targets (targets/block.py; SDAR, arXiv 2510.06303):
+"""Decoding loops for block-diffusion targets (contracts.BlockTarget; SDAR, arXiv 2510.06303),
+all on one outer loop (decode_blocks: prefill, denoise each block until done, push it, cache it)
+into which each method plugs its BlockStep:
 
-    decode_block        vanilla block decoding, the reference every block method must match
-    decode_simsd_exact  speculative: a smaller block-diffusion model drafts a block's denoising
+    decode_block        Vanilla: block decoding, the reference every block method must match
+    decode_simsd_exact  StateCopies: a smaller block-diffusion model drafts a block's denoising
                         trajectory, the target verifies it by state copies in one call
+    (simsd.decode_simsd SimSD's single verify pass, approximate)
 
 Vanilla (the reference). The block grid is anchored at position 0. Prefill stores the
 block-aligned part of the prompt (floor(P / B) * B tokens) block-causally; the prompt's trailing
@@ -33,16 +36,17 @@ the output is vanilla's, for every remasking rule, whatever the draft.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
 
 import torch
 
+from .contracts import BlockTarget
 from .decoding import Row
-from .metrics import Clock
-from .metrics import Metrics
+from .metrics import Clock, Metrics
 from .sampling import Sampling
 from .settings import BlockSettings
-from .targets.block import BlockDiffusionTarget, copies
+from .targets.block import copies
 
 SEED_SPACE = 2**62
 
@@ -111,9 +115,9 @@ class BlockRun:
     """One row's block grid: the block being decoded (B,), its first position, its step; the
     prefill of each model (once per model: a target drafting for itself has one cache)."""
 
-    def __init__(self, models: tuple[BlockDiffusionTarget, ...], row: Row, m: Metrics):
+    def __init__(self, models: tuple[BlockTarget, ...], row: Row, m: Metrics):
         target, models = models[0], tuple({id(model): model for model in models}.values())
-        self.B, self.mask_id = target.block_size, target.mask_id
+        self.B, self.mask_id = target.block_size, target.mask_id  # B: the block size
         self.row = row
         self.start = row.n_prompt // self.B * self.B
         for model in models:
@@ -142,60 +146,107 @@ class BlockRun:
         return pushed
 
 
-def decode_block(target: BlockDiffusionTarget, drafter: None, row: Row, sampling: Sampling,
+class BlockStep(Protocol):
+    """What a block method does inside the loop all of them share (decode_blocks):
+        denoise(run)          one round on the block being decoded (its target calls, its draft,
+                              its metrics); the loop calls it until the block has no mask left
+        finished(run, block)  after a finished block (B,) when decoding goes on: cache it now,
+                              or leave it to the next round's first call
+    """
+
+    def denoise(self, run: BlockRun) -> None: ...
+
+    def finished(self, run: BlockRun, block: torch.Tensor) -> None: ...
+
+
+def decode_blocks(models: tuple[BlockTarget, ...], row: Row, step: BlockStep) -> Iterator[list[int]]:
+    """The outer loop of every block method: prefill (BlockRun), then per block `step.denoise` until
+    it is done, push its tokens, `step.finished`; yields each finished block's new tokens. The
+    row's decoding seconds are the time spent in here (metrics.Clock), not in the consumer."""
+    m, clock = row.metrics, Clock(row.metrics)
+    run = BlockRun(models, row, m)
+    while not row.stop_reason:
+        clock.resume()
+        while not run.done:
+            step.denoise(run)
+        finished, pushed = run.block, run.finish()
+        if not row.stop_reason:
+            step.finished(run, finished)
+        clock.pause(row)
+        yield pushed
+
+
+@dataclass
+class Vanilla:
+    """`block`: each round is one target call and one transition; a finished block is stored by one
+    more call."""
+
+    target: BlockTarget
+    sampling: Sampling
+    settings: BlockSettings
+    noise: StepNoise
+
+    def denoise(self, run: BlockRun) -> None:
+        m = run.row.metrics
+        with m.timed("verify", self.target.sync):
+            logits = self.target.denoise(run.block[None])[0]  # (B, V)
+            run.block = transition(logits, run.block, run.step, run.mask_id, self.sampling, self.settings,
+                                   self.noise(run.start, run.step, tuple(logits.shape)))
+        run.step += 1
+        m.target_calls += 1
+        m.record(0, 0)
+
+    def finished(self, run: BlockRun, block: torch.Tensor) -> None:
+        with run.row.metrics.timed("verify", self.target.sync):
+            self.target.store(block[None])
+        run.row.metrics.target_calls += 1
+
+
+@dataclass
+class StateCopies:
+    """`simsd-exact` (module docstring): each round the draft's trajectory, verified in one target
+    call. Each model caches a finished block in its first call of the next block (its draft step,
+    its verification) unless that block's verification already left its K/V in the cache."""
+
+    target: BlockTarget
+    drafter: BlockTarget
+    sampling: Sampling
+    settings: BlockSettings
+    noise: StepNoise
+    stored: bool = False  # whether the last verification left the finished block in the target's cache
+
+    def denoise(self, run: BlockRun) -> None:
+        m = run.row.metrics
+        with m.timed("draft", self.target.sync):
+            states = _draft(self.drafter, run, self.sampling, self.settings, self.noise)
+        m.drafter_calls += len(states) - 1
+        with m.timed("verify", self.target.sync):
+            accepted, self.stored = _verify(self.target, run, states, self.sampling, self.settings, self.noise)
+        m.target_calls += 1
+        m.record(accepted, len(states) - 1)
+
+    def finished(self, run: BlockRun, block: torch.Tensor) -> None:
+        run.target_unstored = None if self.stored else block  # stored by the next verification
+        if self.drafter is not self.target:  # the draft stores it with its next step (_draft)
+            run.unstored = block
+        self.stored = False
+
+
+def decode_block(target: BlockTarget, drafter: None, row: Row, sampling: Sampling,
                  settings: BlockSettings) -> Iterator[list[int]]:
     """Vanilla block decoding (module docstring); yields each finished block's new tokens."""
-    m, clock = row.metrics, Clock(row.metrics)
     noise = StepNoise(sampling, row.generator, row.device)
-    run = BlockRun((target,), row, m)
-    while not row.stop_reason:
-        clock.resume()
-        while not run.done:
-            with m.timed("verify", target.sync):
-                logits = target.denoise(run.block[None])[0]  # (B, V)
-                run.block = transition(logits, run.block, run.step, run.mask_id, sampling, settings,
-                                       noise(run.start, run.step, tuple(logits.shape)))
-            run.step += 1
-            m.target_calls += 1
-            m.record(0, 0)
-        finished, pushed = run.block, run.finish()
-        if not row.stop_reason:
-            with m.timed("verify", target.sync):
-                target.store(finished[None])
-            m.target_calls += 1
-        clock.pause(row)
-        yield pushed
+    return decode_blocks((target,), row, Vanilla(target, sampling, settings, noise))
 
 
-def decode_simsd_exact(target: BlockDiffusionTarget, drafter: BlockDiffusionTarget, row: Row,
+def decode_simsd_exact(target: BlockTarget, drafter: BlockTarget, row: Row,
                        sampling: Sampling, settings: BlockSettings) -> Iterator[list[int]]:
-    """Speculative block decoding verified by state copies (module docstring): vanilla's output.
-    Each model caches a finished block in its first call of the next block (its draft step,
-    its verification) unless that block's verification already left its K/V in the cache."""
-    m, clock = row.metrics, Clock(row.metrics)
+    """Speculative block decoding verified by state copies (module docstring): vanilla's output."""
     noise = StepNoise(sampling, row.generator, row.device)
-    run = BlockRun((target, drafter), row, m)
-    while not row.stop_reason:
-        clock.resume()
-        stored = False
-        while not run.done:
-            with m.timed("draft", target.sync):
-                states = _draft(drafter, run, sampling, settings, noise)
-            m.drafter_calls += len(states) - 1
-            with m.timed("verify", target.sync):
-                accepted, stored = _verify(target, run, states, sampling, settings, noise)
-            m.target_calls += 1
-            m.record(accepted, len(states) - 1)
-        finished, pushed = run.block, run.finish()
-        if not row.stop_reason:
-            run.target_unstored = None if stored else finished  # stored by the next verification
-            if drafter is not target:  # the draft stores it with its next step (_draft)
-                run.unstored = finished
-        clock.pause(row)
-        yield pushed
+    return decode_blocks((target, drafter), row, StateCopies(target, drafter, sampling, settings, noise))
 
 
-def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, settings: BlockSettings,
+def _draft(drafter: BlockTarget, run: BlockRun, sampling: Sampling, settings: BlockSettings,
            noise: StepNoise) -> list[torch.Tensor]:
     """The draft's trajectory s_0 (the block now) .. s_k, k <= gamma, each (B,). Its first
     call also stores the previous block in the draft's cache, if it holds it not yet."""
@@ -209,7 +260,7 @@ def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling, set
     return states
 
 
-def _verify(target: BlockDiffusionTarget, run: BlockRun, states: list[torch.Tensor], sampling: Sampling,
+def _verify(target: BlockTarget, run: BlockRun, states: list[torch.Tensor], sampling: Sampling,
             settings: BlockSettings, noise: StepNoise) -> tuple[int, bool]:
     """One target call over the states as copies (after the previous block, if the target has
     yet to cache it); commits the target's own transitions into run. -> (draft transitions
@@ -222,14 +273,14 @@ def _verify(target: BlockDiffusionTarget, run: BlockRun, states: list[torch.Tens
     logits = target.run(ids, positions, copies(k1, B, target.device, before=p))[0, p:]
     for t, state in enumerate(states):
         if not bool((state == run.mask_id).any()):  # s_k finished: copy k holds the block's K/V
-            target.keep(n_cached, torch.cat([torch.arange(p), torch.arange(p + t * B, p + (t + 1) * B)]))
+            target.trim(n_cached, torch.cat([torch.arange(p), torch.arange(p + t * B, p + (t + 1) * B)]))
             run.block, run.step = state, run.step + t
             return t, True
         new = transition(logits[t * B:(t + 1) * B], state, run.step + t, run.mask_id, sampling, settings,
                          noise(run.start, run.step + t, (B, logits.shape[-1])))
         if t + 1 < k1 and torch.equal(new, states[t + 1]):
             continue
-        target.keep(n_cached, slice(0, p))
+        target.trim(n_cached, slice(0, p))
         run.block, run.step = new, run.step + t + 1
         return t, False
     raise AssertionError("unreachable: the last copy either is finished or commits a transition")

@@ -7,6 +7,7 @@
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
               candidates, those of specdiff.selection (greedy, select, multi)
     Runtime   runtimes.onnxruntime.OrtRuntime, runtimes.tensorrt.TrtRuntime
+    BlockTarget  a block-diffusion LM: specdiff.targets.block.BlockDiffusionTarget
     Decoder   what a method prepares for one run (methods.Method.prepare): methods.plain,
               methods.speculative, methods.blocks
 
@@ -115,6 +116,52 @@ class Runtime(Protocol):
     limits: Any
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class BlockTarget(Protocol):
+    """A block-diffusion LM over a K/V cache of whole finished blocks (block grid anchored at
+    position 0), as the block methods drive it (block_decoding, simsd). Logits are float32 over the
+    tokenizer's real vocabulary, not shifted (row i predicts token i), the mask token at -inf.
+
+        run(ids (1, N), positions (1, N), allowed (N, N) bool) -> logits (1, N, V)
+            N new rows against the whole cache and, among themselves, as `allowed` says; their
+            K/V are appended until trim()
+        trim(n_cached, rows)      keep the cache's first n_cached tokens and `rows` of the last run
+        store(ids (1, n))         cache finished blocks (n a multiple of block_size)
+        denoise(block (1, B)[, finished (1, B)]) -> logits (1, B, V)   nothing stored but
+                                  `finished`, the block before it
+        positions(start, n) -> (1, n); reset(); sync()
+    """
+
+    kind: str
+    tokenizer: Any
+    vocab_size: int
+    max_length: int
+    eos_token_id: int | None
+    name: str
+    block_size: int
+    mask_id: int
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def length(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor: ...
+
+    def trim(self, n_cached: int, rows: slice | torch.Tensor | None) -> None: ...
+
+    def positions(self, start: int, n: int) -> torch.Tensor: ...
+
+    def store(self, ids: torch.Tensor) -> None: ...
+
+    def denoise(self, block: torch.Tensor, finished: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def sync(self) -> None: ...
 
 
 class Decoder(Protocol):

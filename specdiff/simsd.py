@@ -23,16 +23,17 @@ vanilla decoding, and the reveal order is the draft's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from .acceptance import get_rule
-from .block_decoding import BlockRun, BlockSettings
+from .block_decoding import BlockRun, decode_blocks
+from .contracts import BlockTarget, Rule
 from .decoding import Row
-from .metrics import Clock
 from .sampling import Sampling
-from .targets.block import BlockDiffusionTarget
+from .settings import BlockSettings
 
 
 def temporal_mask(n_left: int, t: torch.Tensor) -> torch.Tensor:
@@ -47,7 +48,7 @@ def temporal_mask(n_left: int, t: torch.Tensor) -> torch.Tensor:
     return torch.cat([top, rows], 0)
 
 
-def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling,
+def _draft(drafter: BlockTarget, run: BlockRun, sampling: Sampling,
            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fill the block's masked slots one per step, most confident first. -> (positions (n,) in
     the block, in position order; their tokens (n,), reveal steps (n,), q (n, V))."""
@@ -64,40 +65,49 @@ def _draft(drafter: BlockDiffusionTarget, run: BlockRun, sampling: Sampling,
     return slots, state[slots], steps[slots], torch.stack([q[int(i)] for i in slots])
 
 
-def decode_simsd(target: BlockDiffusionTarget, drafter: BlockDiffusionTarget, row: Row, sampling: Sampling,
+@dataclass
+class SingleVerify:
+    """Each round: the draft fills the block, one target call verifies it (module docstring); a
+    finished block is stored in both caches by one forward each."""
+
+    target: BlockTarget
+    drafter: BlockTarget
+    sampling: Sampling
+    rule: Rule
+
+    def denoise(self, run: BlockRun) -> None:
+        m, target = run.row.metrics, self.target
+        with m.timed("draft", target.sync):
+            slots, tokens, t, q = _draft(self.drafter, run, self.sampling, run.row.generator)
+        m.drafter_calls += len(slots)
+        with m.timed("verify", target.sync):
+            n_left, n = int(slots[0]), len(slots)  # the committed prefix, the drafted rest
+            ids = torch.cat([run.block[:n_left], tokens, torch.full_like(tokens, run.mask_id)])[None]
+            pos = target.positions(run.start, run.B)[0]
+            positions = torch.cat([pos[:n_left], pos[slots], pos[slots]])[None]
+            n_cached = target.length
+            logits = target.run(ids, positions, temporal_mask(n_left, t))[0, n_left + n:]  # (n, V)
+            target.trim(n_cached, None)
+            p = self.sampling.probs(logits)
+            k, y = self.rule(tokens[None], q[None], torch.cat([p, p[-1:]])[None], run.row.generator)
+            k_, y_ = int(k[0]), int(y[0])
+            run.block[slots[:k_]] = tokens[:k_]
+            if k_ < n:
+                run.block[slots[k_]] = y_
+        m.target_calls += 1
+        m.record(k_, n)
+
+    def finished(self, run: BlockRun, block: torch.Tensor) -> None:
+        m = run.row.metrics
+        for model in dict.fromkeys((self.target, self.drafter)):
+            with m.timed("verify" if model is self.target else "draft", self.target.sync):
+                model.store(block[None])
+        m.target_calls += 1
+        m.drafter_calls += self.drafter is not self.target
+
+
+def decode_simsd(target: BlockTarget, drafter: BlockTarget, row: Row, sampling: Sampling,
                  settings: BlockSettings) -> Iterator[list[int]]:
     """SimSD as published (module docstring): approximate. Yields each finished block's tokens."""
-    m, clock = row.metrics, Clock(row.metrics)
     rule = get_rule("greedy" if sampling.greedy else "standard")
-    run = BlockRun((target, drafter), row, m)
-    while not row.stop_reason:
-        clock.resume()
-        while not run.done:
-            with m.timed("draft", target.sync):
-                slots, tokens, t, q = _draft(drafter, run, sampling, row.generator)
-            m.drafter_calls += len(slots)
-            with m.timed("verify", target.sync):
-                n_left, n = int(slots[0]), len(slots)  # the committed prefix, the drafted rest
-                ids = torch.cat([run.block[:n_left], tokens, torch.full_like(tokens, run.mask_id)])[None]
-                pos = target.positions(run.start, run.B)[0]
-                positions = torch.cat([pos[:n_left], pos[slots], pos[slots]])[None]
-                n_cached = target.length
-                logits = target.run(ids, positions, temporal_mask(n_left, t))[0, n_left + n:]  # (n, V)
-                target.keep(n_cached, None)
-                p = sampling.probs(logits)
-                k, y = rule(tokens[None], q[None], torch.cat([p, p[-1:]])[None], row.generator)
-                k_, y_ = int(k[0]), int(y[0])
-                run.block[slots[:k_]] = tokens[:k_]
-                if k_ < n:
-                    run.block[slots[k_]] = y_
-            m.target_calls += 1
-            m.record(k_, n)
-        finished, pushed = run.block, run.finish()
-        if not row.stop_reason:
-            for model in dict.fromkeys((target, drafter)):
-                with m.timed("verify" if model is target else "draft", target.sync):
-                    model.store(finished[None])
-            m.target_calls += 1
-            m.drafter_calls += drafter is not target
-        clock.pause(row)
-        yield pushed
+    return decode_blocks((target, drafter), row, SingleVerify(target, drafter, sampling, rule))

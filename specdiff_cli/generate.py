@@ -168,11 +168,12 @@ def _write_results(records: list[PromptRecord], outputs: Iterator[Output], layou
 
 
 def _stats(wanted: bool, p: Plan, total: Metrics | None) -> None:
-    """--stats: the settings that ran and the aggregate metrics, one JSON line on stderr."""
+    """--stats: the method, whether its output is its reference's (methods: `exact`), the settings
+    that ran and the aggregate metrics, one JSON line on stderr."""
     if wanted and total is not None:
         warmup = {"warmup_s": round(p.warmup_s, 6)} if p.compiled else {}
-        click.echo(json.dumps({"method": p.method.name, "settings": p.settings(), **total.to_dict(), **warmup}),
-                   err=True)
+        click.echo(json.dumps({"method": p.method.name, "exact": p.method.exact, "settings": p.settings(),
+                               **total.to_dict(), **warmup}), err=True)
 
 
 def _layout(jsonl: bool, raw: bool, separator: str | None, echo: bool) -> Layout:

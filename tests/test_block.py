@@ -16,7 +16,8 @@ from scipy.stats import chisquare
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from specdiff import generate
-from specdiff.block_decoding import BlockSettings, StepNoise, transition
+from specdiff.block_decoding import StepNoise, transition
+from specdiff.settings import BlockSettings
 from specdiff.errors import LoadError
 from specdiff.loading import load_target
 from specdiff.sampling import Sampling
@@ -217,6 +218,16 @@ def test_transition_draws_from_p(sdar):
 
 def run_cli(args, input="To be\n"):
     return CliRunner().invoke(cli, ["generate", *args], input=input)
+
+
+def test_stats_say_whether_the_method_is_exact(sdar):
+    """--stats carries the registry's `exact`: simsd, the published approximate method, says so."""
+    for method, exact in (("simsd-exact", True), ("simsd", False)):
+        result = run_cli(["--target", str(sdar["target"]), "--drafter", str(sdar["drafter"]), "--method", method,
+                          "--max-new-tokens", "4", "--stats"])
+        assert result.exit_code == 0, result.output
+        stats = json.loads(result.stderr.strip().splitlines()[-1])
+        assert (stats["method"], stats["exact"]) == (method, exact)
 
 
 @pytest.mark.parametrize("args, message", [

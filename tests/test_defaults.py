@@ -102,7 +102,7 @@ def test_stats_say_which_settings_ran_and_where_each_came_from(tiny, recorded, t
                                       "--temperature", "0.5", "--stats"], env={"SPECDIFF_MODELS": str(path)})
     assert result.exit_code == 0, result.stderr
     stats = json.loads(result.stderr)
-    assert stats["method"] == "specdiff" and stats["new_tokens"] == 5
+    assert stats["method"] == "specdiff" and stats["exact"] is True and stats["new_tokens"] == 5
     assert stats["settings"] == {
         "method": {"value": "specdiff", "from": "drafter"}, "gamma": {"value": 3, "from": "drafter"},
         "steps": {"value": 1, "from": "pair"}, "schedule": {"value": "l2r", "from": "drafter"},

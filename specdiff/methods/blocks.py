@@ -2,7 +2,7 @@
 (block_decoding, simsd) over one row at a time, with its BlockSettings checked against the target
 (and the drafter).
 
-May import: methods.base, decoding (Row), targets.block.
+May import: methods.base, contracts, decoding (Row).
 """
 
 from __future__ import annotations
@@ -10,23 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
 
-from ..contracts import Decoder
+from ..contracts import BlockTarget, Decoder
 from ..decoding import Row
 from ..errors import IncompatibleModelsError, UsageError
 from ..sampling import Sampling
 from ..settings import BlockSettings
-from ..targets.block import BlockDiffusionTarget
 from .base import Method, Models, Prepare
 
 # (target, drafter or None, row, sampling, settings) -> each finished block's new tokens
-Loop = Callable[[BlockDiffusionTarget, Any, Row, Sampling, BlockSettings], Iterator[list[int]]]
+Loop = Callable[[BlockTarget, Any, Row, Sampling, BlockSettings], Iterator[list[int]]]
 
 
 @dataclass(frozen=True)
 class BlockDecoder:
     loop: Loop
-    target: BlockDiffusionTarget
-    drafter: BlockDiffusionTarget | None
+    target: BlockTarget
+    drafter: BlockTarget | None
     sampling: Sampling
     settings: BlockSettings
     reads: tuple[str, ...]  # the settings its method reads (methods.Method.settings)

@@ -5,8 +5,8 @@ finished blocks only (the block grid is anchored at position 0).
     run(ids (1, N), positions (1, N), allowed (N, N) bool) -> logits (1, N, V)
         N new rows against the whole cache (every row sees every cached token) and, among
         themselves, as `allowed` says; their K/V are appended to the cache ...
-    keep(n_cached, rows)
-        ... until keep() trims the cache to its first n_cached tokens plus the given rows of the
+    trim(n_cached, rows)
+        ... until trim() cuts the cache to its first n_cached tokens plus the given rows of the
         last run (None: none of them).
     store(ids) / denoise(block): the two calls of vanilla block decoding (denoise can store the
         block before in the same call).
@@ -83,7 +83,7 @@ class BlockDiffusionTarget:
             logits[..., self.mask_id] = float("-inf")
         return logits
 
-    def keep(self, n_cached: int, rows: slice | torch.Tensor | None) -> None:
+    def trim(self, n_cached: int, rows: slice | torch.Tensor | None) -> None:
         """Trim the cache to its first n_cached tokens plus rows `rows` of the last run."""
         layer: Any
         for layer in self.cache.layers:
@@ -110,7 +110,7 @@ class BlockDiffusionTarget:
         ids = block if finished is None else torch.cat([finished, block], 1)
         n = ids.shape[1]
         logits = self.run(ids, self.positions(n_cached, n), block_causal(n, B, self.device))
-        self.keep(n_cached, None if finished is None else slice(0, B))
+        self.trim(n_cached, None if finished is None else slice(0, B))
         return logits[:, -B:]
 
     def sync(self) -> None:
