@@ -13,8 +13,11 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import specdiff
-from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo, slots
-from specdiff.tools.distill_data import Pattern, Sequences, make_batch
+from specdiff.training.batches import Pattern, make_batch
+from specdiff.training.config import DistillConfig
+from specdiff.training.distill import distill
+from specdiff.training.losses import draft_logits, masked_ce, mdlm_elbo, slots
+from specdiff.training.teacher import Sequences
 from specdiff.errors import DivergedError, IncompatibleModelsError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.generation import plan

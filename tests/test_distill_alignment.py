@@ -13,10 +13,12 @@ from torch.nn.functional import softmax
 
 from specdiff.loading import load_drafter, load_target
 from specdiff.sampling import Sampling
-from specdiff.tools.distill import (LOSSES, DistillConfig, ce_streak, distill, draft_logits, expected_streak,
-                                    loss_function, masked_ce, reach_weighted_log_q, slots, soft_kl, streak)
-from specdiff.tools.distill_data import (DataSpec, Pattern, Sequences, build_sequences, continue_batch,
-                                         make_batch, read_sequences)
+from specdiff.training.batches import Pattern, make_batch
+from specdiff.training.config import DistillConfig
+from specdiff.training.distill import distill
+from specdiff.training.losses import (LOSSES, ce_streak, draft_logits, expected_streak, loss_function, masked_ce,
+                                      reach_weighted_log_q, slots, soft_kl, streak)
+from specdiff.training.teacher import DataSpec, build_sequences, continue_batch, read_sequences
 from tiny import TEXT
 
 P, L, K = 16, 12, 8

@@ -1,7 +1,7 @@
 """The import direction of the design: specdiff_cli -> {exporters, runtimes, specdiff};
-exporters, runtimes -> specdiff; inside specdiff the tools (bench, distillation, conversion) import
-the algorithm and never the reverse. The one crossing between exporters and runtimes: export
-validation runs the graphs it wrote on ONNX Runtime."""
+exporters, runtimes -> specdiff; inside specdiff the tools (specdiff/tools: bench, conversion;
+specdiff/training: distillation) import the algorithm and never the reverse. The one crossing
+between exporters and runtimes: export validation runs the graphs it wrote on ONNX Runtime."""
 
 import ast
 import re
@@ -11,8 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "specdiff (algorithm)"
-FORBIDDEN = {CORE: {"specdiff_cli", "exporters", "runtimes", "specdiff.tools"},
+TOOLS = ("tools", "training")  # the packages of specdiff built on the algorithm
+FORBIDDEN = {CORE: {"specdiff_cli", "exporters", "runtimes", "specdiff.tools", "specdiff.training"},
              "specdiff/tools": {"specdiff_cli", "exporters", "runtimes"},
+             "specdiff/training": {"specdiff_cli", "exporters", "runtimes"},
              "runtimes": {"specdiff_cli", "exporters"},
              "exporters": {"specdiff_cli", "runtimes"}}
 ALLOWED = {("exporters/validate.py", "runtimes.onnxruntime")}
@@ -39,7 +41,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def _files(group: str) -> list[Path]:
     if group == CORE:
-        return [p for p in (ROOT / "specdiff").rglob("*.py") if "tools" not in p.relative_to(ROOT).parts]
+        return [p for p in (ROOT / "specdiff").rglob("*.py") if p.relative_to(ROOT).parts[1] not in TOOLS]
     return list((ROOT / group).rglob("*.py"))
 
 
@@ -66,6 +68,8 @@ def test_the_checker_resolves_relative_imports():
     assert {"specdiff.tools.callstats", "specdiff.errors", "specdiff.generation"} <= bench
     assert "specdiff.contracts" in imported_modules(ROOT / "specdiff" / "decoding.py")
     assert _violates("specdiff.tools.bench", FORBIDDEN[CORE])
+    assert "specdiff.drafters.diffusion.DiffusionDrafter" in imported_modules(ROOT / "specdiff" / "training" / "losses.py")
+    assert _violates("specdiff.training.distill", FORBIDDEN[CORE])
 
 
 LIBRARY = ("specdiff", "runtimes", "exporters")  # specdiff_cli turns parameters into flags (specdiff_cli/flags.py)
