@@ -11,6 +11,10 @@
     loop.py         the optimizer loop: learning rate schedule, steps, validation loss
     checkpoints.py  checkpoints and resume, the published drafter, undoing a diverged run
 
+The losses read DiffusionDrafter.x0_logits, the one chain from ids to x0 logits that drafting and
+the exported graphs run too (specdiff.drafters.diffusion.x0_logits_from): training scores exactly
+the distribution drafting samples from.
+
 A tool like specdiff.tools: it imports the algorithm (drafters, nets, targets, loading,
 generation), which never imports it, and none of specdiff_cli, exporters or runtimes
 (tests/test_layout.py checks both).

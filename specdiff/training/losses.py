@@ -20,9 +20,12 @@ over the masked draft slots whose clean token is not the mask id (the scored slo
 In the streak losses the product runs over a row's masked slots (clean l2r slots before them
 count as reached; a slot whose token is the mask id, raw text only, as accepted).
 
-q is the SUBS x0 distribution at a masked slot: softmax of the raw logits over the real
-vocabulary, the mask id excluded (exactly what DiffusionProposer drafts from), with
-sigma = loglinear_sigma(fraction of the row masked), as at inference.
+q is the drafter's x0 distribution: the softmax of DiffusionDrafter.x0_logits, the very function
+DiffusionProposer drafts from (specdiff.drafters.diffusion.x0_logits_from), fp32 and
+differentiable, with sigma = loglinear_sigma(fraction of the row masked) as at inference. At a
+masked slot that is the softmax of the raw logits over the real vocabulary, the mask id excluded;
+at a clean slot SUBS carries the token over (a one-hot: -inf off it), so a loss reads only the
+scored slots, never multiplies the others by 0 (0 * inf is nan).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma
+from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma, masked_fraction
 from ..errors import UsageError
 from .batches import Batch
 
@@ -42,22 +45,12 @@ if TYPE_CHECKING:
     from .config import DistillConfig
 
 
-def draft_logits(drafter: DiffusionDrafter, xt: torch.Tensor, n: int) -> torch.Tensor:
-    """xt (B, n + gamma) -> x0 logits of the draft slots over the real vocabulary (B, gamma, V),
-    fp32, differentiable; at masked slots equal (up to a per-row constant) to drafter.x0_logits."""
-    sigma = loglinear_sigma((xt == drafter.mask_id).float().mean(dim=1))  # (B,)
-    logits = drafter(xt, sigma, last=xt.shape[1] - n)[..., :drafter.vocab_size].float()
-    if drafter.mask_id < drafter.vocab_size:
-        logits = logits.index_fill(-1, torch.tensor([drafter.mask_id], device=logits.device), float("-inf"))
-    return logits
-
-
 @dataclass(frozen=True)
 class Slots:
     """One batch's draft slots as every loss reads them: the drafter runs once per batch, also
     for a sum of losses."""
 
-    logits: torch.Tensor  # (B, gamma, V) x0 logits, fp32, differentiable (draft_logits)
+    logits: torch.Tensor  # (B, gamma, V) x0 logits, fp32, differentiable (DiffusionDrafter.x0_logits)
     x0: torch.Tensor  # (B, gamma) the teacher's tokens
     scored: torch.Tensor  # (B, gamma) bool: masked slots whose clean token is not the mask id
     t: torch.Tensor  # (B,) the fraction of each row masked
@@ -67,12 +60,11 @@ class Slots:
 
 
 def slots(drafter: DiffusionDrafter, batch: Batch) -> Slots:
-    """Run the drafter on the batch -> its Slots."""
-    x0 = batch.x0[:, batch.n:]
-    scored = (batch.xt[:, batch.n:] == drafter.mask_id) & (x0 != drafter.mask_id)
-    t = (batch.xt == drafter.mask_id).float().mean(dim=1)
-    return Slots(draft_logits(drafter, batch.xt, batch.n), x0, scored, t, batch.xt.shape[1],
-                 batch.soft_ids, batch.soft_p)
+    """Run the drafter on the batch (xt (B, n + gamma)) -> its Slots."""
+    x0, xt = batch.x0[:, batch.n:], batch.xt
+    scored = (xt[:, batch.n:] == drafter.mask_id) & (x0 != drafter.mask_id)
+    return Slots(drafter.x0_logits(xt, last=x0.shape[1]), x0, scored, masked_fraction(xt, drafter.mask_id),
+                 xt.shape[1], batch.soft_ids, batch.soft_p)
 
 
 def _slot_ce(s: Slots) -> torch.Tensor:
@@ -95,14 +87,15 @@ def soft_kl(s: Slots) -> torch.Tensor:
     that q keeps p's tail mass instead of piling it on the top k."""
     if s.soft_ids is None or s.soft_p is None:
         raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
-    log_q_all = s.logits.log_softmax(-1)  # (B, gamma, V)
-    kept = s.soft_p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
-    log_q = log_q_all.gather(-1, s.soft_ids)  # (B, gamma, k)
-    elsewhere = log_q_all.scatter(-1, s.soft_ids.where(kept, s.soft_ids[..., :1]), float("-inf"))
-    p_rest = (1 - s.soft_p.sum(-1)).clamp(min=0)  # (B, gamma)
-    kl = (torch.xlogy(s.soft_p, s.soft_p) - s.soft_p * log_q).sum(-1) \
+    log_q_all = s.logits[s.scored].log_softmax(-1)  # (S, V) the S scored slots
+    ids, p = s.soft_ids[s.scored], s.soft_p[s.scored]  # (S, k)
+    kept = p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
+    log_q = log_q_all.gather(-1, ids)  # (S, k)
+    elsewhere = log_q_all.scatter(-1, ids.where(kept, ids[..., :1]), float("-inf"))
+    p_rest = (1 - p.sum(-1)).clamp(min=0)  # (S,)
+    kl = (torch.xlogy(p, p) - p * log_q).sum(-1) \
         + torch.xlogy(p_rest, p_rest) - p_rest * elsewhere.logsumexp(-1).clamp(min=-1e4)
-    return (kl * s.scored).sum() / s.scored.sum().clamp(min=1)
+    return kl.sum() / s.scored.sum().clamp(min=1)
 
 
 def expected_streak(log_q: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
