@@ -7,8 +7,9 @@ re-aligned cache is a fresh contiguous tensor; a sliced one is copied by the run
 bound by pointer. A runtime's `limits` cap the rows of a batch (`max_rows`).
 GraphDrafter exposes what DiffusionProposer and plan use of a DiffusionDrafter (x0_logits,
 mask_id, vocab_size, context_length, tokenizer, the recorded draft `defaults`) over a denoiser
-graph; the parameterisation and the noise level are computed in Python exactly as the PyTorch
-drafter does. The graph has no padding mask: rows with the same padding run together, unpadded.
+graph; the noise level and the parameterisation are computed in Python by the PyTorch drafter's
+own chain (specdiff.drafters.diffusion.x0_logits_from). The graph has no padding mask: rows with
+the same padding run together, unpadded.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ import torch
 
 from specdiff.artifacts import Artifacts
 from specdiff.contracts import Runtime
-from specdiff.drafters.diffusion import loglinear_sigma, masked_fraction
-from specdiff.nets.parameterization import x0_logits
+from specdiff.drafters.diffusion import x0_logits_from
 from specdiff.targets.rows import RowCache
 
 from specdiff.graphs import TORCH_DTYPES, past_names, present_names
@@ -113,8 +113,8 @@ class GraphDrafter:
             for n, rows in groups.items():
                 out[rows.to(out.device)] = parts[n]
             return out
-        sigma = loglinear_sigma(masked_fraction(input_ids, self.mask_id))
-        feeds = {"input_ids": input_ids, **({"sigma": sigma} if self.time_conditioning else {})}
-        ids = input_ids[:, -(last or 0):]
-        raw = self.runtime.run(feeds)["logits"][:, -(last or 0):]  # (B, last, V_drafter)
-        return x0_logits(self.parameterization, raw, ids, sigma, self.mask_id, self.vocab_size)
+
+        def network(ids: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:  # the graph computes all L
+            feeds = {"input_ids": ids, **({"sigma": sigma} if self.time_conditioning else {})}
+            return self.runtime.run(feeds)["logits"][:, -(last or 0):]  # (B, last, V_drafter)
+        return x0_logits_from(network, input_ids, self.parameterization, self.mask_id, self.vocab_size, last)

@@ -77,7 +77,7 @@ class Finite(click.FloatRange):
 @click.option("--checkpoint-every", type=int, default=200, show_default=True)
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
 @click.option("--loss", default="ce", show_default=True,
-              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.tools.distill.LOSSES).")
+              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.training.losses.LOSSES).")
 @click.option("--draft-temperature", type=Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="The drafter's softmax temperature in the streak losses (its deployment temperature).")
 @click.option("--eval-temperature", type=Finite(min=0), default=1.0, show_default=True,
@@ -100,7 +100,8 @@ def distill(threads: int | None, **options: Any) -> None:
     import torch
 
     from specdiff.requests import check_seed
-    from specdiff.tools.distill import DistillConfig, distill as run
+    from specdiff.training.config import DistillConfig
+    from specdiff.training.distill import distill as run
 
     check_seed(options["seed"])
     if threads is not None:

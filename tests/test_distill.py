@@ -13,8 +13,11 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import specdiff
-from specdiff.tools.distill import DistillConfig, distill, draft_logits, masked_ce, mdlm_elbo, slots
-from specdiff.tools.distill_data import Pattern, Sequences, make_batch
+from specdiff.training.batches import Pattern, make_batch
+from specdiff.training.config import DistillConfig
+from specdiff.training.distill import distill
+from specdiff.training.losses import masked_ce, mdlm_elbo, slots
+from specdiff.training.teacher import Sequences
 from specdiff.errors import DivergedError, IncompatibleModelsError, UsageError
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.generation import plan
@@ -170,7 +173,8 @@ def test_losses_score_exactly_what_drafting_reads(tiny):
     g = torch.Generator().manual_seed(0)
     seqs = torch.randint(0, 300, (4, 40), generator=g)
     b = make_batch(Sequences(seqs), Pattern(16, 6, 3, drafter.mask_id), 8, g, prompt_tokens=16, context=16)
-    logits = draft_logits(drafter, b.xt, 16)
+    logits = slots(drafter, b).logits  # what every loss reads: drafting's x0 logits, bit for bit, differentiable
+    assert torch.equal(logits, drafter.x0_logits(b.xt, last=6)) and logits.requires_grad
     masked = b.xt[:, 16:] == drafter.mask_id
     reference = drafter.x0_logits(b.xt)[:, 16:]
     assert torch.allclose(logits.softmax(-1)[masked], reference.softmax(-1)[masked], atol=1e-6)

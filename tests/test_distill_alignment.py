@@ -13,10 +13,12 @@ from torch.nn.functional import softmax
 
 from specdiff.loading import load_drafter, load_target
 from specdiff.sampling import Sampling
-from specdiff.tools.distill import (LOSSES, DistillConfig, ce_streak, distill, draft_logits, expected_streak,
-                                    loss_function, masked_ce, reach_weighted_log_q, slots, soft_kl, streak)
-from specdiff.tools.distill_data import (DataSpec, Pattern, Sequences, build_sequences, continue_batch,
-                                         make_batch, read_sequences)
+from specdiff.training.batches import Pattern, make_batch
+from specdiff.training.config import DistillConfig
+from specdiff.training.distill import distill
+from specdiff.training.losses import (LOSSES, ce_streak, expected_streak, loss_function, masked_ce,
+                                      reach_weighted_log_q, slots, soft_kl, streak)
+from specdiff.training.teacher import DataSpec, build_sequences, continue_batch, read_sequences
 from tiny import TEXT
 
 P, L, K = 16, 12, 8
@@ -70,7 +72,7 @@ def test_kl_is_forward_kl_over_the_soft_labels_and_the_rest(drafter, seqs):
     """KL over k + 1 bins: the k ids kept, and the rest of the vocabulary as one bin."""
     b = _batch(seqs, drafter)
     masked = b.xt[:, P:] == drafter.mask_id
-    q = draft_logits(drafter, b.xt, P).softmax(-1).double()  # (B, gamma, V)
+    q = drafter.x0_logits(b.xt, last=4).softmax(-1).double()  # (B, gamma, V)
     p, q_kept = b.soft_p.double(), q.gather(-1, b.soft_ids)
     p_rest, q_rest = 1 - p.sum(-1), 1 - q_kept.sum(-1)
     kl = (p * (p / q_kept).log()).sum(-1) + p_rest * (p_rest / q_rest).log()
@@ -78,7 +80,7 @@ def test_kl_is_forward_kl_over_the_soft_labels_and_the_rest(drafter, seqs):
     assert 0.1 < p_rest.mean() < 0.9  # top-8 of 300 leaves part of the mass to the rest bin
     raw = make_batch(seqs, Pattern(P, 4, 2, drafter.mask_id), 8, torch.Generator().manual_seed(0), P,
                      torch.arange(200), 1.0, context=P)  # one-hot soft labels: the kl is the CE
-    ce = -draft_logits(drafter, raw.xt, P).log_softmax(-1).gather(-1, raw.x0[:, P:, None])[..., 0]
+    ce = -drafter.x0_logits(raw.xt, last=4).log_softmax(-1).gather(-1, raw.x0[:, P:, None])[..., 0]
     assert torch.allclose(soft_kl(slots(drafter, raw)), ce[raw.xt[:, P:] == drafter.mask_id].mean(), atol=1e-5)
 
 

@@ -1,8 +1,9 @@
 """The import direction of the design: specdiff_cli -> {exporters, runtimes, specdiff};
-exporters, runtimes -> specdiff; inside specdiff the tools (bench, distillation, conversion) import
-the algorithm and never the reverse, and the methods never import the run that prepares them.
-Proposers are told apart by their own module only: the rest reads the Decoder contract. The one crossing between exporters and runtimes: export
-validation runs the graphs it wrote on ONNX Runtime."""
+exporters, runtimes -> specdiff; inside specdiff the tools (specdiff/tools: bench, conversion;
+specdiff/training: distillation) import the algorithm and never the reverse, and the methods never
+import the run that prepares them. Proposers are told apart by their own module only: the rest reads
+the Decoder contract. The one crossing between exporters and runtimes: export validation runs the
+graphs it wrote on ONNX Runtime."""
 
 import ast
 import re
@@ -12,9 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = "specdiff (algorithm)"
-FORBIDDEN = {CORE: {"specdiff_cli", "exporters", "runtimes", "specdiff.tools"},
+TOOLS = ("tools", "training")  # the packages of specdiff built on the algorithm
+FORBIDDEN = {CORE: {"specdiff_cli", "exporters", "runtimes", "specdiff.tools", "specdiff.training"},
              "specdiff/methods": {"specdiff.generation", "specdiff.ray"},  # a method knows no run
              "specdiff/tools": {"specdiff_cli", "exporters", "runtimes"},
+             "specdiff/training": {"specdiff_cli", "exporters", "runtimes"},
              "runtimes": {"specdiff_cli", "exporters"},
              "exporters": {"specdiff_cli", "runtimes"}}
 ALLOWED = {("exporters/validate.py", "runtimes.onnxruntime")}
@@ -41,7 +44,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def _files(group: str) -> list[Path]:
     if group == CORE:
-        return [p for p in (ROOT / "specdiff").rglob("*.py") if "tools" not in p.relative_to(ROOT).parts]
+        return [p for p in (ROOT / "specdiff").rglob("*.py") if p.relative_to(ROOT).parts[1] not in TOOLS]
     return list((ROOT / group).rglob("*.py"))
 
 
@@ -71,6 +74,8 @@ def test_the_checker_resolves_relative_imports():
         imported_modules(bench / "__init__.py")  # a package's own relative imports
     assert "specdiff.contracts" in imported_modules(ROOT / "specdiff" / "decoding.py")
     assert _violates("specdiff.tools.bench", FORBIDDEN[CORE])
+    assert "specdiff.drafters.diffusion.DiffusionDrafter" in imported_modules(ROOT / "specdiff" / "training" / "losses.py")
+    assert _violates("specdiff.training.distill", FORBIDDEN[CORE])
 
 
 LIBRARY = ("specdiff", "runtimes", "exporters")  # specdiff_cli turns parameters into flags (specdiff_cli/flags.py)

@@ -149,3 +149,32 @@ def test_subs_is_differentiable():
     logp = subs_log_probs(raw, ids, None, mask_id=6)
     logp[ids == 6].logsumexp(-1).sum().backward()
     assert raw.grad is not None and torch.isfinite(raw.grad).all()
+
+
+class _TorchGraph:
+    """A Runtime whose graph is the drafter's own network: what an export of it computes."""
+
+    limits = None
+
+    def __init__(self, drafter: DiffusionDrafter):
+        self.drafter = drafter
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"logits": self.drafter(inputs["input_ids"], inputs["sigma"])}
+
+
+@pytest.mark.parametrize("name", ["sedd", "subs"])
+def test_graph_drafter_x0_logits_are_the_drafters_exactly(name):
+    """GraphDrafter (runtimes) and DiffusionDrafter run one chain from ids to x0 logits
+    (x0_logits_from): over the same network they agree bit for bit, every slot, not up to a constant."""
+    from runtimes.models import GraphDrafter
+
+    d = _drafter(name, zero_adaln_weights=False)
+    model = {"name": "d", "vocab_size": V_REAL, "mask_id": MASK, "context_length": 8, "parameterization": name,
+             "time_conditioning": True}
+    graph = GraphDrafter(_TorchGraph(d), model, tokenizer=None, device="cpu")
+    ids = torch.randint(0, V_REAL, (3, 10), generator=torch.Generator().manual_seed(8))
+    ids[:, 6:] = MASK
+    ids[1, 7] = 2  # a committed slot
+    assert torch.equal(graph.x0_logits(ids), d.x0_logits(ids))
+    assert torch.equal(graph.x0_logits(ids, 4), d.x0_logits(ids)[:, 6:])  # the graph computes all L

@@ -211,11 +211,11 @@ def test_sigterm_during_export_leaves_nothing(tiny, tmp_path, monkeypatch):
 
 
 def test_sigterm_during_distill_leaves_no_temporary_file(tiny, tmp_path, monkeypatch):
-    from specdiff.tools import distill_data
+    from specdiff.training import teacher
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The sea was calm and the sky was grey. " * 200, encoding="utf-8")
-    kill_after(monkeypatch, distill_data, "save_tensors")
+    kill_after(monkeypatch, teacher, "save_tensors")
     result = invoke(["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out",
                      str(tmp_path / "d"), "--layers", "1", "--dim", "32", "--heads", "2", "--context", "16",
                      "--gamma", "4", "--num-prompts", "16", "--continuation-tokens", "8", "--threads", "1"])

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from specdiff.loading import load_drafter, load_target
-from specdiff.tools.distill import DistillConfig, evaluate_drafter
-from specdiff.tools.distill_data import read_sequences
+from specdiff.training.config import DistillConfig
+from specdiff.training.distill import evaluate_drafter
+from specdiff.training.teacher import read_sequences
 
 
 def main() -> None:

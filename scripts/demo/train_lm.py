@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from specdiff.tools.distill_data import read_sequences
+from specdiff.training.teacher import read_sequences
 
 SAVE_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -96,12 +96,29 @@ class DiffusionDrafter(nn.Module):
                   pad: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L) ids with mask slots (after pad[b] padding positions in row b) -> logits of x0
         over the real vocabulary at the last `last` positions (B, last, V) (default: all L), fp32,
-        through the drafter's parameterisation ("subs" | "sedd"). At masked slots their softmax
-        is exactly softmax(raw[..., :V])."""
-        sigma = loglinear_sigma(masked_fraction(input_ids, self.mask_id, pad))
-        raw = self(input_ids, sigma, last, pad)
-        ids = input_ids[:, -(last or 0):]
-        return x0_logits(self.parameterization, raw, ids, sigma, self.mask_id, self.vocab_size)
+        differentiable: x0_logits_from over this network. At masked slots their softmax is
+        exactly softmax(raw[..., :V])."""
+        return x0_logits_from(lambda ids, sigma: self(ids, sigma, last, pad), input_ids, self.parameterization,
+                              self.mask_id, self.vocab_size, last, pad)
+
+
+Network = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids (B, L), sigma (B,)) -> raw (B, last, V_d)
+
+
+def x0_logits_from(network: Network, input_ids: torch.Tensor, parameterization: str, mask_id: int,
+                   vocab_size: int, last: int | None = None, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """The one chain from a drafter's input to its x0 logits, whoever runs the network: drafting
+    and training (DiffusionDrafter.x0_logits, which specdiff.training's losses read) and exported
+    graphs (runtimes.models.GraphDrafter).
+
+    input_ids (B, L) with mask slots after pad (B,) padding positions -> sigma =
+    loglinear_sigma(masked_fraction) (B,) -> network(input_ids, sigma), the raw logits of the last
+    `last` positions (B, last, V_drafter) (default: all L) -> the parameterisation's x0 logits over
+    the real vocabulary (B, last, vocab_size), fp32 (nets.parameterization.x0_logits). Out of place
+    throughout, so gradients flow; the caller decides on no_grad (DiffusionProposer drafts under it)."""
+    sigma = loglinear_sigma(masked_fraction(input_ids, mask_id, pad))  # (B,)
+    raw = network(input_ids, sigma)  # (B, last, V_drafter)
+    return x0_logits(parameterization, raw, input_ids[:, -(last or 0):], sigma, mask_id, vocab_size)
 
 
 def masked_fraction(input_ids: torch.Tensor, mask_id: int, pad: torch.Tensor | None = None) -> torch.Tensor:

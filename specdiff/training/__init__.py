@@ -1,0 +1,21 @@
+"""Training: `specdiff distill`, a diffusion drafter distilled from its target's own output.
+
+    distill.py      distill(cfg) -> report: the whole run, from the target to a published drafter
+                    and report.json; build_data (`data_only`); evaluate_drafter (tau, alpha)
+    config.py       DistillConfig (one field per CLI option), its checks, what a run derives from it
+    teacher.py      the target's continuations of prompts (sampled, soft labels), cached resumably
+    batches.py      examples shaped like a drafting call: Pattern, Batch, make_batch
+    data.py         a run's data assembled once: sequences, raw text, validation batches
+    drafter.py      the drafter a run starts from: new, through the target's embeddings, or given
+    losses.py       Slots (the drafter's x0 logits at the draft slots, one pass) and the losses
+    loop.py         the optimizer loop: learning rate schedule, steps, validation loss
+    checkpoints.py  checkpoints and resume, the published drafter, undoing a diverged run
+
+The losses read DiffusionDrafter.x0_logits, the one chain from ids to x0 logits that drafting and
+the exported graphs run too (specdiff.drafters.diffusion.x0_logits_from): training scores exactly
+the distribution drafting samples from.
+
+A tool like specdiff.tools: it imports the algorithm (drafters, nets, targets, loading,
+generation), which never imports it, and none of specdiff_cli, exporters or runtimes
+(tests/test_layout.py checks both).
+"""

@@ -1,0 +1,123 @@
+"""DistillConfig: the settings of one `specdiff distill` run (one field per CLI option), their
+checks, and what a run derives from them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from ..atomic import check_new_directory
+from ..errors import UsageError
+from .losses import LOSSES
+
+DEFAULT_SHAPE = {"layers": 2, "dim": 128, "heads": 4, "context": 32}  # a new drafter's, unless given
+RAW_FRACTION = 0.25  # default share of raw text rows when `raw_text` is given
+CHAT_PROMPT_TOKENS = 96  # default `prompt_tokens` with `chat`
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    target: str
+    out: str
+    prompts: str
+    chat: bool = False  # prompts: one question a line, through the target's chat template
+    prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
+    data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
+    data_only: bool = False  # build the teacher data cache, then stop (no drafter)
+    from_target: bool = False  # a new drafter of the target's width that reads and writes through the target's
+    # own (frozen) token embedding and output head, so that it starts from what the target knows of tokens
+    drafter: str | None = None  # an existing drafter to start from, else a new one of this shape:
+    layers: int | None = None
+    dim: int | None = None
+    heads: int | None = None
+    context: int | None = None
+    mask_token: str | None = None  # a token of the tokenizer to use as mask id (else an extra row)
+    raw_text: str | None = None
+    raw_fraction: float | None = None
+    gamma: int = 8
+    steps_per_draft: int = 4
+    num_prompts: int = 512
+    continuation_tokens: int = 64
+    teacher_temperature: tuple[float, ...] = (0.0,)  # one teacher setting per entry, chunks alternate
+    teacher_top_p: tuple[float, ...] = (1.0,)  # one entry for all settings, or one per setting
+    samples_per_prompt: int = 1
+    soft_labels: int = 0  # k of the target's top-k distribution kept per position (kl needs it)
+    draft_temperature: float = 1.0  # the drafter's softmax temperature in the streak losses
+    eval_temperature: float = 1.0  # tau / alpha are measured greedy and at this temperature
+    batch_size: int = 32
+    lr: float = 5e-4
+    max_steps: int = 1000
+    time_budget: float | None = None  # seconds of training in this run
+    val_every: int = 100
+    checkpoint_every: int = 200
+    eval_prompts: int = 8
+    loss: str = "ce"
+    resume: bool = False
+    seed: int = 0
+    device: str = "cpu"
+
+
+def check(cfg: DistillConfig) -> None:
+    """Refuse a config before any work (loading the target included), naming the parameter."""
+    for name in ("gamma", "steps_per_draft", "num_prompts", "continuation_tokens", "batch_size",
+                 "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
+    if any(name not in LOSSES for name in cfg.loss.split("+")):
+        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)}, or a sum such as ce+kl)")
+    _check_finite(cfg)
+    if cfg.lr <= 0 or cfg.draft_temperature <= 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
+        raise UsageError("lr, draft_temperature and time_budget must be > 0")
+    _check_teacher(cfg)
+    _check_data(cfg)
+    for name in DEFAULT_SHAPE:  # given: used as given (0 once became the default silently)
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
+    if cfg.drafter and any(getattr(cfg, k) is not None for k in DEFAULT_SHAPE):
+        raise UsageError("`drafter` fixes the architecture: drop `layers` / `dim` / `heads` / `context`")
+    if not cfg.resume and not cfg.data_only:
+        check_new_directory(Path(cfg.out))
+
+
+def _check_finite(cfg: DistillConfig) -> None:
+    """Every float option is a finite number: nan passes every comparison, inf makes no sense."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        values = value if f.type == "tuple[float, ...]" else (value,)
+        if f.type in ("float", "float | None", "tuple[float, ...]") and value is not None:
+            for v in values:
+                if not math.isfinite(v):
+                    raise UsageError(f"{f.name} must be a finite number, got {v}")
+
+
+def _check_teacher(cfg: DistillConfig) -> None:
+    temperatures, top_ps = cfg.teacher_temperature, cfg.teacher_top_p
+    if not temperatures or len(top_ps) not in (1, len(temperatures)):
+        raise UsageError(f"`teacher_top_p` needs one value or one per `teacher_temperature` ({len(temperatures)})")
+    if min(temperatures) < 0 or cfg.eval_temperature < 0:
+        raise UsageError("`teacher_temperature` and `eval_temperature` must be >= 0 (0 = greedy)")
+    if not all(0 < p <= 1 for p in top_ps):
+        raise UsageError(f"`teacher_top_p` must lie in (0, 1], got {', '.join(map(str, top_ps))}")
+
+
+def _check_data(cfg: DistillConfig) -> None:
+    if cfg.soft_labels < 0 or ("kl" in cfg.loss.split("+") and cfg.soft_labels == 0):
+        raise UsageError(f"`soft_labels` must be >= 0, and > 0 (e.g. 32) for the kl loss; got {cfg.soft_labels}")
+    if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
+        raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
+    if cfg.prompt_tokens is not None and (not cfg.chat or cfg.prompt_tokens < 1):
+        raise UsageError(f"`prompt_tokens` needs `chat` and must be >= 1, got {cfg.prompt_tokens}")
+    if cfg.continuation_tokens < cfg.gamma:
+        raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.gamma})")
+
+
+def trained_for(cfg: DistillConfig) -> dict:
+    """The draft settings a run trains for, recorded in the drafter's config.json: its examples
+    are gamma slots masked as the l2r schedule with T = steps_per_draft masks them."""
+    return {"gamma": cfg.gamma, "steps": cfg.steps_per_draft, "schedule": "l2r"}
+
+
+def data_directory(cfg: DistillConfig) -> Path:
+    """The teacher data cache: `data`, else OUT/data."""
+    return Path(cfg.data) if cfg.data else Path(cfg.out) / "data"
