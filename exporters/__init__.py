@@ -1,7 +1,12 @@
-"""Exporters: models -> graphs other runtimes execute (see runtimes/graphs.py for the contract).
+"""Exporters: models -> graphs other runtimes execute (specdiff/graphs.py is the contract,
+specdiff/artifacts.py the directory format).
 
     onnx.py       target step graph / drafter denoiser graph, checked against their spec
     validate.py   the exported graph against PyTorch on a sweep of shapes and cache histories
     tensorrt.py   TensorRT engines built from the ONNX graphs
     export.py     the whole `specdiff export`: models -> directory with manifest.json
+    manifest.py   what a manifest records beyond the graphs: source models, tool versions
+
+May import: specdiff (models, graphs and artifacts formats) and, for validation only, runtimes'
+ONNX Runtime; not specdiff_cli.
 """

@@ -9,6 +9,8 @@
 what DiffusionProposer uses, so every runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
 missing one is one error line naming the extra that installs it.
+
+May import: specdiff (its contracts, graphs and artifacts formats); not exporters or specdiff_cli.
 """
 
 from __future__ import annotations

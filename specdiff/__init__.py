@@ -5,6 +5,25 @@
     drafter = specdiff.load_drafter("path/to/drafter")  # forward(input_ids, sigma) -> raw logits
     result = specdiff.generate(["Hello"], target=target, drafter=drafter, method="specdiff")
     print(result.texts[0], result.metrics.tau)
+
+Rooms (each package's docstring says what lives there and what it may import):
+    generation/   the API: settings resolved, the plan, prompts, streaming (generate, stream)
+    methods/      the decoding methods and the Decoder each prepares; settings.py declares
+                  every setting once
+    decoding.py block_decoding.py simsd.py selection.py acceptance.py sampling.py metrics.py
+                  the algorithm: decoding loops, rules, warping, metrics (contracts.py: the types)
+    targets/ drafters/ nets/   the models: target kinds, proposers, networks and formats
+    loading.py registry.py gguf.py hf_cache.py requests.py   models and requests in: models.yaml,
+                  hub and GGUF sources, checks made before anything loads
+    graphs.py artifacts.py     the export contract shared with exporters/ and runtimes/
+    compiled.py budget.py      --compile and the memory a step needs
+    ray.py        scale-out over a Ray actor pool
+    text.py errors.py names.py resources.py atomic.py extras.py   stop strings and incremental
+                  text, the error types, torch-free names, package data, atomic writes, extras
+    tools/ training/   built on the above, never imported by it: bench, convert, drafter init;
+                  distillation
+May import: torch, transformers and the field's libraries. The algorithm and the API import neither
+tools/ nor training/, nor runtimes/, exporters/ or specdiff_cli/ (tests/test_layout.py).
 """
 
 from importlib import import_module

@@ -170,3 +170,22 @@ def test_the_proposer_check_sees_qualified_and_tuple_classes():
     source = ("isinstance(p, selection.SelfSelection)\nisinstance(p, (ARProposer, int))\n"
               "isinstance(p, Proposer)\n")
     assert proposer_checks(source) == [(1, "SelfSelection"), (2, "ARProposer")]
+
+
+def packages() -> list[Path]:
+    return sorted(p.parent for package in (*LIBRARY, "specdiff_cli") for p in (ROOT / package).rglob("__init__.py"))
+
+
+def test_every_package_says_what_lives_there_and_what_it_may_import():
+    silent = [str(p.relative_to(ROOT)) for p in packages()
+              if "May import:" not in (ast.get_docstring(ast.parse((p / "__init__.py").read_text())) or "")]
+    assert not silent
+
+
+def test_the_code_map_names_every_module_of_specdiff():
+    """specdiff/__init__'s docstring maps the rooms: a module or package it does not name is one a
+    new engineer cannot find."""
+    doc = ast.get_docstring(ast.parse((ROOT / "specdiff" / "__init__.py").read_text())) or ""
+    rooms = [p.name if p.is_file() else p.name + "/" for p in (ROOT / "specdiff").iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()]
+    assert len(rooms) > 20 and [r for r in rooms if r not in doc] == []

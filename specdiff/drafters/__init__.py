@@ -1,6 +1,9 @@
 """Drafters and the proposers that draft with them (contracts.Proposer):
 
-    diffusion.py       DiffusionDrafter (a DDiT denoiser) and DiffusionProposer (T denoising steps
-                       under a schedule: l2r, oneshot, confidence)
+    diffusion.py       DiffusionDrafter (a DDiT denoiser), x0_logits_from (the one chain from ids to
+                       x0 logits: drafting, exported graphs and training) and DiffusionProposer (T
+                       denoising steps under a schedule: l2r, oneshot, confidence)
     autoregressive.py  ARDrafter (a small causal LM) and ARProposer (gamma sequential draws)
+
+May import: contracts, sampling, nets, targets, errors; not the decoding loops, methods or generation.
 """

@@ -1,1 +1,10 @@
-"""Networks and their checkpoint formats."""
+"""Networks and their checkpoint formats:
+
+    dit.py               DDiT, the diffusion drafter's denoiser (MDLM / SEDD backbone)
+    parameterization.py  raw network output -> x0 logits (subs, sedd)
+    checkpoint.py        the project's drafter directory: config.json, safetensors, shared rows
+    formats.py           reading MDLM / SEDD checkpoints as published
+    sdar.py              the SDAR block-diffusion LM's config, checked, in transformers' Qwen3
+
+May import: torch, transformers, safetensors and specdiff.errors; nothing that decodes.
+"""

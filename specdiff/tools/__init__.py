@@ -1,13 +1,14 @@
 """Tools built on the algorithm: what `specdiff bench` and `specdiff drafter` run.
 
-    bench.py         side-by-side speed of decoding methods on the same target and prompts
+    bench/           side-by-side speed of decoding methods on the same target and prompts
+                     (config, sweep, passes, measure, report)
     bench_block.py   the same for a block-diffusion target (block, simsd-exact, simsd)
     bench_output.py  what bench leaves behind: table, bench.json, plots, a one-line summary
     callstats.py     per-call accounting by forward hooks, for any decoding loop
     convert.py       a diffusion drafter in any readable format -> the project's own
     drafter_init.py  a randomly initialised diffusion drafter for a target
 
-Distillation (`specdiff distill`) is a package of its own, specdiff.training. The tools import
-the algorithm, which never imports them, and none of specdiff_cli, exporters or runtimes
-(tests/test_layout.py checks both).
+Distillation (`specdiff distill`) is a package of its own, specdiff.training.
+May import: the algorithm (generation, methods, loading, ...), which never imports the tools; none
+of specdiff_cli, exporters or runtimes (tests/test_layout.py checks both).
 """

@@ -15,7 +15,6 @@ The losses read DiffusionDrafter.x0_logits, the one chain from ids to x0 logits 
 the exported graphs run too (specdiff.drafters.diffusion.x0_logits_from): training scores exactly
 the distribution drafting samples from.
 
-A tool like specdiff.tools: it imports the algorithm (drafters, nets, targets, loading,
-generation), which never imports it, and none of specdiff_cli, exporters or runtimes
-(tests/test_layout.py checks both).
+May import: the algorithm (drafters, nets, targets, loading, generation), which never imports
+it, as for specdiff.tools; none of specdiff_cli, exporters or runtimes (tests/test_layout.py).
 """
