@@ -6,12 +6,56 @@ May import: bench.config, bench.measure, tools.callstats and the library.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from ...metrics import Metrics
 from ..callstats import mean_seconds, verifications
 from .config import Settings, Variant
 from .measure import Repeat
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one variant's timed passes measured (row_of): speeds over all passes; acceptance,
+    counts and time split from the median pass; call costs (seconds) per role."""
+
+    variant: Variant
+    tokens_per_s: dict[str, Any]  # spread()
+    new_tokens: int
+    tokens_per_s_per_row: float
+    wall_s: float
+    iterations: int
+    tau: float
+    alpha: float | None
+    per_position_acceptance: list[float]
+    accepted_length_histogram: list[int]  # k = 0..gamma accepted draft tokens
+    time_s: dict[str, float]  # draft, verify, other
+    calls: dict[str, Any]  # target, target_prefill, drafter, drafter_per_iteration
+    call_cost_s: dict[str, float | None]  # prefill, verify, drafter
+    memory: dict[str, float | None]
+    compile_s: float | None
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One row of bench.json: what was measured, then what comparing it with ar says."""
+
+    measured: Measured
+    speedup: float  # median over rounds of its tokens/s over ar's in the same round
+    speedup_range: list[float]
+    ideal: dict[str, float | None]
+    unreliable: list[str]
+    mismatches: list[dict[str, Any]]
+    matches_ar: bool | None  # None: not greedy, nothing to compare token by token
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as bench.json holds it, serialised here only."""
+        m = self.measured
+        measured = {f.name: getattr(m, f.name) for f in fields(m) if f.name != "variant"}
+        rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "measured"}
+        return {"label": m.variant.label, **asdict(m.variant), **measured, **rest}
+
 
 def spread(xs: list[float]) -> dict:
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
@@ -38,7 +82,8 @@ def _median_of(xs: list) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]]) -> dict:
+def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: dict[str, float | None],
+           compile_s: float | None) -> Measured:
     """Speeds over all passes; acceptance, counts and time split from the median pass; call costs
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
@@ -52,27 +97,22 @@ def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]]) -> dict:
     cost = {key: _median_of([mean_seconds(r.role_calls(role), prefill) for r in repeats])
             for key, role, prefill in (("prefill", "target", True), ("verify", "target", False),
                                        ("drafter", "drafter", False))}
-    return {
-        "label": v.label, **asdict(v),
-        "tokens_per_s": spread([r.tokens_per_s for r in repeats]), "new_tokens": sum(map(len, mid.tokens)),
-        "tokens_per_s_per_row": statistics.median([r.tokens_per_s for r in repeats]) / v.batch_size,
-        "wall_s": wall, "iterations": m["iterations"], "tau": m["tau"], "alpha": m["alpha"],
-        "per_position_acceptance": m["per_position_acceptance"],
-        "accepted_length_histogram": histogram,
-        "time_s": {"draft": draft, "verify": verify, "other": max(wall - draft - verify, 0.0)},
-        "calls": {"target": len(target), "target_prefill": sum(c.prefill for c in target), "drafter": len(drafter),
-                  "drafter_per_iteration": len(drafter) / m["iterations"] if m["iterations"] else 0.0},
-        "call_cost_s": cost,
-    }
+    calls = {"target": len(target), "target_prefill": sum(c.prefill for c in target), "drafter": len(drafter),
+             "drafter_per_iteration": len(drafter) / m["iterations"] if m["iterations"] else 0.0}
+    return Measured(v, spread([r.tokens_per_s for r in repeats]), sum(map(len, mid.tokens)),
+                    statistics.median([r.tokens_per_s for r in repeats]) / v.batch_size, wall, m["iterations"],
+                    m["tau"], m["alpha"], m["per_position_acceptance"], histogram,
+                    {"draft": draft, "verify": verify, "other": max(wall - draft - verify, 0.0)}, calls, cost,
+                    memory, compile_s)
 
 
-def _ideal(row: dict, c_1: float | None) -> dict:
+def _ideal(m: Measured, speedup: float, c_1: float | None) -> dict[str, float | None]:
     """S_ideal = tau * c_1 / (c_v + n_d * c_d) and measured / ideal."""
-    cost, n_d = row["call_cost_s"], row["calls"]["drafter_per_iteration"]
-    c_v, c_d = cost["verify"], cost["drafter"] or 0.0
-    ideal = row["tau"] * c_1 / (c_v + n_d * c_d) if c_1 and c_v else None
+    n_d = m.calls["drafter_per_iteration"]
+    c_v, c_d = m.call_cost_s["verify"], m.call_cost_s["drafter"] or 0.0
+    ideal = m.tau * c_1 / (c_v + n_d * c_d) if c_1 and c_v else None
     return {"speedup": ideal, "c_1": c_1, "c_v": c_v, "c_d": c_d, "n_d": n_d,
-            "measured_over_ideal": row["speedup"] / ideal if ideal else None}
+            "measured_over_ideal": speedup / ideal if ideal else None}
 
 
 def _mismatches(reference: list[list[int]], got: list[list[int]]) -> list[dict]:
@@ -118,29 +158,29 @@ def unreliable(runs: list[float], ar_runs: list[float], speedup_range: list[floa
     return why
 
 
-def make_report(out: list[tuple[dict, list[Repeat]]], s: Settings, env: dict, context: dict) -> dict:
+def make_report(out: list[tuple[Measured, list[Repeat]]], s: Settings, env: dict[str, Any],
+                context: dict[str, Any]) -> dict[str, Any]:
     """Speed-up: per round of passes, a variant's tokens/s over ar's (at the same temperature) in
-    the same round; the median over rounds, and its range."""
-    temperature = {id(row): s.temperature if row["temperature"] is None else row["temperature"] for row, _ in out}
-    refs = {temperature[id(row)]: (row, passes) for row, passes in reversed(out) if row["method"] == "ar"}
-    failed = []
-    for row, passes in out:
-        (ar, ar_passes), greedy = refs[temperature[id(row)]], temperature[id(row)] == 0
-        c_1 = ar["call_cost_s"]["verify"]
-        ratios = [p.tokens_per_s / a.tokens_per_s for p, a in zip(passes, ar_passes)]
-        row["speedup"] = statistics.median(ratios)
-        row["speedup_range"] = [min(ratios), max(ratios)]
-        row["ideal"] = _ideal(row, c_1)
-        row["unreliable"] = [] if row is ar else unreliable(
-            row["tokens_per_s"]["runs"], ar["tokens_per_s"]["runs"], row["speedup_range"])
-        row["mismatches"] = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
-        row["matches_ar"] = not row["mismatches"] if greedy else None
-        if row["mismatches"]:
-            failed.append(row["label"])
-    greedy = 0 in temperature.values()
+    the same round; the median over rounds, and its range. -> the report, bench.json's content."""
+    def temperature(m: Measured) -> float:
+        return s.temperature if m.variant.temperature is None else m.variant.temperature
+
+    refs = {temperature(m): (m, passes) for m, passes in reversed(out) if m.variant.method == "ar"}
+    rows = [_compared(m, passes, *refs[temperature(m)], temperature(m) == 0) for m, passes in out]
+    greedy = any(temperature(m) == 0 for m, _ in out)
+    failed = [row.measured.variant.label for row in rows if row.mismatches]
     check = {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed}
-    config = {**asdict(s), **context}
-    noisy = [row["label"] for row, _ in out if row["unreliable"]]
+    noisy = [row.measured.variant.label for row in rows if row.unreliable]
     reliability = {"spread_limit": SPREAD_LIMIT, "unreliable": noisy, "advice": ADVICE if noisy else None}
-    return {"config": config, "environment": env, "check": check, "reliability": reliability,
-            "rows": [row for row, _ in out]}
+    return {"config": {**asdict(s), **context}, "environment": env, "check": check, "reliability": reliability,
+            "rows": [row.to_dict() for row in rows]}
+
+
+def _compared(m: Measured, passes: list[Repeat], ar: Measured, ar_passes: list[Repeat], greedy: bool) -> ReportRow:
+    """The row of `m` beside ar's at its temperature (`ar`: it may be `m` itself)."""
+    ratios = [p.tokens_per_s / a.tokens_per_s for p, a in zip(passes, ar_passes)]
+    speedup, speedup_range = statistics.median(ratios), [min(ratios), max(ratios)]
+    why = [] if m is ar else unreliable(m.tokens_per_s["runs"], ar.tokens_per_s["runs"], speedup_range)
+    mismatches = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
+    return ReportRow(m, speedup, speedup_range, _ideal(m, speedup, ar.call_cost_s["verify"]), why, mismatches,
+                     not mismatches if greedy else None)
