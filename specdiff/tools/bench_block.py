@@ -10,7 +10,9 @@ verification). Passes are round-robin (pass i of every row, then pass i + 1), as
 target call, drafter calls, alpha (accepted / drafted transitions or tokens), and agreement with
 block: the prompts whose tokens equal block's and the mean fraction of block's tokens matched
 before the first difference. `exact` says whether a method claims block's output
-(simsd-exact does; simsd, the published approximate method, does not).
+(simsd-exact does; simsd, the published approximate method, does not). The report has a causal
+target's shape (bench.make_report): config, environment, check (greedy: every exact row's tokens are
+block's), reliability (speed-ups the rounds' spread voids) and rows, each with its label.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from ..settings import BlockSettings
 from ..generation import Output, Plan, iter_generate, plan, torch_threads
 from ..methods import METHODS
 from ..metrics import Metrics
-from .bench import Models, Settings, environment, spread
+from .bench import Models, Settings, environment, spread, unreliable
+from .bench.report import ADVICE, SPREAD_LIMIT
 
 BLOCK_METHODS = tuple(name for name, m in METHODS.items() if m.target == "block-diffusion")
 
@@ -62,8 +65,18 @@ def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Set
             for p, out in zip(plans, passes):
                 out.append(list(iter_generate(prompts, p, s.truncate_prompt)))
         env = environment(models)  # the threads it ran with
+    table = _rows(rows, plans, passes)
     return {"config": {**vars(s), "prompts": len(prompts), "remasking": remasking, "threshold": threshold},
-            "environment": env, "rows": _rows(rows, plans, passes)}
+            "environment": env, **checks(table, s.temperature == 0), "rows": table}
+
+
+def checks(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
+    """The report's `check` and `reliability`, shaped as a causal target's (bench.make_report):
+    greedy, every exact method's tokens are block's; which speed-ups the rounds' spread voids."""
+    failed = [r["label"] for r in rows if greedy and r["exact"] and r["identical_prompts"] < r["prompts"]]
+    noisy = [r["label"] for r in rows if r["unreliable"]]
+    return {"check": {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed},
+            "reliability": {"spread_limit": SPREAD_LIMIT, "unreliable": noisy, "advice": ADVICE if noisy else None}}
 
 
 def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
@@ -75,10 +88,13 @@ def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
         block = _block(p)
         ref = reference[_steps(p)]
         speeds = [_total(o).tokens_per_s for o in ps]
-        ratios = [a / _total(r).tokens_per_s for a, r in zip(speeds, ref)]
+        ratios = [a / _total(r).tokens_per_s for a, r in zip(speeds, ref)]  # per round, over block's
         total = _total(ps[0])
         agree = [_prefix_fraction(r.tokens, o.tokens) for r, o in zip(ref[0], ps[0])]
-        out.append({"method": m, "steps": block.steps, "gamma": g and block.gamma,
+        ref_speeds = [_total(r).tokens_per_s for r in ref]
+        label = f"{m} T={block.steps}" + (f" g={block.gamma}" if g else "")
+        why = [] if m == "block" else unreliable(speeds, ref_speeds, [min(ratios), max(ratios)])
+        out.append({"label": label, "method": m, "steps": block.steps, "gamma": g and block.gamma,
                     "remasking": block.remasking, "exact": METHODS[m].exact,
                     "tokens_per_s": spread(speeds), "speedup": statistics.median(ratios),
                     "speedup_range": [min(ratios), max(ratios)], "new_tokens": total.new_tokens,
@@ -86,7 +102,7 @@ def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
                     "tokens_per_target_call": total.new_tokens / max(total.target_calls, 1), "alpha": total.alpha,
                     "identical_prompts": sum(a == 1.0 and len(r.tokens) == len(o.tokens)
                                              for a, r, o in zip(agree, ref[0], ps[0])),
-                    "prompts": len(agree), "agreement": sum(agree) / len(agree)})
+                    "prompts": len(agree), "agreement": sum(agree) / len(agree), "unreliable": why})
     return out
 
 
