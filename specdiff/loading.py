@@ -3,9 +3,9 @@
 A model is named by a models.yaml entry, a local directory, a GGUF file (converted once into the
 user cache, specdiff.gguf), or a hub id ("owner/name"); only the last touches the network, and only because the user named it. Drafter formats are detected from
 the files (a models.yaml `format:` names one instead): a diffusion checkpoint in the project's own,
-the SEDD hub or the MDLM HF format (nets/formats.py), else any Hugging Face causal LM (an AR
-drafter for `spec-ar`). Of a hub drafter only config.json, the weights file of its format and any
-tokenizer files are downloaded.
+the SEDD hub or the MDLM HF format (nets/formats.py), a DFlash draft as published (nets/dflash.py),
+else any Hugging Face causal LM (an AR drafter for `spec-ar`). Of a hub drafter only config.json,
+the weights file of its format and any tokenizer files are downloaded.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from transformers.utils import logging as hf_logging
 
 from .contracts import Target
 from .drafters.autoregressive import ARDrafter
+from .drafters.dflash import DFlashDrafter
 from .drafters.diffusion import DiffusionDrafter
 from .gguf import GGUFSource, gguf_directory
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
 from .nets.checkpoint import read_json
+from .nets.dflash import MASK_OVERRIDE, WEIGHTS as DFLASH_WEIGHTS, is_dflash, load_dflash
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
 from .nets.sdar import INDEX, is_sdar, read_sdar_config
 from .registry import ModelEntry, Registry, load_registry
@@ -202,6 +204,9 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
     source, entry = resolve(name_or_path, ("target",), registry)
     if _is_block(source):
         return _load_block(source, entry, device, dtype, registry)
+    if is_dflash(_config(source)):
+        raise LoadError(f"{source}: a DFlash draft (config.json architectures DFlashDraftModel), not a target: "
+                        "load it with load_drafter, beside the causal LM it drafts for")
     model, tokenizer, name = _load_causal_lm(name_or_path, ("target",), device, dtype, registry)
     return CausalLMTarget(model, tokenizer, name)
 
@@ -215,7 +220,12 @@ def is_block_checkpoint(name_or_path: str | os.PathLike, kinds: tuple[str, ...],
 
 def _is_block(source: str) -> bool:
     """Whether config.json (fetched alone for a hub id) is an SDAR block-diffusion model's."""
-    return is_sdar(read_json(_fetch(source, ("config.json",)) / "config.json"))
+    return is_sdar(_config(source))
+
+
+def _config(source: str) -> dict:
+    """config.json of a directory or hub id (fetched alone)."""
+    return read_json(_fetch(source, ("config.json",)) / "config.json")
 
 
 def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
@@ -253,13 +263,16 @@ def _fetch(source: str, files: tuple[str, ...]) -> Path:
 def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
                  registry: Registry | None = None) -> nn.Module | BlockDiffusionTarget:
     """A drafter: a DiffusionDrafter (forward(input_ids (B, L), sigma (B,)) -> raw logits
-    (B, L, V_drafter)) for diffusion checkpoints, an ARDrafter for a causal LM, or a
-    BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact)."""
+    (B, L, V_drafter)) for diffusion checkpoints, an ARDrafter for a causal LM, a
+    BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact), or a
+    DFlashDrafter for a DFlash draft (config.json architectures DFlashDraftModel)."""
     check_device(device)
     registry = registry or load_registry()
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
     if not (entry and entry.format) and _is_block(source):
         return _load_block(source, entry, device, dtype, registry)
+    if not (entry and entry.format) and is_dflash(_config(source)):
+        return _load_dflash(source, entry, device, dtype, registry)
     fmt = _drafter_format(source, entry)
     if fmt is None:
         if Path(source).is_dir():
@@ -285,7 +298,17 @@ def _drafter_format(source: str, entry: ModelEntry | None) -> Format | None:
     """The models.yaml `format:`, else the one detected from config.json (None: not diffusion)."""
     if entry and entry.format:
         return get_format(entry.format)
-    return detect(read_json(_fetch(source, ("config.json",)) / "config.json"))
+    return detect(_config(source))
+
+
+def _load_dflash(source: str, entry: ModelEntry | None, device: str, dtype: str, registry: Registry) -> DFlashDrafter:
+    """A DFlash draft exactly as published (nets/dflash.py), strictly loaded; its embedding and
+    head are its target's (pair_models binds them)."""
+    directory = _fetch(source, ("config.json", DFLASH_WEIGHTS, MASK_OVERRIDE, *TOKENIZER_FILES))
+    net, spec = load_dflash(directory)
+    drafter = DFlashDrafter(net, spec, tokenizer=_drafter_tokenizer(directory, entry, registry),
+                            source=entry.name if entry else source)
+    return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
 
 
 def _load_diffusion(source: str, entry: ModelEntry | None, fmt: Format, registry: Registry) -> DiffusionDrafter:
@@ -312,21 +335,31 @@ def _check_causal_lm(source: str) -> None:
 
 
 def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
-    """check_pair, then a diffusion drafter that reads its token embedding and output head from
-    its target (`target_embeddings`) gets them from this one (a torch model)."""
+    """check_pair, then a drafter that reads its token embedding and output head from its target
+    (a diffusion drafter with `target_embeddings`, a DFlash drafter) gets them from this one (a
+    torch model)."""
     check_pair(target, drafter)
-    if not (isinstance(drafter, DiffusionDrafter) and drafter.target_embeddings):
+    dflash = isinstance(drafter, DFlashDrafter)
+    if not (dflash or isinstance(drafter, DiffusionDrafter) and drafter.target_embeddings):
         return
     model = getattr(target, "model", None)
     if model is None:
         raise UsageError(f"drafter '{drafter.source}' reads its token embedding and output head from its "
                          "target: run the target on the torch runtime")
+    if dflash:
+        drafter.bind_target(model)
+        return
     drafter.share_target_embeddings(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
 
 
 def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
-    """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's."""
-    if drafter.vocab_size != target.vocab_size:
+    """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's. A DFlash
+    drafter scores with its target's head: the target's vocabulary must fit the rows it was made for."""
+    if isinstance(drafter, DFlashDrafter):
+        if target.vocab_size > drafter.vocab_rows:
+            raise IncompatibleModelsError(f"DFlash drafter '{drafter.source}' was made for a target head of "
+                                          f"{drafter.vocab_rows} rows; the target's tokenizer has {target.vocab_size} tokens")
+    elif drafter.vocab_size != target.vocab_size:
         raise IncompatibleModelsError(
             f"drafter vocabulary has {drafter.vocab_size} tokens, target's tokenizer {target.vocab_size}")
     if drafter.tokenizer is None:

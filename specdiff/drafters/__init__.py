@@ -4,6 +4,9 @@
                        x0 logits: drafting, exported graphs and training) and DiffusionProposer (T
                        denoising steps under a schedule: l2r, oneshot, confidence)
     autoregressive.py  ARDrafter (a small causal LM) and ARProposer (gamma sequential draws)
+    dflash.py          DFlashDrafter: a block drafted in one pass from the target's hidden states,
+                       with the target's embedding and head (nets/dflash.py); the method that
+                       drives it per verify round is not here
 
 May import: contracts, sampling, nets, targets, errors; not the decoding loops, methods or generation.
 """

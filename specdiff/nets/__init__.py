@@ -5,6 +5,8 @@
     checkpoint.py        the project's drafter directory: config.json, safetensors, shared rows
     formats.py           reading MDLM / SEDD checkpoints as published
     sdar.py              the SDAR block-diffusion LM's config, checked, in transformers' Qwen3
+    dflash.py            the DFlash draft network (target-conditioned, Qwen3 layers) and its
+                         published checkpoint format, read strictly
 
 May import: torch, transformers, safetensors and specdiff.errors; nothing that decodes.
 """

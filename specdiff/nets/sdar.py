@@ -71,10 +71,15 @@ def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def qwen3_config(config: dict) -> Qwen3Config:
-    """The Qwen3 fields of an SDAR config.json as transformers' own Qwen3Config."""
-    fields = {k: v for k, v in config.items() if k not in OWN_FIELDS}
-    return Qwen3Config(**fields)
+def qwen3_config(config: dict, where: Path, what: str, own: tuple[str, ...] = OWN_FIELDS) -> Qwen3Config:
+    """The Qwen3 fields of a config.json (all but the format's `own` fields) as transformers' own
+    Qwen3Config; one LoadError naming the file for a malformed one (SDAR, nets/dflash.py)."""
+    fields = {k: v for k, v in config.items() if k not in own}
+    try:
+        return Qwen3Config(**fields)
+    except (TypeError, ValueError, StrictDataclassError) as e:
+        reason = " ".join(str(e).split())  # transformers' validation errors span several lines
+        raise LoadError(f"{where}: not a Qwen3-shaped {what} config ({reason})") from e
 
 
 def sdar_config(config: Qwen3Config, block_size: int, mask_token_id: int) -> dict:
@@ -90,11 +95,7 @@ def read_sdar_config(directory: Path) -> tuple[Qwen3Config, int, int]:
     mask_token_id); one LoadError for a malformed one."""
     config = read_json(directory / "config.json")
     block, mask = block_fields(config, str(directory / "config.json"))
-    try:
-        qwen = qwen3_config(config)
-    except (TypeError, ValueError, StrictDataclassError) as e:
-        reason = " ".join(str(e).split())  # transformers' validation errors span several lines
-        raise LoadError(f"{directory / 'config.json'}: not a Qwen3-shaped SDAR config ({reason})") from e
+    qwen = qwen3_config(config, directory / "config.json", "SDAR")
     check_ranges(qwen, block, mask, str(directory / "config.json"))
     qwen.tie_word_embeddings = bool(config.get("tie_word_embeddings", False))
     return qwen, block, mask

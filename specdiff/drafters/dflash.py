@@ -1,0 +1,101 @@
+"""A DFlash drafter (nets/dflash.py): a block of S slots drafted in one forward pass from the
+target's hidden states, embedded with the target's embedding and scored with the target's head.
+
+Per verify round a method gives it the target features of the positions verified since its last
+call (on the first call: the whole prompt) and the anchor, the token at position `start` just
+taken from the target (its own hidden state does not exist yet):
+
+    drafter.bind_target(hf_model)              once: the target's embedding, head and layer count
+    cache = drafter.new_cache()                per run (rows of a batch: cache.keep(index))
+    feats = drafter.features(out.hidden_states)[:, rows]   (B, C, n_ids * H) from a target call
+                                               with output_hidden_states, rows = the new positions
+    logits = drafter(anchor (B,), feats, start (B,), cache)   (B, S - 1, V_head) float32
+
+Slot k of the result (k = 1..S-1, row k - 1) predicts the token at position start + k: no shift.
+The logits cover every row of the target's head; a method keeps the first V (the tokenizer's
+real vocabulary), as the target's own logits do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import IncompatibleModelsError
+from ..nets.dflash import ContextCache, DFlashNet, DFlashSpec, context_features
+
+
+class DFlashDrafter(nn.Module):
+    """A DFlashNet plus what it reads from its config: block_size (S), mask_id, the target layers
+    it reads (target_layer_ids, 0-based), the target's layer count if given (num_target_layers) and
+    vocab_rows (the rows of the target's embedding and head it was made for). tokenizer: the one
+    shipped beside it, if any (published DFlash repositories ship none)."""
+
+    def __init__(self, net: DFlashNet, spec: DFlashSpec, *, tokenizer: Any = None, source: str = ""):
+        super().__init__()
+        self.net = net
+        self.block_size = spec.block_size
+        self.mask_id = spec.mask_token_id
+        self.target_layer_ids = list(spec.target_layer_ids)
+        self.num_target_layers = spec.num_target_layers
+        self.vocab_rows = net.config.vocab_size
+        self.hidden_size = net.config.hidden_size
+        self.tokenizer = tokenizer
+        self.source = source
+        self._target: tuple[nn.Module, nn.Module] | None = None  # a tuple: not registered as submodules
+
+    def bind(self, embed: nn.Module, head: nn.Module) -> None:
+        """Embed blocks with `embed` (weight (vocab_rows, H)) and score them with `head` (the
+        target's input embedding and output head); refuses tables of another shape."""
+        for what, module in (("embedding", embed), ("output head", head)):
+            shape = tuple(getattr(module, "weight", torch.empty(0)).shape)
+            if shape != (self.vocab_rows, self.hidden_size):
+                raise IncompatibleModelsError(
+                    f"DFlash drafter '{self.source}' reads a target {what} of shape {(self.vocab_rows, self.hidden_size)} "
+                    f"(config.json vocab_size, hidden_size); this target's is {shape}")
+        self._target = (embed, head)
+
+    def bind_target(self, model: Any) -> None:
+        """bind() to a Hugging Face causal LM's input embedding and output head, after checking that
+        it has the layers the drafter reads."""
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        layers = config.num_hidden_layers
+        if self.num_target_layers is not None and layers != self.num_target_layers:
+            raise IncompatibleModelsError(f"DFlash drafter '{self.source}' was made for a target of "
+                                          f"{self.num_target_layers} layers; this one has {layers}")
+        if max(self.target_layer_ids) >= layers:
+            raise IncompatibleModelsError(f"DFlash drafter '{self.source}' reads target layers {self.target_layer_ids}; "
+                                          f"this target has {layers}")
+        self.bind(model.get_input_embeddings(), model.get_output_embeddings())
+
+    def features(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """A target call's hidden_states (N + 1 tensors (B, L, H)) -> (B, L, n_ids * H)."""
+        return context_features(hidden_states, self.target_layer_ids)
+
+    def new_cache(self) -> ContextCache:
+        return ContextCache()
+
+    def forward(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor | int,
+                cache: ContextCache | None = None, context_valid: torch.Tensor | None = None,
+                block_size: int | None = None) -> torch.Tensor:
+        """anchor (B,) int64 the token at position start; context (B, C, n_ids * H) the features of
+        positions start - C .. start - 1 (all of them without a cache; those not yet in `cache`
+        with one; left-padded, padding rows False in context_valid (B, C), when rows differ);
+        start (B,) int64 or an int; block_size: S (default: the trained one)
+        -> logits (B, S - 1, vocab_rows) float32 of positions start + 1 .. start + S - 1."""
+        if self._target is None:
+            raise IncompatibleModelsError(f"DFlash drafter '{self.source}' has no target to read its embedding "
+                                          "and head from: bind it first (pairing does)")
+        embed, head = self._target
+        size = block_size or self.block_size
+        batch, n = anchor.shape[0], context.shape[1]
+        block = torch.full((batch, size), self.mask_id, dtype=torch.long, device=anchor.device)
+        block[:, 0] = anchor
+        starts = torch.as_tensor(start, device=anchor.device).expand(batch)[:, None]
+        offsets = torch.arange(-n, size, device=anchor.device)
+        positions = (starts + offsets).clamp(min=0)  # padding rows of a ragged context: masked, any position
+        x = embed(block).to(self.net.fc.weight.dtype)
+        hidden = self.net(x, context, positions, cache, context_valid)
+        return head(hidden[:, 1:].to(head.weight.dtype)).float()
