@@ -28,7 +28,11 @@ import inspect
 import json
 import os
 import pickle
+import signal
+import socket
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -55,16 +59,85 @@ class RayResult(GenerationResult):
 
 def init(address: str | None = None, **ray_init: Any) -> float:
     """Connect to Ray (once per process): "local" starts a local instance; an address (or None with
-    RAY_ADDRESS set) joins a cluster; None without RAY_ADDRESS starts a local one. -> seconds."""
+    RAY_ADDRESS set) joins a cluster; None without RAY_ADDRESS starts a local one. -> seconds.
+
+    An address where nothing answers is refused within PROBE_S seconds (Ray itself retries for
+    minutes). The process keeps its own signal handlers (ray.init replaces SIGTERM's, and its core
+    worker installs one that dumps a C++ stack and aborts: exit 134; see _signal_handlers_kept), and what Ray's driver prints
+    of its cluster (a worker that died, the workers' own output) goes to stderr, not stdout."""
     ray = require("ray", "ray")
     start = time.perf_counter()
+    _ray_prints_to_stderr()
     if not ray.is_initialized():
         address = None if address == "local" else address or os.environ.get("RAY_ADDRESS")
+        if address:
+            _probe(address)
         try:
-            ray.init(address=address, **ray_init)
+            with _signal_handlers_kept():
+                ray.init(address=address, **ray_init)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from e
     return time.perf_counter() - start
+
+
+PROBE_S = 5.0  # seconds to wait for a cluster's address to accept a connection
+
+
+def _probe(address: str) -> None:
+    """Refuse a cluster address ("host:port", "ray://host:port") where nothing accepts a TCP
+    connection within PROBE_S; other forms ("auto") are left to Ray, which answers them at once."""
+    host, colon, port = address.split("://", 1)[-1].rpartition(":")
+    if not (colon and host and port.isdigit()):
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except TimeoutError:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: no answer within {PROBE_S:g} s") from None
+    except (OSError, OverflowError, ValueError) as e:  # refused, unknown host, port > 65535
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {reason}") from None
+
+
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Put back the process's own handlers of the stop signals after the block (ray.init): where
+    it had none (the default action), Ray's Python handler stays, which shuts Ray down and exits.
+    Setting a handler again also replaces, at the C level, the one Ray's core worker installs for
+    SIGTERM (it dumps a C++ stack and aborts). Main thread only: elsewhere none can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            handler = signal.getsignal(s) if handler == signal.SIG_DFL else handler
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(s, handler)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _ray_prints_to_stderr() -> None:
+    """Ray's driver prints its cluster's messages ("A worker died...", the workers' own stdout)
+    on sys.stdout, where they would be mixed into the results: send them to stderr. Ray has no
+    setting for it; its printing function (ray._private.worker.print_to_stdstream, looked up on
+    each message) is wrapped, where this version of Ray has it."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    show = getattr(worker, "print_to_stdstream", None)
+    if show is None or getattr(show, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        return show({**data, "is_err": True}, *args, **kwargs)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 class Worker:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 import click
 
@@ -67,14 +69,20 @@ def run_on_ray(prompts: list[str], options: dict[str, Any], address: str | None,
     """-> specdiff.ray.RayResult, Ray quiet but for its warnings."""
     import specdiff.ray as sray
 
-    return sray.generate(prompts, address=address or None, ray_init=_quiet(), workers=workers,
-                         cpus_per_worker=cpus, gpus_per_worker=gpus, threads=threads or max(1, int(cpus)),
-                         truncate_prompt=truncate_prompt, **options)
+    with _own_ray():
+        return sray.generate(prompts, address=address or None, ray_init=_quiet(), workers=workers,
+                             cpus_per_worker=cpus, gpus_per_worker=gpus, threads=threads or max(1, int(cpus)),
+                             truncate_prompt=truncate_prompt, **options)
+
+
+# the workers' libraries as quiet as the CLI's (main._quiet_libraries): a worker's transformers
+# warning ("Token indices sequence length is longer...") came before the error line it explains
+WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def _quiet() -> dict:
     """Keep Ray's warnings, progress lines and execution notes off stderr, and its results in
-    input order; -> the ray.init arguments that do the same for Ray's own logger."""
+    input order; -> the ray.init arguments that do the same for Ray's own logger and the workers."""
     from ray.data import DataContext
 
     warnings.filterwarnings("ignore", module="ray")  # advice on pool sizes and deprecations
@@ -82,7 +90,25 @@ def _quiet() -> dict:
     context = DataContext.get_current()
     context.print_on_execution_start = False
     context.execution_options.preserve_order = True
-    return {"logging_level": logging.ERROR}
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # "(raylet)" without colour codes in a log file
+    return {"logging_level": logging.ERROR, "runtime_env": {"env_vars": WORKER_ENV}}
+
+
+@contextmanager
+def _own_ray() -> Iterator[None]:
+    """A Ray this command starts (or joins) ends with the block, before the command's last line
+    (an error, --stats) is printed: no Ray message after it, no Ray process left behind. A Ray the
+    caller started (a test's, a notebook's) is left running."""
+    from specdiff.extras import require
+
+    ray = require("ray", "ray")
+    started = not ray.is_initialized()
+    try:
+        yield
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
 
 
 MAX_CHUNKS = 4096  # read tasks of --output-dir's input, at most
@@ -148,14 +174,24 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict[
     """--output-dir: a prompt file of any size, checked line by line here, read in chunks by Ray,
     decoded by the pool; results come back in input order into out_dir/part-NNNNN.{jsonl,txt} of
     SHARD results each (each file whole or absent). -> total metrics."""
-    import ray
-
     import specdiff.ray as sray
 
     fmt = _file_format(path, fmt)
     directory = _shard_dir(out_dir)
     chunks = index_file(path, fmt, sray.TASK_SIZE)
-    sray.init(address or None, **_quiet())
+    with _own_ray():
+        sray.init(address or None, **_quiet())
+        return _decode_to_dir(path, fmt, directory, layout, chunks, options, workers, cpus, gpus, threads,
+                              truncate_prompt)
+
+
+def _decode_to_dir(path: str, fmt: str, directory: Path, layout: Layout, chunks: list[Chunk],
+                   options: dict[str, Any], workers: int, cpus: float, gpus: float, threads: int | None,
+                   truncate_prompt: bool) -> Metrics | None:
+    import ray
+
+    import specdiff.ray as sray
+
     ds = ray.data.from_items([asdict(c) for c in chunks]).flat_map(
         read_chunk,  # type: ignore[arg-type]  # ray's type of fn leaves out the fn_kwargs it is called with
         fn_kwargs={"path": os.path.abspath(path), "fmt": fmt})
