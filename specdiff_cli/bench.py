@@ -22,13 +22,16 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _graphs(runtime: str, artifacts: str, device: str, threads: int) -> dict:
-    """The export's target / drafter on `runtime`, its sessions opened with the bench's threads."""
+def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: int) -> dict:
+    """The export's target / drafter on `runtime`, its sessions opened with the bench's threads;
+    refused unless exported from the bench's own target and drafter (graphs of another model with
+    the same tokenizer were timed against it, and their speed-up reported)."""
     from runtimes import load_models
     from specdiff.generation import torch_threads
 
+    sources = {"target": models.target.name, "drafter": getattr(models.drafter, "source", None)}
     with torch_threads(threads):
-        return load_models(runtime, artifacts, device)
+        return load_models(runtime, artifacts, device, sources=sources)
 
 
 def _list(kind: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, str | None], tuple[T, ...] | None]:
@@ -178,7 +181,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
                         batch_sizes or (1,), ("torch",) + ("compiled",) * compiled + (runtime,) * bool(artifacts))
     if artifacts:
-        models.graphs[runtime] = _graphs(runtime, artifacts, device, settings.threads or default_threads())
+        models.graphs[runtime] = _graphs(runtime, artifacts, models, device, settings.threads or default_threads())
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))

@@ -15,7 +15,7 @@ from exporters import validate as validate_module
 from exporters.onnx import check_graph, target_graph
 from exporters.tensorrt import graph_problems
 from runtimes import load_models
-from specdiff.artifacts import file_hashes, sha256_file, vocab_sha256
+from specdiff.artifacts import file_hashes, identity_of, sha256_file, vocab_sha256
 from specdiff.graphs import TOLERANCE, spec_from_model
 from specdiff.errors import ExportValidationError
 from specdiff.loading import load_drafter, load_target
@@ -45,6 +45,8 @@ def test_manifest_records_sources_tokenizer_io_tools_and_validation(tiny, onnx_p
     target, drafter = m["components"]["target"], m["components"]["drafter"]
     assert target["source"]["files"]["model.safetensors"] == sha256_file(tiny.gpt2 / "model.safetensors")
     assert drafter["source"]["files"]["config.json"] == sha256_file(tiny.drafter / "config.json")
+    assert target["source"]["identity"] == identity_of(str(tiny.gpt2), ("target",))[1]  # config + weights
+    assert drafter["source"]["identity"] == identity_of(str(tiny.drafter), ("drafter",))[1]
     assert target["model"] | {"name": None} == {
         "name": None, "model_type": "gpt2", "attn_implementation": "sdpa", "vocab_size": 300, "head_rows": 320,
         "max_length": 128, "eos_token_id": 299, "layers": 2, "kv_heads": 2, "head_dim": 16}
