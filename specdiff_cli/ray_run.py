@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
@@ -18,7 +18,7 @@ import click
 from specdiff.errors import InputError, UsageError
 
 from .output import AtomicWriter, StreamWriter, open_output
-from .prompts import Layout, decode_utf8, parse_line
+from .prompts import Layout, decode_utf8, parse_line, read_line_bounded
 
 if TYPE_CHECKING:
     from specdiff.metrics import Metrics
@@ -132,7 +132,9 @@ def index_file(path: str, fmt: str, size: int) -> list[Chunk]:
     start, first, count, offset = 0, 0, 0, 0
     try:
         with open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
+            n = 0
+            while raw := read_line_bounded(f, f"{path} line {n + 1}"):
+                n += 1
                 line = decode_utf8(raw.removesuffix(b"\n"), f"{path} line {n}")
                 if parse_line(line.lstrip("\ufeff") if n == 1 else line, fmt, f"{path} line {n}"):
                     count += 1
@@ -177,12 +179,20 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict[
     import specdiff.ray as sray
 
     fmt = _file_format(path, fmt)
-    directory = _shard_dir(out_dir)
+    _check_shard_dir(out_dir)
     chunks = index_file(path, fmt, sray.TASK_SIZE)
-    with _own_ray():
-        sray.init(address or None, **_quiet())
-        return _decode_to_dir(path, fmt, directory, layout, chunks, options, workers, cpus, gpus, threads,
-                              truncate_prompt)
+    made = not os.path.exists(out_dir)
+    directory = _shard_dir(out_dir)  # made once the file is known good: a refused run leaves none
+    try:
+        with _own_ray():
+            sray.init(address or None, **_quiet())
+            return _decode_to_dir(path, fmt, directory, layout, chunks, options, workers, cpus, gpus, threads,
+                                  truncate_prompt)
+    except BaseException:
+        if made:
+            with suppress(OSError):
+                directory.rmdir()  # only if no shard was committed
+        raise
 
 
 def _decode_to_dir(path: str, fmt: str, directory: Path, layout: Layout, chunks: list[Chunk],
@@ -232,10 +242,20 @@ def _file_format(path: str, fmt: str) -> str:
         return fmt
     try:
         with open(path, "rb") as f:
-            first = next((line for line in f if line.strip()), b"")
+            lines = iter(lambda: read_line_bounded(f, f"{path}: a line"), b"")
+            first = next((line for line in lines if line.strip()), b"")
     except OSError as e:
         raise InputError(f"cannot read prompt file {path}: {e.strerror}") from None
     return "jsonl" if first.lstrip(b"\xef\xbb\xbf \t").startswith(b"{") else "text"
+
+
+def _check_shard_dir(out_dir: str) -> None:
+    """Refuse an output directory that holds shards of another run, or is not a directory."""
+    directory = Path(out_dir)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot make --output-dir {out_dir}: it is not a directory")
+    if directory.is_dir() and any(directory.glob("part-*")):
+        raise UsageError(f"--output-dir {out_dir} already holds part-* files; use an empty directory")
 
 
 def _shard_dir(out_dir: str) -> Path:
@@ -245,6 +265,5 @@ def _shard_dir(out_dir: str) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot make --output-dir {out_dir}: {e.strerror}") from None
-    if any(directory.glob("part-*")):
-        raise UsageError(f"--output-dir {out_dir} already holds part-* files; use an empty directory")
+    _check_shard_dir(out_dir)
     return directory

@@ -294,3 +294,55 @@ def test_the_cli_shows_parameters_as_the_flags_that_set_them():
 
     assert to_flags("`max_batch` must be >= 1; export again with `fmt` tensorrt") == \
         "--max-batch must be >= 1; export again with --format tensorrt"
+
+
+# 13. endless or huge prompt input: one line, before the input is read whole or any model loads
+
+
+@pytest.fixture
+def small_input_bound(monkeypatch):
+    """MAX_INPUT_BYTES at 1 MiB: the same paths as 256 MiB, without reading 256 MiB in a test."""
+    from specdiff_cli import prompts
+
+    monkeypatch.setattr(prompts, "MAX_INPUT_BYTES", 2**20)
+    monkeypatch.setattr("specdiff.loading.load_target", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_an_endless_prompt_file_is_one_line(tiny, small_input_bound, command):
+    """/dev/zero as --prompt-file was read whole: a MemoryError traceback (issue 25, fault 13)."""
+    result = invoke([command, "--target", str(tiny.gpt2), "--prompt-file", "/dev/zero"])
+    assert_one_line_error(result, 2, "/dev/zero holds more than 1 MiB of prompts")
+
+
+def test_a_huge_prompt_file_is_one_line(tiny, small_input_bound, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(2**20 + 1)  # sparse: refused by its size
+    assert_one_line_error(generate(tiny, "--prompt-file", str(big)), 2, "holds more than 1 MiB of prompts")
+
+
+def test_an_endless_stdin_is_one_line(tiny, small_input_bound):
+    with open("/dev/zero", "rb") as zero:
+        assert_one_line_error(generate(tiny, input=zero), 2, "stdin holds more than 1 MiB of prompts")
+
+
+def test_a_prompt_file_at_the_bound_is_read(small_input_bound, tmp_path):
+    from specdiff_cli.prompts import read_prompts
+
+    path = tmp_path / "at-the-bound.txt"
+    path.write_bytes(b"a" * (2**20 - 2) + b"\nb")  # exactly MAX_INPUT_BYTES
+    assert [r.prompt for r in read_prompts((), str(path), None, "text")] == ["a" * (2**20 - 2), "b"]
+
+
+@pytest.mark.parametrize("fmt", ["auto", "text"])
+def test_an_endless_line_for_output_dir_is_one_line_before_ray(tiny, small_input_bound, tmp_path, monkeypatch,
+                                                               fmt):
+    """--output-dir reads its file line by line; one line of /dev/zero never ends."""
+    import specdiff.ray as sray
+
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    result = invoke(["generate", "--target", str(tiny.gpt2), "--prompt-file", "/dev/zero", "--input-format", fmt,
+                     "--ray", "local", "--output-dir", str(tmp_path / "out")])
+    assert_one_line_error(result, 2, "/dev/zero", "is longer than 1 MiB (no line end in sight)")
+    assert not (tmp_path / "out").exists()  # made only once the file is known good
