@@ -34,6 +34,7 @@ from .validate import validate
 FORMATS = {"onnx": ("onnx",), "tensorrt": ("tensorrt",), "all": ("onnx", "tensorrt")}
 MIN_OPSET = 18  # the dynamo exporter's own opset
 DRAFTER_ONLY_CONTEXT = 2048  # shape limits of a drafter exported without its target
+MAX_DIM = 2**31 - 1  # the largest dimension of a TensorRT profile
 
 
 def log(message: str) -> None:
@@ -48,6 +49,7 @@ def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: s
     target, drafter = _names(target, drafter, pair, registry)
     out = Path(out)
     _check_options(out, fmt, dtype, opset)
+    _check_sizes(max_batch=max_batch, max_seq=max_seq)
     engines = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else None  # (tensorrt, GPU name)
     for module in ("onnx", "onnxscript", "onnxruntime"):
         require(module, "onnx")
@@ -85,6 +87,14 @@ def _check_options(out: Path, fmt: str, dtype: str, opset: int) -> None:
     if not MIN_OPSET <= opset <= top:
         why = " (TensorRT imports opsets up to 20)" if top == MAX_OPSET else ""
         raise UsageError(f"`opset` must be in {MIN_OPSET}..{top}{why}, got {opset}")
+
+
+def _check_sizes(**sizes: int | None) -> None:
+    """Shape limits are dimensions of a TensorRT profile (32-bit): a larger one was accepted,
+    recorded, and overflowed where the profile was set (a traceback after the export)."""
+    for name, value in sizes.items():
+        if value is not None and not (isinstance(value, int) and 1 <= value <= MAX_DIM):
+            raise UsageError(f"`{name}` must be an integer from 1 to {MAX_DIM} (a 32-bit dimension), got {value!r}")
 
 
 def _tensorrt(device: str) -> tuple[Any, str]:
