@@ -198,12 +198,12 @@ def _bench_block(lib: ModuleType, models: Models, prompts: list[str], methods: S
     """A block-diffusion target: block, simsd-exact, simsd (specdiff.tools.bench_block); the table,
     DIR/bench.json and a JSON summary line."""
     from specdiff.tools.bench_block import BLOCK_METHODS, format_block_table, run_block
+    from specdiff.tools.bench_output import write_report
 
     methods = methods or (BLOCK_METHODS if models.drafter is not None else ("block",))
     report = run_block(models, prompts, methods, settings, steps=steps, gammas=gammas, remasking=pick["remasking"],
                        threshold=pick["threshold"], log=lambda msg: click.echo(msg, err=True))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "bench.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_report(report, out, plots=False)  # bench.json, written whole or not at all
     click.echo(format_block_table(report))
     click.echo(json.dumps({"rows": [{k: r[k] for k in ("method", "steps", "gamma", "speedup", "agreement", "exact")}
                                     for r in report["rows"]], "report": str(Path(out) / "bench.json")}))
