@@ -40,8 +40,9 @@ def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, dev
 
     from .models import GraphDrafter, GraphTarget
 
-    if runtime not in RUNTIMES:
-        raise UsageError(f"unknown runtime '{runtime}' (choose from {', '.join(CHOICES)})")
+    if not isinstance(runtime, str) or runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r:.40} (choose from {', '.join(CHOICES)})")
+    _check_device(device)
     backend = import_module(RUNTIMES[runtime])
     art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
     for kind, name in (sources or {}).items():
@@ -50,6 +51,19 @@ def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, dev
     built: dict[str, type[GraphTarget] | type[GraphDrafter]] = {"target": GraphTarget, "drafter": GraphDrafter}
     return {kind: built[kind].from_artifacts(art, backend.open_graph(art, kind, device), device)
             for kind in built if art.component(kind) is not None}
+
+
+def _check_device(device: object) -> None:
+    """A device torch can parse (whether this machine has it is the backend's to say)."""
+    import torch
+
+    from specdiff.requests import check_device_name
+
+    check_device_name(device)
+    try:
+        torch.device(device)  # type: ignore[call-overload]  # a str or a torch.device, checked above
+    except RuntimeError:
+        raise UsageError(f"unknown device {device!r} (e.g. cpu, cuda, cuda:1)") from None
 
 
 def runtime_models(runtime: str, artifacts: str | None,

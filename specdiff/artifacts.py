@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import IncompatibleModelsError, LoadError
+from .errors import IncompatibleModelsError, LoadError, UsageError
 from .requests import check_recorded
 
 FORMAT = "specdiff-export"
@@ -126,9 +126,9 @@ def identity_of(name: str, kinds: tuple[str, ...], registry: Any = None) -> tupl
     """(source, identity) of a model named as load_target / load_drafter name it (a models.yaml
     name, a directory, a hub id), hashing its config and weights only."""
     from .loading import resolve
-    from .registry import load_registry
+    from .registry import as_registry
 
-    source, _ = resolve(name, kinds, registry or load_registry())
+    source, _ = resolve(name, kinds, as_registry(registry))
     directory = model_directory(source)
     if directory is None:
         raise LoadError(f"cannot find the local files of '{source}' to compare them with an export")
@@ -188,6 +188,8 @@ class Artifacts:
 
 def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
     """Read and check an export directory: manifest, tokenizer, then every file's sha256."""
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise UsageError(f"`artifacts` must be the path of a `specdiff export` directory, got {directory!r:.40}")
     root = Path(directory)
     manifest = read_manifest(root)
     tokenizer = _check_tokenizer(root, manifest)

@@ -174,6 +174,16 @@ class _LineLoader(yaml.SafeLoader):
         return mapping
 
 
+def as_registry(registry: object) -> Registry:
+    """The models.yaml a call reads: the shipped one (None), a loaded Registry, or a path to a file;
+    anything else is one UsageError (it was an AttributeError on `.entries`)."""
+    if registry is None or isinstance(registry, (str, os.PathLike)):
+        return load_registry(registry)
+    if not isinstance(registry, Registry):
+        raise UsageError(f"`registry` must be a path to a models.yaml or a loaded Registry, got {type(registry).__name__}")
+    return registry
+
+
 def load_registry(file: str | os.PathLike | None = None) -> Registry:
     path = Path(file or os.environ.get("SPECDIFF_MODELS") or DEFAULT_FILE)
     doc = _read_yaml(path)

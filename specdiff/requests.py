@@ -36,7 +36,7 @@ def check_prompts(prompts: object) -> list[str]:
         prompts = [prompts]
     elif not isinstance(prompts, Iterable) or isinstance(prompts, (bytes, dict)):
         raise UsageError(f"prompts must be a string or a list of strings, got {_kind(prompts)}")
-    prompts = list(prompts)
+    prompts = _listed(prompts, "prompts must be a string or a list of strings")
     for i, prompt in enumerate(prompts, 1):
         if not isinstance(prompt, str):
             raise UsageError(f"prompt {i} must be a string, got {_kind(prompt)}")
@@ -68,7 +68,7 @@ def check_text_options(system: object, stop: object) -> tuple[str | None, tuple[
         check_text(system, "`system`")
     if stop is not None and not isinstance(stop, str) and not isinstance(stop, Iterable):
         raise UsageError(f"`stop` must be a string or a list of strings, got {_kind(stop)}")
-    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    stop = (stop,) if isinstance(stop, str) else tuple(_listed(stop or (), "`stop` must be a string or a list of strings"))
     if not all(isinstance(s, str) and s for s in stop):
         raise UsageError(f"`stop` strings must be non-empty text, got {_short(stop)}")
     for i, s in enumerate(stop, 1):
@@ -154,9 +154,14 @@ def check_request(target: Any, drafter: Any, *, seed: object, device: object, te
     draft_temperature = options.get("draft_temperature")
     if draft_temperature is not None and not (_is_real(draft_temperature) and 0 < draft_temperature < math.inf):
         raise UsageError(f"`draft_temperature` must be a finite number > 0, got {_short(draft_temperature)}")
+    check_device_name(device)
+    return _name(target), _name(drafter)
+
+
+def check_device_name(device: object) -> None:
+    """A device as torch names one: a string ('cpu', 'cuda:1') or a torch.device."""
     if not _is_device(device):
         raise UsageError(f"`device` must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
-    return _name(target), _name(drafter)
 
 
 def check_recorded(settings: object) -> dict[str, Any]:
@@ -174,6 +179,14 @@ def check_recorded(settings: object) -> dict[str, Any]:
     if "schedule" in settings and settings["schedule"] not in SCHEDULES:
         raise ValueError(f"defaults: unknown schedule {_short(settings['schedule'])} (known: {', '.join(SCHEDULES)})")
     return dict(settings)
+
+
+def _listed(values: Iterable[Any], message: str) -> list[Any]:
+    """list(values); an object that claims to be iterable and is not (a 0-d tensor) is `message`."""
+    try:
+        return list(values)
+    except TypeError:
+        raise UsageError(f"{message}, got {_kind(values)}") from None
 
 
 def _name(model: Any) -> Any:

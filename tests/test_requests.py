@@ -160,3 +160,46 @@ def test_api_misuse_is_a_usage_error_not_a_python_error(tiny, nothing_loads):
         plan(target=raw, registry=registry)
     with pytest.raises(UsageError, match=r"`drafter` must be .* \(specdiff.load_drafter\), got GPT2LMHeadModel"):
         plan(target=load_target(tiny.gpt2, registry=registry), drafter=raw, registry=registry)
+
+
+def test_loaders_and_exports_refuse_misused_arguments_with_a_usage_error(tiny, tmp_path):
+    """Each of these was a TypeError, AttributeError or ValueError from torch, a dict lookup or
+    a missing `.entries` (issue 25, fault 14): the loaders, export and the runtimes' loader are
+    called by users as much as generate is."""
+    from exporters.export import export
+    from runtimes import load_models
+    from specdiff import loading
+    from specdiff.artifacts import open_artifacts
+
+    zero_d = torch.tensor(1)  # iterable by its type, not in fact
+    calls = {
+        "`device` must be a string such as 'cpu' or 'cuda:1', got float": lambda: loading.load_target(tiny.gpt2, device=2.5),
+        "`device` must be a string such as 'cpu' or 'cuda:1', got int": lambda: loading.load_drafter(tiny.drafter, device=10**30),
+        "`dtype` must be a name (a string), got list": lambda: loading.load_target(tiny.gpt2, dtype=["fp16"]),
+        "unknown dtype 'fp8'": lambda: loading.load_drafter(tiny.drafter, dtype="fp8"),
+        "`registry` must be a path to a models.yaml or a loaded Registry, got dict":
+            lambda: loading.load_target(tiny.gpt2, registry={"models": []}),
+        "`registry` must be a path to a models.yaml or a loaded Registry, got int":
+            lambda: loading.load_drafter(tiny.drafter, registry=3),
+        "prompts must be a string or a list of strings, got Tensor": lambda: specdiff.generate(zero_d, target="gpt2"),
+        "`stop` must be a string or a list of strings, got Tensor": lambda: plan(target="gpt2", stop=zero_d),
+        "`out` must be the path of a new directory, got 3": lambda: export(3, target=str(tiny.gpt2)),
+        "`fmt` must be a name (a string), got list": lambda: export(tmp_path / "x", target=str(tiny.gpt2), fmt=["onnx"]),
+        "`dtype` must be a name (a string), got dict": lambda: export(tmp_path / "x", target=str(tiny.gpt2), dtype={}),
+        "`opset` must be an integer in 18..23, got '18'": lambda: export(tmp_path / "x", target=str(tiny.gpt2), opset="18"),
+        "`max_batch` must be an integer from 1 to 2147483647 (a 32-bit dimension), got None":
+            lambda: export(tmp_path / "x", target=str(tiny.gpt2), max_batch=None),
+        "`max_batch` must be an integer from 1 to 2147483647 (a 32-bit dimension), got True":
+            lambda: export(tmp_path / "x", target=str(tiny.gpt2), max_batch=True),
+        "`device` must be a string such as 'cpu' or 'cuda:1', got list":
+            lambda: export(tmp_path / "x", target=str(tiny.gpt2), device=["cpu"]),
+        "`artifacts` must be the path of a `specdiff export` directory, got None": lambda: open_artifacts(None),
+        "`artifacts` must be the path of a `specdiff export` directory, got 3": lambda: load_models("onnxruntime", 3),
+        "unknown runtime ['onnxruntime']": lambda: load_models(["onnxruntime"], tmp_path),
+        "unknown device '' (e.g. cpu, cuda, cuda:1)": lambda: load_models("onnxruntime", tmp_path, device=""),
+    }
+    for message, call in calls.items():
+        with pytest.raises(UsageError) as info:
+            call()
+        assert message in str(info.value), (message, str(info.value))
+    assert not (tmp_path / "x").exists()
