@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import IncompatibleModelsError, LoadError, UsageError
+from .reading import read_small_text
 from .requests import check_recorded
 
 FORMAT = "specdiff-export"
@@ -203,7 +204,7 @@ def read_manifest(root: Path) -> dict:
         what = "does not exist" if not root.exists() else f"has no {MANIFEST}"
         raise LoadError(f"{root} {what}: not a `specdiff export` directory")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(read_small_text(path))
     except OSError as e:
         raise LoadError(f"{path}: cannot read the manifest: {e.strerror}") from e
     except UnicodeDecodeError as e:

@@ -38,6 +38,7 @@ import yaml
 
 from .errors import DefaultPairWarning, RegistryError, UsageError
 from .gguf import GGUFSource, gguf_directory
+from .reading import read_small_text
 from .resources import data_path
 
 DEFAULT_FILE = data_path("models.yaml")
@@ -208,7 +209,7 @@ def load_registry(file: str | os.PathLike | None = None) -> Registry:
 def _read_yaml(path: Path) -> Any:
     """The parsed file, or a RegistryError naming it: unreadable, not UTF-8, not YAML."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
+        return yaml.load(read_small_text(path), Loader=_LineLoader)
     except OSError as e:
         raise RegistryError(f"cannot read model registry {path}: {e.strerror}") from e
     except UnicodeDecodeError as e:

@@ -206,6 +206,27 @@ def test_malformed_registry_is_one_line(tmp_path, text, message):
     assert_one_line_error(result, 2, message)
 
 
+def test_a_registry_or_manifest_that_never_ends_is_one_line(tmp_path, monkeypatch):
+    """SPECDIFF_MODELS=/dev/zero was read whole into a MemoryError (issue 25, fault 13); so would
+    a manifest.json or config.json that is a huge (here: sparse) file."""
+    from specdiff import reading
+    from specdiff.artifacts import open_artifacts
+    from specdiff.errors import LoadError
+    from specdiff.nets.checkpoint import read_json
+
+    result = CliRunner().invoke(cli, ["models"], env={"SPECDIFF_MODELS": "/dev/zero"})
+    assert_one_line_error(result, 2, "cannot read model registry /dev/zero: larger than 64 MiB")
+    monkeypatch.setattr(reading, "MAX_SMALL_FILE", 2**20)
+    monkeypatch.setattr(reading.read_small_text, "__defaults__", (2**20,))
+    for name in ("manifest.json", "config.json"):
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(2**20 + 1)
+    with pytest.raises(LoadError, match="manifest.json: cannot read the manifest: larger than 1 MiB"):
+        open_artifacts(tmp_path)
+    with pytest.raises(LoadError, match="config.json: unreadable config: .*larger than 1 MiB"):
+        read_json(tmp_path / "config.json")
+
+
 def test_registry_path_that_is_missing_says_so(tiny, tmp_path):
     path = registry_file(tmp_path, """
         models:

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from ..atomic import umask
 from ..errors import LoadError
+from ..reading import read_small_text
 from ..requests import check_recorded
 from .dit import DDiT, DiTConfig
 
@@ -58,7 +59,7 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], s
 
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_small_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LoadError(f"{path}: unreadable config: {e}") from e
     if not isinstance(data, dict):
