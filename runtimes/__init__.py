@@ -62,8 +62,8 @@ def _check_device(device: object) -> None:
     check_device_name(device)
     try:
         torch.device(device)  # type: ignore[call-overload]  # a str or a torch.device, checked above
-    except RuntimeError:
-        raise UsageError(f"unknown device {device!r} (e.g. cpu, cuda, cuda:1)") from None
+    except RuntimeError as e:
+        raise UsageError(f"unknown device {device!r} (e.g. cpu, cuda, cuda:1)") from e
 
 
 def runtime_models(runtime: str, artifacts: str | None,

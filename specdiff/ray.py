@@ -91,11 +91,11 @@ def _probe(address: str) -> None:
         return
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
-    except TimeoutError:
-        raise UsageError(f"cannot reach the Ray cluster at {address}: no answer within {PROBE_S:g} s") from None
+    except TimeoutError as e:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: no answer within {PROBE_S:g} s") from e
     except (OSError, OverflowError, ValueError) as e:  # refused, unknown host, port > 65535
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise UsageError(f"cannot reach the Ray cluster at {address}: {reason}") from None
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {reason}") from e
 
 
 @contextmanager

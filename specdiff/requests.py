@@ -185,8 +185,8 @@ def _listed(values: Iterable[Any], message: str) -> list[Any]:
     """list(values); an object that claims to be iterable and is not (a 0-d tensor) is `message`."""
     try:
         return list(values)
-    except TypeError:
-        raise UsageError(f"{message}, got {_kind(values)}") from None
+    except TypeError as e:
+        raise UsageError(f"{message}, got {_kind(values)}") from e
 
 
 def _name(model: Any) -> Any:

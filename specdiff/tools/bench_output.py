@@ -83,7 +83,7 @@ def check_report_dir(out_dir: str | Path) -> None:
         if taken:
             raise UsageError(f"cannot write the report to {out_dir}: {directory / taken[0]} is a directory")
     except OSError as e:
-        raise UsageError(f"cannot write the report to {out_dir}: {e.strerror or e}") from None
+        raise UsageError(f"cannot write the report to {out_dir}: {e.strerror or e}") from e
     finally:
         for path in reversed(made):
             with suppress(OSError):
