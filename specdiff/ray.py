@@ -39,7 +39,7 @@ from typing import Any, Iterator
 from .errors import SpecdiffError, UsageError
 from .extras import require
 from .generation import GenerationResult, plan
-from .requests import OPTIONS, check_keywords, check_prompts, check_request
+from .requests import OPTIONS, check_flags, check_keywords, check_prompts, check_request, check_threads
 
 PLAN_PARAMETERS = tuple(name for name in inspect.signature(plan).parameters if name != "options")
 TASK_SIZE = 32  # prompts per map_batches call: a worker's unit of work and of retry, refilling
@@ -65,6 +65,9 @@ def init(address: str | None = None, **ray_init: Any) -> float:
     minutes). The process keeps its own signal handlers (ray.init replaces SIGTERM's, and its core
     worker installs one that dumps a C++ stack and aborts: exit 134; see _signal_handlers_kept), and what Ray's driver prints
     of its cluster (a worker that died, the workers' own output) goes to stderr, not stdout."""
+    if address is not None and not isinstance(address, str):
+        raise UsageError(f"`address` must be 'local', a Ray address (host:port, ray://host:port) or None, "
+                         f"got {type(address).__name__}")
     ray = require("ray", "ray")
     start = time.perf_counter()
     _ray_prints_to_stderr()
@@ -77,7 +80,23 @@ def init(address: str | None = None, **ray_init: Any) -> float:
                 ray.init(address=address, **ray_init)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from e
+        STARTED["local"] = not address
     return time.perf_counter() - start
+
+
+STARTED = {"local": False}  # whether init started a local Ray: its nodes are all it will ever have
+
+
+def _check_fits(cpus: float, gpus: float) -> None:
+    """A worker that no node of a local Ray can hold waited forever (Ray's autoscaler, which has no
+    node to add, said so every 35 s). A cluster may grow: it is left to Ray."""
+    if not STARTED["local"]:
+        return
+    have = require("ray", "ray").cluster_resources()
+    cpu, gpu = have.get("CPU", 0), have.get("GPU", 0)
+    if cpus > cpu or gpus > gpu:
+        raise UsageError(f"a worker reserves {cpus:g} CPU(s) and {gpus:g} GPU(s) (`cpus_per_worker`, "
+                         f"`gpus_per_worker`); the local Ray has {cpu:g} and {gpu:g}, and no more will come")
 
 
 PROBE_S = 5.0  # seconds to wait for a cluster's address to accept a connection
@@ -193,7 +212,8 @@ def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus
     adds. `options`: as for specdiff.generate (models by name), checked here before any worker
     starts."""
     _check_options(options)
-    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
+    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size, threads, truncate_prompt)
+    _check_fits(cpus_per_worker, gpus_per_worker)
     ray = require("ray", "ray")
     if "index" not in ds.columns():
         ds = ds.zip(ray.data.range(ds.count()).rename_columns({"id": "index"}))
@@ -212,7 +232,9 @@ def generate(prompts: str | list[str], *, address: str | None = None, ray_init: 
     `map_prompts`."""
     prompts = check_prompts(prompts)
     _check_options(options)
-    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
+    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size, threads, truncate_prompt)
+    if ray_init is not None and not isinstance(ray_init, dict):
+        raise UsageError(f"`ray_init` must be a dict of ray.init's keyword arguments, got {type(ray_init).__name__}")
     init_s = init(address, **(ray_init or {}))
     ray = require("ray", "ray")
     start = time.perf_counter()
@@ -254,7 +276,10 @@ def _check_options(options: dict[str, Any]) -> None:
                   device=options.get("device", "cpu"), **checked)
 
 
-def _check_pool(workers: int, cpus: float, gpus: float, task_size: int) -> None:
+def _check_pool(workers: int, cpus: float, gpus: float, task_size: int, threads: int | None = None,
+                truncate_prompt: bool = False) -> None:
+    check_threads(threads)
+    check_flags(truncate_prompt=truncate_prompt)
     if not isinstance(workers, int) or workers < 1:
         raise UsageError(f"`workers` must be an integer >= 1, got {workers!r}")
     if not (isinstance(task_size, int) and task_size >= 1):

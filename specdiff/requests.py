@@ -22,6 +22,7 @@ from .errors import InputError, UsageError
 from .names import SCHEDULES
 
 PENALTY_RANGE = (1e-30, 1e30)  # a penalty p scales logits by up to max(p, 1 / p): float32 overflows past this
+MAX_THREADS = 1024  # torch CPU threads: more than any machine here has cores
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
 COUNTS = ("max_new_tokens", "gamma", "steps", "batch_size", "drafts")  # integers >= 1 when given
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
@@ -102,6 +103,13 @@ def check_counts(values: dict[str, Any]) -> None:
         value = values.get(key)
         if value is not None and not (_is_int(value) and value >= 1):
             raise UsageError(f"`{key}` must be an integer >= 1, got {_short(value)}")
+
+
+def check_threads(threads: object) -> None:
+    """torch's CPU threads: None (as the process has them) or an integer 1..MAX_THREADS (10**20
+    overflowed inside torch; 100000 threads ran the machine out of memory)."""
+    if threads is not None and not (_is_int(threads) and 1 <= threads <= MAX_THREADS):
+        raise UsageError(f"`threads` must be an integer from 1 to {MAX_THREADS}, got {_short(threads)}")
 
 
 def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:

@@ -14,10 +14,9 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+from specdiff.requests import MAX_THREADS
+
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-MAX_THREADS = 1024  # torch's thread pools: --threads 100000 failed in mmap as "cannot load model", 10**20 overflowed
 
 
 def usable_cpus() -> int:
@@ -32,7 +31,7 @@ def default_threads() -> int:
 def threads_option(command: F) -> F:
     """The --threads option, added to a click command function."""
     return click.option(
-        "--threads", type=click.IntRange(min=1, max=MAX_THREADS),
+        "--threads", type=click.IntRange(min=1, max=MAX_THREADS),  # 10**20 overflowed inside torch
         help=f"torch CPU threads [default: the usable CPUs less one, here {default_threads()}; "
              "one per core is slower and erratic when other processes share the cores].")(command)
 

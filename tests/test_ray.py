@@ -290,3 +290,29 @@ def test_sigterm_ends_a_ray_driver_with_one_line_and_exit_143(tiny, tmp_path):
         assert _ray_processes(ray_tmp) == []
     finally:
         subprocess.run(["rm", "-rf", ray_tmp])
+
+
+def test_ray_arguments_of_the_wrong_kind_are_refused_before_ray_starts(tiny, monkeypatch):
+    """Each was an AttributeError or TypeError (an int address, a list ray_init), or travelled to
+    the workers (threads 10**20, truncate_prompt 'yes') (issue 25, fault 14)."""
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    cases = {"`ray_init` must be a dict of ray.init's keyword arguments, got list": {"ray_init": ["x"]},
+             "`threads` must be an integer from 1 to 1024, got 100000000000000000000": {"threads": 10**20},
+             "`truncate_prompt` must be True or False, got 'yes'": {"truncate_prompt": "yes"}}
+    for message, kwargs in cases.items():
+        with pytest.raises(UsageError) as info:
+            sray.generate(PROMPTS, **{**POOL, **kwargs}, **_options(tiny))
+        assert message in str(info.value)
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="`address` must be 'local', a Ray address .* or None, got int"):
+        sray.init(6379)
+
+
+def test_a_worker_a_local_ray_cannot_hold_is_refused(tiny, local_ray, monkeypatch):
+    """--ray local --cpus-per-worker 4 on a 2-CPU machine waited forever, Ray's autoscaler saying
+    every 35 s that no node type fits: a local Ray gets no more nodes."""
+    monkeypatch.setitem(sray.STARTED, "local", True)  # as if init had started this one
+    with pytest.raises(UsageError, match=r"a worker reserves 4 CPU\(s\) and 0 GPU\(s\) .*the local Ray has 2 and 0"):
+        sray.generate(PROMPTS, **{**POOL, "cpus_per_worker": 4}, **_options(tiny))
+    with pytest.raises(UsageError, match=r"reserves 0.5 CPU\(s\) and 1 GPU\(s\)"):
+        sray.generate(PROMPTS, **{**POOL, "gpus_per_worker": 1}, **_options(tiny))
