@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from specdiff.extras import require
 from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
@@ -22,7 +22,8 @@ from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.loading import is_block_checkpoint, load_drafter, load_target, pair_models
-from specdiff.registry import Registry, load_registry
+from specdiff.registry import Registry, as_registry
+from specdiff.requests import check_device_name, check_names
 from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
 
@@ -34,6 +35,7 @@ from .validate import validate
 FORMATS = {"onnx": ("onnx",), "tensorrt": ("tensorrt",), "all": ("onnx", "tensorrt")}
 MIN_OPSET = 18  # the dynamo exporter's own opset
 DRAFTER_ONLY_CONTEXT = 2048  # shape limits of a drafter exported without its target
+MAX_DIM = 2**31 - 1  # the largest dimension of a TensorRT profile
 
 
 def log(message: str) -> None:
@@ -44,10 +46,15 @@ def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: s
            fmt: str = "onnx", dtype: str = "fp32", opset: int = 18, max_batch: int = 1,
            max_seq: int | None = None, device: str = "cpu", registry: Registry | None = None) -> Path:
     """Export the named models (models.yaml names, directories or hub ids) to `out`; -> out."""
-    registry = registry or load_registry()
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise UsageError(f"`out` must be the path of a new directory, got {out!r:.40}")
+    registry = as_registry(registry)
     target, drafter = _names(target, drafter, pair, registry)
     out = Path(out)
+    check_names(fmt=fmt, dtype=dtype)
+    check_device_name(device)
     _check_options(out, fmt, dtype, opset)
+    _check_sizes(max_batch=max_batch, max_seq=max_seq)
     engines = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else None  # (tensorrt, GPU name)
     for module in ("onnx", "onnxscript", "onnxruntime"):
         require(module, "onnx")
@@ -82,9 +89,21 @@ def _check_options(out: Path, fmt: str, dtype: str, opset: int) -> None:
     if dtype not in TOLERANCE:
         raise UsageError(f"unknown dtype '{dtype}' (choose from {', '.join(TOLERANCE)})")
     top = MAX_OPSET if "tensorrt" in FORMATS[fmt] else 23
-    if not MIN_OPSET <= opset <= top:
+    if not (_is_int(opset) and MIN_OPSET <= opset <= top):
         why = " (TensorRT imports opsets up to 20)" if top == MAX_OPSET else ""
-        raise UsageError(f"`opset` must be in {MIN_OPSET}..{top}{why}, got {opset}")
+        raise UsageError(f"`opset` must be an integer in {MIN_OPSET}..{top}{why}, got {opset!r:.40}")
+
+
+def _check_sizes(**sizes: int | None) -> None:
+    """Shape limits are dimensions of a TensorRT profile (32-bit): a larger one was accepted,
+    recorded, and overflowed where the profile was set (a traceback after the export)."""
+    for name, value in sizes.items():
+        if (value is not None or name == "max_batch") and not (_is_int(value) and 1 <= value <= MAX_DIM):
+            raise UsageError(f"`{name}` must be an integer from 1 to {MAX_DIM} (a 32-bit dimension), got {value!r}")
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _tensorrt(device: str) -> tuple[Any, str]:

@@ -4,9 +4,8 @@ files) and the versions of the tools that made the export."""
 from __future__ import annotations
 
 from importlib import metadata
-from pathlib import Path
 
-from specdiff.artifacts import file_hashes
+from specdiff.artifacts import file_hashes, model_directory, model_identity
 from specdiff.errors import LoadError
 from specdiff.loading import resolve
 from specdiff.registry import Registry
@@ -30,20 +29,13 @@ def tool_versions() -> dict[str, str | None]:
     return {tool: _version(dists) for tool, dists in TOOLS.items()}
 
 
-def _hub_snapshot(hub_id: str) -> Path | None:
-    """The local snapshot a hub model was loaded from (already downloaded: no network)."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(hub_id, local_files_only=True))
-    except Exception:  # huggingface_hub raises several types for "not in the cache"
-        return None
-
-
 def source_record(name: str, kinds: tuple[str, ...], registry: Registry) -> dict:
-    """{"name", "source" (directory or hub id), "files": {path: sha256}} of a model as loaded."""
+    """{"name", "source" (directory or hub id), "files": {path: sha256}, "identity" (one sha256
+    of its config and weights: artifacts.model_identity)} of a model as loaded."""
     source, entry = resolve(name, kinds, registry)
-    directory = Path(source) if Path(source).is_dir() else _hub_snapshot(source)
+    directory = model_directory(source)
     if directory is None:
         raise LoadError(f"cannot find the local files of '{source}' to record their hashes")
-    return {"name": entry.name if entry else name, "source": source, "files": file_hashes(directory)}
+    files = file_hashes(directory)
+    return {"name": entry.name if entry else name, "source": source, "files": files,
+            "identity": model_identity(files)}

@@ -32,21 +32,40 @@ CHOICES = ("torch", *RUNTIMES)
 __all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 
 
-def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts,
-                device: str = "cpu") -> dict[str, GraphTarget | GraphDrafter]:
+def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, device: str = "cpu",
+                sources: dict[str, str | None] | None = None) -> dict[str, GraphTarget | GraphDrafter]:
     """{"target": ..., "drafter": ...} for the components an export directory (a path or an
-    opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`."""
-    from specdiff.artifacts import Artifacts, open_artifacts
+    opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`.
+    sources: {"target" | "drafter": model name} the graphs stand in for (bench times them beside
+    those models): a component exported from another model (config or weights differ) is refused."""
+    from specdiff.artifacts import Artifacts, check_exported_from, open_artifacts
 
     from .models import GraphDrafter, GraphTarget
 
-    if runtime not in RUNTIMES:
-        raise UsageError(f"unknown runtime '{runtime}' (choose from {', '.join(CHOICES)})")
+    if not isinstance(runtime, str) or runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r:.40} (choose from {', '.join(CHOICES)})")
+    _check_device(device)
     backend = import_module(RUNTIMES[runtime])
     art = artifacts if isinstance(artifacts, Artifacts) else open_artifacts(artifacts)
+    for kind, name in (sources or {}).items():
+        if name is not None:
+            check_exported_from(art, kind, name)
     built: dict[str, type[GraphTarget] | type[GraphDrafter]] = {"target": GraphTarget, "drafter": GraphDrafter}
     return {kind: built[kind].from_artifacts(art, backend.open_graph(art, kind, device), device)
             for kind in built if art.component(kind) is not None}
+
+
+def _check_device(device: object) -> None:
+    """A device torch can parse (whether this machine has it is the backend's to say)."""
+    import torch
+
+    from specdiff.requests import check_device_name
+
+    check_device_name(device)
+    try:
+        torch.device(device)  # type: ignore[call-overload]  # a str or a torch.device, checked above
+    except RuntimeError as e:
+        raise UsageError(f"unknown device {device!r} (e.g. cpu, cuda, cuda:1)") from e
 
 
 def runtime_models(runtime: str, artifacts: str | None,

@@ -18,8 +18,9 @@ Rooms (each package's docstring says what lives there and what it may import):
     graphs.py artifacts.py     the export contract shared with exporters/ and runtimes/
     compiled.py budget.py      --compile and the memory a step needs
     ray.py        scale-out over a Ray actor pool
-    text.py errors.py names.py resources.py atomic.py extras.py   stop strings and incremental
-                  text, the error types, torch-free names, package data, atomic writes, extras
+    text.py errors.py names.py resources.py atomic.py reading.py extras.py   stop strings and
+                  incremental text, the error types, torch-free names, package data, atomic writes,
+                  bounded reads, optional extras
     tools/ training/   built on the above, never imported by it: bench, convert, drafter init;
                   distillation
 May import: torch, transformers and the field's libraries. The algorithm and the API import neither

@@ -2,8 +2,10 @@
 before anything in it is loaded.
 
     DIR/manifest.json            format, tools, dtype, opset, limits, per component its source
-                                 model, IO signature and validation (a drafter's also the draft
-                                 settings it records, `defaults`), and the sha256 of every file
+                                 model (the sha256 of each of its files, and its identity: one
+                                 sha256 of its config and weights), IO signature and validation
+                                 (a drafter's also the draft settings it records, `defaults`),
+                                 and the sha256 of every file
     DIR/tokenizer/               the tokenizer the exported models share
     DIR/target.onnx (+ .data)    DIR/drafter.onnx (+ .data)    DIR/target.engine ... (TensorRT)
 
@@ -15,7 +17,8 @@ sha256 differs (corrupt or modified), a tokenizer whose vocabulary is not the ex
 manifest values the graphs contradict (the manifest itself is not hashed): an unknown dtype, a
 graph or engine outside the hashed files, ids outside the vocabulary, and an IO signature that
 is not the one graphs.py derives from the component's model record (names, dims, dtypes), which
-each runtime then checks against the graph it opens.
+each runtime then checks against the graph it opens. Graphs that stand in for a named model
+(bench times them beside it) are refused unless exported from that model: check_exported_from.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .errors import LoadError
+from .errors import IncompatibleModelsError, LoadError, UsageError
+from .reading import read_small_text
 from .requests import check_recorded
 
 FORMAT = "specdiff-export"
@@ -85,6 +89,74 @@ def file_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in files}
 
 
+# A model's identity: the files that decide its outputs, config.json and its weights (top-level
+# *.safetensors, else the other weight formats), not its tokenizer (checked by vocabulary), card or
+# README. Recorded per component by `specdiff export`, compared by check_exported_from.
+CONFIG = "config.json"
+WEIGHTS = (".safetensors",)
+OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".gguf")
+
+
+def identity_files(names: list[str]) -> list[str]:
+    """Of a model directory's files (relative posix paths), those its identity is made of."""
+    top = [n for n in names if "/" not in n]
+    weights = [n for n in top if n.endswith(WEIGHTS)] or [n for n in top if n.endswith(OTHER_WEIGHTS)]
+    return sorted([n for n in top if n == CONFIG] + weights)
+
+
+def model_identity(files: dict[str, str]) -> str:
+    """{relative path: sha256} of a model directory's files -> one sha256 of its config and weights."""
+    kept = [(name, files[name]) for name in identity_files(list(files))]
+    return hashlib.sha256(json.dumps(kept).encode("utf-8")).hexdigest()
+
+
+def model_directory(source: str) -> Path | None:
+    """The local files of a model as loading.resolve names it (a directory; a hub id already in the
+    local Hugging Face cache: no network), None when there are none."""
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except Exception:  # huggingface_hub raises several types for "not in the cache"
+        return None
+
+
+def identity_of(name: str, kinds: tuple[str, ...], registry: Any = None) -> tuple[str, str]:
+    """(source, identity) of a model named as load_target / load_drafter name it (a models.yaml
+    name, a directory, a hub id), hashing its config and weights only."""
+    from .loading import resolve
+    from .registry import as_registry
+
+    source, _ = resolve(name, kinds, as_registry(registry))
+    directory = model_directory(source)
+    if directory is None:
+        raise LoadError(f"cannot find the local files of '{source}' to compare them with an export")
+    names = [p.relative_to(directory).as_posix() for p in directory.iterdir() if p.is_file()]
+    return source, model_identity({n: sha256_file(directory / n) for n in identity_files(names)})
+
+
+def check_exported_from(art: Artifacts, kind: str, name: str, registry: Any = None) -> None:
+    """Refuse an export whose `kind` ("target" | "drafter") was not exported from the model `name`
+    (same config and weights): its graphs would be timed or run as if they were that model. A
+    tokenizer alone proves nothing: two models can share one."""
+    component = art.component(kind)
+    if component is None:
+        return
+    recorded = component.get("source")
+    if not (isinstance(recorded, dict) and isinstance(recorded.get("files"), dict)):
+        raise LoadError(f"{art.root / MANIFEST}: components.{kind}.source does not record the model it was "
+                        "exported from (export it again)")
+    expected = recorded.get("identity") or model_identity(recorded["files"])  # exports before `identity`
+    source, got = identity_of(name, (kind,) if kind == "target" else ("drafter", "target"), registry)
+    if got != expected:
+        where = f" ({source})" if source != name else ""
+        raise IncompatibleModelsError(
+            f"{art.root}: its {kind} was exported from '{recorded.get('name')}', not from '{name}'{where}: their "
+            f"config or weights differ (export '{name}', or use the model the export was made from)")
+
+
 def vocab_sha256(tokenizer: Any) -> str:
     """A hash of the token -> id map (what decides whether two tokenizers are interchangeable)."""
     items = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
@@ -117,6 +189,8 @@ class Artifacts:
 
 def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
     """Read and check an export directory: manifest, tokenizer, then every file's sha256."""
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise UsageError(f"`artifacts` must be the path of a `specdiff export` directory, got {directory!r:.40}")
     root = Path(directory)
     manifest = read_manifest(root)
     tokenizer = _check_tokenizer(root, manifest)
@@ -130,7 +204,7 @@ def read_manifest(root: Path) -> dict:
         what = "does not exist" if not root.exists() else f"has no {MANIFEST}"
         raise LoadError(f"{root} {what}: not a `specdiff export` directory")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(read_small_text(path))
     except OSError as e:
         raise LoadError(f"{path}: cannot read the manifest: {e.strerror}") from e
     except UnicodeDecodeError as e:

@@ -25,6 +25,13 @@ def write_error(path: Path | str, e: OSError) -> WriteError:
     return WriteError(f"cannot write {path}: {e.strerror or e}")
 
 
+def umask() -> int:
+    """The process's umask (read by setting it: there is no other portable way)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def check_new_directory(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not an empty directory")
@@ -63,7 +70,7 @@ def new_directory(out: Path) -> Iterator[Path]:
         raise write_error(out, e) from e
     try:
         yield tmp
-        tmp.chmod(0o755)  # mkdtemp made it private; the result is an ordinary directory
+        tmp.chmod(0o777 & ~umask())  # mkdtemp made it private; the result is an ordinary directory
         if out.exists():
             out.rmdir()  # empty, checked by check_new_directory
         tmp.rename(out)

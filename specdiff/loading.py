@@ -34,7 +34,8 @@ from .nets.checkpoint import read_json
 from .nets.dflash import MASK_OVERRIDE, WEIGHTS as DFLASH_WEIGHTS, is_dflash, load_dflash
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
 from .nets.sdar import INDEX, is_sdar, read_sdar_config
-from .registry import ModelEntry, Registry, load_registry
+from .registry import ModelEntry, Registry, as_registry
+from .requests import check_device_name, check_names
 from .targets.block import BlockDiffusionTarget
 from .targets.causal import CausalLMTarget
 
@@ -48,6 +49,7 @@ BLOCK_FILES = ("config.json", "*.safetensors", INDEX, "chat_template.jinja", *TO
 def check_device(device: str) -> None:
     """Refuse, before anything is loaded, a device torch cannot parse, this machine lacks, or
     that holds no data (meta)."""
+    check_device_name(device)  # not a string: a TypeError (or an int overflow) inside torch
     try:
         parsed = torch.device(device)
     except RuntimeError as e:
@@ -61,6 +63,7 @@ def check_device(device: str) -> None:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    check_names(dtype=dtype)  # a list was an unhashable-type TypeError
     if dtype == "auto":
         return torch.float16 if torch.device(device).type == "cuda" else torch.float32
     try:
@@ -149,7 +152,7 @@ def load_tokenizer(source: str) -> Any:
 def _load_causal_lm(name: str | os.PathLike, kinds: tuple[str, ...], device: str, dtype: str,
                     registry: Registry | None) -> tuple[Any, Any, str]:
     """-> (the transformers model on `device`, its tokenizer, its name)."""
-    registry = registry or load_registry()
+    registry = as_registry(registry)
     source, entry = resolve(name, kinds, registry)
     tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
     with _no_loading_bars():
@@ -200,7 +203,8 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
     """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target; an SDAR
     checkpoint (config.json model_type "sdar") as a BlockDiffusionTarget."""
     check_device(device)
-    registry = registry or load_registry()
+    resolve_dtype(dtype, device)  # an unknown dtype is refused before anything loads
+    registry = as_registry(registry)
     source, entry = resolve(name_or_path, ("target",), registry)
     if _is_block(source):
         return _load_block(source, entry, device, dtype, registry)
@@ -214,7 +218,7 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
 def is_block_checkpoint(name_or_path: str | os.PathLike, kinds: tuple[str, ...], registry: Registry | None = None) -> bool:
     """Whether a model (as load_target / load_drafter name it) is a block-diffusion (SDAR) checkpoint,
     from its config.json alone: for refusals made before the weights load."""
-    source, _ = resolve(name_or_path, kinds, registry or load_registry())
+    source, _ = resolve(name_or_path, kinds, as_registry(registry))
     return _is_block(source)
 
 
@@ -267,7 +271,8 @@ def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype:
     BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact), or a
     DFlashDrafter for a DFlash draft (config.json architectures DFlashDraftModel)."""
     check_device(device)
-    registry = registry or load_registry()
+    resolve_dtype(dtype, device)
+    registry = as_registry(registry)
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
     if not (entry and entry.format) and _is_block(source):
         return _load_block(source, entry, device, dtype, registry)
@@ -286,7 +291,7 @@ def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype:
 def load_diffusion_drafter(name_or_path: str, *, registry: Registry | None = None) -> DiffusionDrafter:
     """A diffusion drafter in any format, on the CPU in fp32, exactly as stored (for conversion);
     a UsageError for anything else, before any weights are read."""
-    registry = registry or load_registry()
+    registry = as_registry(registry)
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
     fmt = _drafter_format(source, entry)
     if fmt is None:

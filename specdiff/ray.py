@@ -28,14 +28,18 @@ import inspect
 import json
 import os
 import pickle
+import signal
+import socket
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .errors import SpecdiffError, UsageError
 from .extras import require
 from .generation import GenerationResult, plan
-from .requests import check_keywords, check_prompts, check_request
+from .requests import check_flags, check_keywords, check_prompts, check_request, check_threads
 from .settings import OPTIONS
 
 PLAN_PARAMETERS = tuple(name for name in inspect.signature(plan).parameters if name != "options")
@@ -56,16 +60,104 @@ class RayResult(GenerationResult):
 
 def init(address: str | None = None, **ray_init: Any) -> float:
     """Connect to Ray (once per process): "local" starts a local instance; an address (or None with
-    RAY_ADDRESS set) joins a cluster; None without RAY_ADDRESS starts a local one. -> seconds."""
+    RAY_ADDRESS set) joins a cluster; None without RAY_ADDRESS starts a local one. -> seconds.
+
+    An address where nothing answers is refused within PROBE_S seconds (Ray itself retries for
+    minutes). The process keeps its own signal handlers (ray.init replaces SIGTERM's, and its core
+    worker installs one that dumps a C++ stack and aborts: exit 134; see _signal_handlers_kept), and what Ray's driver prints
+    of its cluster (a worker that died, the workers' own output) goes to stderr, not stdout."""
+    if address is not None and not isinstance(address, str):
+        raise UsageError(f"`address` must be 'local', a Ray address (host:port, ray://host:port) or None, "
+                         f"got {type(address).__name__}")
     ray = require("ray", "ray")
     start = time.perf_counter()
+    _ray_prints_to_stderr()
     if not ray.is_initialized():
         address = None if address == "local" else address or os.environ.get("RAY_ADDRESS")
+        if address:
+            _probe(address)
         try:
-            ray.init(address=address, **ray_init)
+            with _signal_handlers_kept():
+                ray.init(address=address, **ray_init)
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise UsageError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from e
+        STARTED["local"] = not address
     return time.perf_counter() - start
+
+
+STARTED = {"local": False}  # whether init started a local Ray: its nodes are all it will ever have
+
+
+def _check_fits(cpus: float, gpus: float) -> None:
+    """A worker that no node of a local Ray can hold waited forever (Ray's autoscaler, which has no
+    node to add, said so every 35 s). A cluster may grow: it is left to Ray."""
+    if not STARTED["local"]:
+        return
+    have = require("ray", "ray").cluster_resources()
+    cpu, gpu = have.get("CPU", 0), have.get("GPU", 0)
+    if cpus > cpu or gpus > gpu:
+        raise UsageError(f"a worker reserves {cpus:g} CPU(s) and {gpus:g} GPU(s) (`cpus_per_worker`, "
+                         f"`gpus_per_worker`); the local Ray has {cpu:g} and {gpu:g}, and no more will come")
+
+
+PROBE_S = 5.0  # seconds to wait for a cluster's address to accept a connection
+
+
+def _probe(address: str) -> None:
+    """Refuse a cluster address ("host:port", "ray://host:port") where nothing accepts a TCP
+    connection within PROBE_S; other forms ("auto") are left to Ray, which answers them at once."""
+    host, colon, port = address.split("://", 1)[-1].rpartition(":")
+    if not (colon and host and port.isdigit()):
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_S).close()
+    except TimeoutError as e:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: no answer within {PROBE_S:g} s") from e
+    except (OSError, OverflowError, ValueError) as e:  # refused, unknown host, port > 65535
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {reason}") from e
+
+
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Put back the process's own handlers of the stop signals after the block (ray.init): where
+    it had none (the default action), Ray's Python handler stays, which shuts Ray down and exits.
+    Setting a handler again also replaces, at the C level, the one Ray's core worker installs for
+    SIGTERM (it dumps a C++ stack and aborts). Main thread only: elsewhere none can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            handler = signal.getsignal(s) if handler == signal.SIG_DFL else handler
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(s, handler)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _ray_prints_to_stderr() -> None:
+    """Ray's driver prints its cluster's messages ("A worker died...", the workers' own stdout)
+    on sys.stdout, where they would be mixed into the results: send them to stderr. Ray has no
+    setting for it; its printing function (ray._private.worker.print_to_stdstream, looked up on
+    each message) is wrapped, where this version of Ray has it."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    show = getattr(worker, "print_to_stdstream", None)
+    if show is None or getattr(show, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        return show({**data, "is_err": True}, *args, **kwargs)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 class Worker:
@@ -121,7 +213,8 @@ def map_prompts(ds: Any, *, workers: int = 2, cpus_per_worker: float = 1.0, gpus
     adds. `options`: as for specdiff.generate (models by name), checked here before any worker
     starts."""
     _check_options(options)
-    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
+    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size, threads, truncate_prompt)
+    _check_fits(cpus_per_worker, gpus_per_worker)
     ray = require("ray", "ray")
     if "index" not in ds.columns():
         ds = ds.zip(ray.data.range(ds.count()).rename_columns({"id": "index"}))
@@ -140,7 +233,9 @@ def generate(prompts: str | list[str], *, address: str | None = None, ray_init: 
     `map_prompts`."""
     prompts = check_prompts(prompts)
     _check_options(options)
-    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size)
+    _check_pool(workers, cpus_per_worker, gpus_per_worker, task_size, threads, truncate_prompt)
+    if ray_init is not None and not isinstance(ray_init, dict):
+        raise UsageError(f"`ray_init` must be a dict of ray.init's keyword arguments, got {type(ray_init).__name__}")
     init_s = init(address, **(ray_init or {}))
     ray = require("ray", "ray")
     start = time.perf_counter()
@@ -182,7 +277,10 @@ def _check_options(options: dict[str, Any]) -> None:
                   device=options.get("device", "cpu"), **checked)
 
 
-def _check_pool(workers: int, cpus: float, gpus: float, task_size: int) -> None:
+def _check_pool(workers: int, cpus: float, gpus: float, task_size: int, threads: int | None = None,
+                truncate_prompt: bool = False) -> None:
+    check_threads(threads)
+    check_flags(truncate_prompt=truncate_prompt)
     if not isinstance(workers, int) or workers < 1:
         raise UsageError(f"`workers` must be an integer >= 1, got {workers!r}")
     if not (isinstance(task_size, int) and task_size >= 1):

@@ -38,6 +38,7 @@ import yaml
 
 from .errors import DefaultPairWarning, RegistryError, UsageError
 from .gguf import GGUFSource, gguf_directory
+from .reading import read_small_text
 from .resources import data_path
 from .settings import TYPES
 
@@ -173,6 +174,16 @@ class _LineLoader(yaml.SafeLoader):
         return mapping
 
 
+def as_registry(registry: object) -> Registry:
+    """The models.yaml a call reads: the shipped one (None), a loaded Registry, or a path to a file;
+    anything else is one UsageError (it was an AttributeError on `.entries`)."""
+    if registry is None or isinstance(registry, (str, os.PathLike)):
+        return load_registry(registry)
+    if not isinstance(registry, Registry):
+        raise UsageError(f"`registry` must be a path to a models.yaml or a loaded Registry, got {type(registry).__name__}")
+    return registry
+
+
 def load_registry(file: str | os.PathLike | None = None) -> Registry:
     path = Path(file or os.environ.get("SPECDIFF_MODELS") or DEFAULT_FILE)
     doc = _read_yaml(path)
@@ -197,7 +208,7 @@ def load_registry(file: str | os.PathLike | None = None) -> Registry:
 def _read_yaml(path: Path) -> Any:
     """The parsed file, or a RegistryError naming it: unreadable, not UTF-8, not YAML."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
+        return yaml.load(read_small_text(path), Loader=_LineLoader)
     except OSError as e:
         raise RegistryError(f"cannot read model registry {path}: {e.strerror}") from e
     except UnicodeDecodeError as e:

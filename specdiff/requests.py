@@ -22,6 +22,7 @@ from .errors import InputError, UsageError
 from .names import SCHEDULES
 from .settings import DECLARED, OPTIONS, problem
 
+MAX_THREADS = 1024  # torch CPU threads: more than any machine here has cores
 SEED_MAX = 2**63 - 1  # prompt i draws from seed + i, which stays within torch's 64-bit seeds
 RECORDED = ("gamma", "steps", "schedule")  # what a drafter records of the settings it was trained for
 
@@ -32,7 +33,7 @@ def check_prompts(prompts: object) -> list[str]:
         prompts = [prompts]
     elif not isinstance(prompts, Iterable) or isinstance(prompts, (bytes, dict)):
         raise UsageError(f"prompts must be a string or a list of strings, got {_kind(prompts)}")
-    prompts = list(prompts)
+    prompts = _listed(prompts, "prompts must be a string or a list of strings")
     for i, prompt in enumerate(prompts, 1):
         if not isinstance(prompt, str):
             raise UsageError(f"prompt {i} must be a string, got {_kind(prompt)}")
@@ -64,7 +65,7 @@ def check_text_options(system: object, stop: object) -> tuple[str | None, tuple[
         check_text(system, "`system`")
     if stop is not None and not isinstance(stop, str) and not isinstance(stop, Iterable):
         raise UsageError(f"`stop` must be a string or a list of strings, got {_kind(stop)}")
-    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    stop = (stop,) if isinstance(stop, str) else tuple(_listed(stop or (), "`stop` must be a string or a list of strings"))
     if not all(isinstance(s, str) and s for s in stop):
         raise UsageError(f"`stop` strings must be non-empty text, got {_short(stop)}")
     for i, s in enumerate(stop, 1):
@@ -83,6 +84,13 @@ def check_settings(values: dict[str, Any]) -> None:
         message = problem(key, value) if key in DECLARED else None
         if message:
             raise UsageError(f"{message}, got {_short(value)}")
+
+
+def check_threads(threads: object) -> None:
+    """torch's CPU threads: None (as the process has them) or an integer 1..MAX_THREADS (10**20
+    overflowed inside torch; 100000 threads ran the machine out of memory)."""
+    if threads is not None and not (_is_int(threads) and 1 <= threads <= MAX_THREADS):
+        raise UsageError(f"`threads` must be an integer from 1 to {MAX_THREADS}, got {_short(threads)}")
 
 
 def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
@@ -132,9 +140,14 @@ def check_request(target: Any, drafter: Any, *, seed: object, device: object, te
     check_seed(seed)
     check_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p,
                     "repetition_penalty": repetition_penalty, **options})
+    check_device_name(device)
+    return _name(target), _name(drafter)
+
+
+def check_device_name(device: object) -> None:
+    """A device as torch names one: a string ('cpu', 'cuda:1') or a torch.device."""
     if not _is_device(device):
         raise UsageError(f"`device` must be a string such as 'cpu' or 'cuda:1', got {_kind(device)}")
-    return _name(target), _name(drafter)
 
 
 def check_recorded(settings: object) -> dict[str, Any]:
@@ -152,6 +165,14 @@ def check_recorded(settings: object) -> dict[str, Any]:
     if "schedule" in settings and settings["schedule"] not in SCHEDULES:
         raise ValueError(f"defaults: unknown schedule {_short(settings['schedule'])} (known: {', '.join(SCHEDULES)})")
     return dict(settings)
+
+
+def _listed(values: Iterable[Any], message: str) -> list[Any]:
+    """list(values); an object that claims to be iterable and is not (a 0-d tensor) is `message`."""
+    try:
+        return list(values)
+    except TypeError as e:
+        raise UsageError(f"{message}, got {_kind(values)}") from e
 
 
 def _name(model: Any) -> Any:

@@ -22,13 +22,16 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _graphs(runtime: str, artifacts: str, device: str, threads: int) -> dict:
-    """The export's target / drafter on `runtime`, its sessions opened with the bench's threads."""
+def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: int) -> dict:
+    """The export's target / drafter on `runtime`, its sessions opened with the bench's threads;
+    refused unless exported from the bench's own target and drafter (graphs of another model with
+    the same tokenizer were timed against it, and their speed-up reported)."""
     from runtimes import load_models
     from specdiff.generation import torch_threads
 
+    sources = {"target": models.target.name, "drafter": getattr(models.drafter, "source", None)}
     with torch_threads(threads):
-        return load_models(runtime, artifacts, device)
+        return load_models(runtime, artifacts, device, sources=sources)
 
 
 def _list(kind: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, str | None], tuple[T, ...] | None]:
@@ -178,7 +181,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
                         batch_sizes or (1,), ("torch",) + ("compiled",) * compiled + (runtime,) * bool(artifacts))
     if artifacts:
-        models.graphs[runtime] = _graphs(runtime, artifacts, device, settings.threads or default_threads())
+        models.graphs[runtime] = _graphs(runtime, artifacts, models, device, settings.threads or default_threads())
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))
@@ -195,12 +198,12 @@ def _bench_block(lib: ModuleType, models: Models, prompts: list[str], methods: S
     """A block-diffusion target: block, simsd-exact, simsd (specdiff.tools.bench_block); the table,
     DIR/bench.json and a JSON summary line."""
     from specdiff.tools.bench_block import BLOCK_METHODS, format_block_table, run_block
+    from specdiff.tools.bench_output import write_report
 
     methods = methods or (BLOCK_METHODS if models.drafter is not None else ("block",))
     report = run_block(models, prompts, methods, settings, steps=steps, gammas=gammas, remasking=pick["remasking"],
                        threshold=pick["threshold"], log=lambda msg: click.echo(msg, err=True))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "bench.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_report(report, out, plots=False)  # bench.json, written whole or not at all
     click.echo(format_block_table(report))
     click.echo(json.dumps({"rows": [{k: r[k] for k in ("method", "steps", "gamma", "speedup", "agreement", "exact")}
                                     for r in report["rows"]], "report": str(Path(out) / "bench.json")}))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 import sys
 from typing import Any
 
 import click
+
+from .threads import MAX_THREADS
 
 
 class FiniteList(click.ParamType):
@@ -36,10 +40,31 @@ class Finite(click.FloatRange):
         return number
 
 
+MAX_TEXT_BYTES = 2**30  # --prompts and --raw-text are read whole, then tokenized
+
+
+def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a text file distill could not read whole: /dev/zero (or any device or pipe) was read
+    until memory ran out, a MemoryError traceback; a regular file is judged by its size."""
+    if value is None or not os.path.exists(value):
+        return value  # missing: the library says so
+    status = os.stat(value)
+    if stat.S_ISDIR(status.st_mode):
+        raise click.BadParameter(f"{value} is a directory", ctx, param)
+    if not stat.S_ISREG(status.st_mode):
+        raise click.BadParameter(f"{value} is not a regular file: distill reads it whole (write it to a file "
+                                 "first)", ctx, param)
+    if status.st_size > MAX_TEXT_BYTES:
+        raise click.BadParameter(f"{value} holds {status.st_size / 2**20:,.1f} MiB; distill reads it whole (at "
+                                 f"most {MAX_TEXT_BYTES >> 20:,} MiB): use a sample of it", ctx, param)
+    return value
+
+
 @click.command()
 @click.option("--target", required=True, help="Target model: models.yaml name, directory or hub id.")
 @click.option("--out", required=True, metavar="DIR", help="Output: the drafter, report.json, data/, checkpoints/.")
-@click.option("--prompts", required=True, metavar="FILE", help="Text file; random windows of it are the prompts.")
+@click.option("--prompts", required=True, metavar="FILE", callback=_text_file,
+              help="Text file; random windows of it are the prompts.")
 @click.option("--chat", is_flag=True, help="--prompts holds one question a line; each goes through the target's "
               "chat template.")
 @click.option("--prompt-tokens", type=int, help="With --chat: prompts are left-padded to this many tokens "
@@ -56,7 +81,7 @@ class Finite(click.FloatRange):
 @click.option("--context", type=int, help="New drafter: context tokens N it sees [default: 32].")
 @click.option("--mask-token", metavar="TOKEN", help="Use this token of the tokenizer (e.g. '<|mask|>') as mask id "
               "[default: one extra id].")
-@click.option("--raw-text", metavar="FILE", help="Mix in raw text windows from this file.")
+@click.option("--raw-text", metavar="FILE", callback=_text_file, help="Mix in raw text windows from this file.")
 @click.option("--raw-fraction", type=Finite(0, 1), help="Share of raw text rows [default with --raw-text: 0.25].")
 @click.option("--gamma", type=int, default=8, show_default=True, help="Draft length trained for.")
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
@@ -84,7 +109,7 @@ class Finite(click.FloatRange):
               help="tau / alpha are measured greedy and at this temperature.")
 @click.option("--resume", is_flag=True, help="Continue from the newest checkpoint in DIR (and its cached data).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--threads", type=int, help="torch CPU threads.")
+@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), help="torch CPU threads.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 def distill(threads: int | None, **options: Any) -> None:
     """Train a diffusion drafter on a target's own continuations of prompts.
@@ -105,8 +130,6 @@ def distill(threads: int | None, **options: Any) -> None:
 
     check_seed(options["seed"])
     if threads is not None:
-        if threads < 1:
-            raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
         torch.set_num_threads(threads)
     report = run(DistillConfig(**options), progress=sys.stderr.isatty())
     if options["data_only"]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from specdiff.errors import InputError, SpecdiffError, UsageError
@@ -135,13 +136,47 @@ def read_prompts(prompts: tuple[str, ...], prompt_file: str | None, stdin: IO[by
         return [PromptRecord(p) for p in prompts]
     if prompt_file and prompt_file != "-":
         try:
-            data = Path(prompt_file).read_bytes()
+            with open(prompt_file, "rb") as f:
+                data = read_bounded(f, prompt_file)
         except OSError as e:
             raise InputError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
         return parse_prompts(decode_utf8(data, prompt_file), fmt, prompt_file)
     if stdin is None or (stdin.isatty() and not prompt_file):
         raise UsageError("no prompts: use --prompt TEXT, --prompt-file PATH, or pipe them on stdin")
-    return parse_prompts(decode_utf8(stdin.read(), "stdin"), fmt, "stdin")
+    return parse_prompts(decode_utf8(read_bounded(stdin, "stdin"), "stdin"), fmt, "stdin")
+
+
+MAX_INPUT_BYTES = 256 * 2**20  # prompts read whole (generate, bench), and any one line of a file
+
+
+def read_bounded(f: IO[bytes], where: str) -> bytes:
+    """All of `f`, refused past MAX_INPUT_BYTES: an endless input (/dev/zero, `yes |`) or a huge
+    file was read whole and ended in a MemoryError. A regular file is judged by its size first."""
+    size = _regular_size(f)
+    if size is None or size <= MAX_INPUT_BYTES:
+        data = f.read(MAX_INPUT_BYTES + 1)
+        if len(data) <= MAX_INPUT_BYTES:
+            return data
+    raise InputError(f"{where} holds more than {MAX_INPUT_BYTES >> 20} MiB of prompts, which are read whole "
+                     "before decoding starts (split it, or decode it with --ray --output-dir, which reads a "
+                     "--prompt-file in chunks)")
+
+
+def read_line_bounded(f: IO[bytes], where: str) -> bytes:
+    """The next line of `f` (b"" at its end), refused past MAX_INPUT_BYTES: one line of /dev/zero
+    never ends."""
+    line = f.readline(MAX_INPUT_BYTES + 1)
+    if len(line) > MAX_INPUT_BYTES:
+        raise InputError(f"{where} is longer than {MAX_INPUT_BYTES >> 20} MiB (no line end in sight)")
+    return line
+
+
+def _regular_size(f: IO[bytes]) -> int | None:
+    try:
+        status = os.fstat(f.fileno())
+    except (OSError, ValueError, AttributeError):  # a stream without a file descriptor
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
 
 
 def escape_line(text: str) -> str:

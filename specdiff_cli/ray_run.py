@@ -6,17 +6,19 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import warnings
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 import click
 
 from specdiff.errors import InputError, UsageError
 
 from .output import AtomicWriter, StreamWriter, open_output
-from .prompts import Layout, decode_utf8, parse_line
+from .prompts import Layout, decode_utf8, parse_line, read_line_bounded
 
 if TYPE_CHECKING:
     from specdiff.metrics import Metrics
@@ -67,14 +69,20 @@ def run_on_ray(prompts: list[str], options: dict[str, Any], address: str | None,
     """-> specdiff.ray.RayResult, Ray quiet but for its warnings."""
     import specdiff.ray as sray
 
-    return sray.generate(prompts, address=address or None, ray_init=_quiet(), workers=workers,
-                         cpus_per_worker=cpus, gpus_per_worker=gpus, threads=threads or max(1, int(cpus)),
-                         truncate_prompt=truncate_prompt, **options)
+    with _own_ray():
+        return sray.generate(prompts, address=address or None, ray_init=_quiet(), workers=workers,
+                             cpus_per_worker=cpus, gpus_per_worker=gpus, threads=threads or max(1, int(cpus)),
+                             truncate_prompt=truncate_prompt, **options)
+
+
+# the workers' libraries as quiet as the CLI's (main._quiet_libraries): a worker's transformers
+# warning ("Token indices sequence length is longer...") came before the error line it explains
+WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def _quiet() -> dict:
     """Keep Ray's warnings, progress lines and execution notes off stderr, and its results in
-    input order; -> the ray.init arguments that do the same for Ray's own logger."""
+    input order; -> the ray.init arguments that do the same for Ray's own logger and the workers."""
     from ray.data import DataContext
 
     warnings.filterwarnings("ignore", module="ray")  # advice on pool sizes and deprecations
@@ -82,7 +90,25 @@ def _quiet() -> dict:
     context = DataContext.get_current()
     context.print_on_execution_start = False
     context.execution_options.preserve_order = True
-    return {"logging_level": logging.ERROR}
+    if not sys.stderr.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # "(raylet)" without colour codes in a log file
+    return {"logging_level": logging.ERROR, "runtime_env": {"env_vars": WORKER_ENV}}
+
+
+@contextmanager
+def _own_ray() -> Iterator[None]:
+    """A Ray this command starts (or joins) ends with the block, before the command's last line
+    (an error, --stats) is printed: no Ray message after it, no Ray process left behind. A Ray the
+    caller started (a test's, a notebook's) is left running."""
+    from specdiff.extras import require
+
+    ray = require("ray", "ray")
+    started = not ray.is_initialized()
+    try:
+        yield
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
 
 
 MAX_CHUNKS = 4096  # read tasks of --output-dir's input, at most
@@ -106,7 +132,9 @@ def index_file(path: str, fmt: str, size: int) -> list[Chunk]:
     start, first, count, offset = 0, 0, 0, 0
     try:
         with open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
+            n = 0
+            while raw := read_line_bounded(f, f"{path} line {n + 1}"):
+                n += 1
                 line = decode_utf8(raw.removesuffix(b"\n"), f"{path} line {n}")
                 if parse_line(line.lstrip("\ufeff") if n == 1 else line, fmt, f"{path} line {n}"):
                     count += 1
@@ -148,14 +176,32 @@ def run_to_dir(path: str, fmt: str, out_dir: str, layout: Layout, options: dict[
     """--output-dir: a prompt file of any size, checked line by line here, read in chunks by Ray,
     decoded by the pool; results come back in input order into out_dir/part-NNNNN.{jsonl,txt} of
     SHARD results each (each file whole or absent). -> total metrics."""
+    import specdiff.ray as sray
+
+    fmt = _file_format(path, fmt)
+    _check_shard_dir(out_dir)
+    chunks = index_file(path, fmt, sray.TASK_SIZE)
+    made = not os.path.exists(out_dir)
+    directory = _shard_dir(out_dir)  # made once the file is known good: a refused run leaves none
+    try:
+        with _own_ray():
+            sray.init(address or None, **_quiet())
+            return _decode_to_dir(path, fmt, directory, layout, chunks, options, workers, cpus, gpus, threads,
+                                  truncate_prompt)
+    except BaseException:
+        if made:
+            with suppress(OSError):
+                directory.rmdir()  # only if no shard was committed
+        raise
+
+
+def _decode_to_dir(path: str, fmt: str, directory: Path, layout: Layout, chunks: list[Chunk],
+                   options: dict[str, Any], workers: int, cpus: float, gpus: float, threads: int | None,
+                   truncate_prompt: bool) -> Metrics | None:
     import ray
 
     import specdiff.ray as sray
 
-    fmt = _file_format(path, fmt)
-    directory = _shard_dir(out_dir)
-    chunks = index_file(path, fmt, sray.TASK_SIZE)
-    sray.init(address or None, **_quiet())
     ds = ray.data.from_items([asdict(c) for c in chunks]).flat_map(
         read_chunk,  # type: ignore[arg-type]  # ray's type of fn leaves out the fn_kwargs it is called with
         fn_kwargs={"path": os.path.abspath(path), "fmt": fmt})
@@ -196,10 +242,20 @@ def _file_format(path: str, fmt: str) -> str:
         return fmt
     try:
         with open(path, "rb") as f:
-            first = next((line for line in f if line.strip()), b"")
+            lines = iter(lambda: read_line_bounded(f, f"{path}: a line"), b"")
+            first = next((line for line in lines if line.strip()), b"")
     except OSError as e:
         raise InputError(f"cannot read prompt file {path}: {e.strerror}") from None
     return "jsonl" if first.lstrip(b"\xef\xbb\xbf \t").startswith(b"{") else "text"
+
+
+def _check_shard_dir(out_dir: str) -> None:
+    """Refuse an output directory that holds shards of another run, or is not a directory."""
+    directory = Path(out_dir)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot make --output-dir {out_dir}: it is not a directory")
+    if directory.is_dir() and any(directory.glob("part-*")):
+        raise UsageError(f"--output-dir {out_dir} already holds part-* files; use an empty directory")
 
 
 def _shard_dir(out_dir: str) -> Path:
@@ -209,6 +265,5 @@ def _shard_dir(out_dir: str) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot make --output-dir {out_dir}: {e.strerror}") from None
-    if any(directory.glob("part-*")):
-        raise UsageError(f"--output-dir {out_dir} already holds part-* files; use an empty directory")
+    _check_shard_dir(out_dir)
     return directory

@@ -14,6 +14,8 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+from specdiff.requests import MAX_THREADS
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -29,7 +31,7 @@ def default_threads() -> int:
 def threads_option(command: F) -> F:
     """The --threads option, added to a click command function."""
     return click.option(
-        "--threads", type=click.IntRange(min=1),
+        "--threads", type=click.IntRange(min=1, max=MAX_THREADS),  # 10**20 overflowed inside torch
         help=f"torch CPU threads [default: the usable CPUs less one, here {default_threads()}; "
              "one per core is slower and erratic when other processes share the cores].")(command)
 

@@ -334,14 +334,37 @@ def test_blank_lines_after_the_last_prompt_are_ignored():
     assert [r.prompt for r in records] == ["a", "b"]
 
 
-def test_drafter_init_writes_an_ordinary_directory(tiny, tmp_path):
-    """Written through a private temporary directory, the result must not stay private (0700)."""
-    out = tmp_path / "d"
-    result = CliRunner().invoke(cli, ["drafter", "init", "--target", str(tiny.gpt2), "--out", str(out),
-                                      "--layers", "1", "--dim", "16", "--heads", "2"])
+WRITERS = {  # command -> the directory it writes (under tmp)
+    "drafter init": (["drafter", "init", "--target", "{gpt2}", "--out", "{tmp}/d", "--layers", "1", "--dim", "16",
+                      "--heads", "2"], "d"),
+    "drafter convert": (["drafter", "convert", "{drafter}", "--out", "{tmp}/c"], "c"),
+    "export": (["export", "--target", "{gpt2}", "--drafter", "{drafter}", "--out", "{tmp}/e"], "e"),
+    "distill": (["distill", "--target", "{gpt2}", "--prompts", "{corpus}", "--out", "{tmp}/s", "--layers", "1",
+                 "--dim", "16", "--heads", "2", "--context", "8", "--num-prompts", "4", "--continuation-tokens", "8",
+                 "--batch-size", "4", "--max-steps", "2", "--val-every", "2", "--checkpoint-every", "2",
+                 "--eval-prompts", "1", "--gamma", "2", "--steps-per-draft", "1"], "s"),
+}
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_written_files_and_directories_have_ordinary_modes(tiny, tmp_path, command, mask=0o027):
+    """What the CLI writes is as any file or directory the user makes: mode 0o666 / 0o777 less
+    the umask. safetensors wrote weights 0o600 beside 0o644 configs, and directories written
+    through a private temporary one (mkdtemp: 0o700) were set 0o755 whatever the umask
+    (issue 25, fault 14). Under umask 0o027 (not the usual 0o022) both show."""
+    from tiny import TEXT
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 4, encoding="utf-8")
+    args, out = WRITERS[command]
+    fill = {"gpt2": tiny.gpt2, "drafter": tiny.drafter, "tmp": tmp_path, "corpus": corpus}
+    before = os.umask(mask)
+    try:
+        result = CliRunner().invoke(cli, [a.format(**fill) for a in args])
+    finally:
+        os.umask(before)
     assert result.exit_code == 0, result.stderr
-    assert out.stat().st_mode & 0o777 == 0o755
-    umask = os.umask(0o022)
-    os.umask(umask)
-    for f in out.iterdir():  # safetensors writes its file 0o600: the weights were private, the config not
-        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name
+    paths = [tmp_path / out, *(tmp_path / out).rglob("*")]
+    modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in paths}
+    expected = {name: (0o777 if (tmp_path / name).is_dir() else 0o666) & ~mask for name in modes}
+    assert modes == expected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,6 +208,33 @@ def test_bad_options_give_one_error_line(tiny, prompts, tmp_path, args, fragment
     assert result.exit_code == 2, (result.exit_code, result.stderr)
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("specdiff: error: "), result.stderr
     assert fragment in result.stderr and result.stdout == ""
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flag", ["--prompts", "--raw-text"])
+@pytest.mark.parametrize("source", ["/dev/zero", "fifo", "huge"])
+def test_text_files_distill_cannot_read_whole_are_refused_first(tiny, prompts, tmp_path, monkeypatch, flag, source):
+    """--prompts /dev/zero was read whole until memory ran out: a MemoryError traceback (issue 25,
+    fault 13). A device or pipe may not end; a regular file is judged by its size, unread."""
+    import os
+
+    from specdiff_cli import distill as distill_cli
+
+    monkeypatch.setattr(distill_cli, "MAX_TEXT_BYTES", 2**20)
+    path = tmp_path / source
+    if source == "fifo":
+        os.mkfifo(path)
+    elif source == "huge":
+        with open(path, "wb") as f:
+            f.truncate(2**20 + 1)  # sparse
+    else:
+        path = Path(source)
+    args = ["--prompts", str(path)] if flag == "--prompts" else ["--prompts", str(prompts), "--raw-text", str(path)]
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), *args, "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert f"Invalid value for '{flag}': {path} " in result.stderr
+    assert ("holds 1.0 MiB; distill reads it whole (at most 1 MiB)" if source == "huge" else "is not a regular file") \
+        in result.stderr
     assert not (tmp_path / "d").exists()
 
 

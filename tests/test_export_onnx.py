@@ -15,7 +15,7 @@ from exporters import validate as validate_module
 from exporters.onnx import check_graph, target_graph
 from exporters.tensorrt import graph_problems
 from runtimes import load_models
-from specdiff.artifacts import file_hashes, sha256_file, vocab_sha256
+from specdiff.artifacts import file_hashes, identity_of, sha256_file, vocab_sha256
 from specdiff.graphs import TOLERANCE, spec_from_model
 from specdiff.errors import ExportValidationError
 from specdiff.loading import load_drafter, load_target
@@ -45,6 +45,8 @@ def test_manifest_records_sources_tokenizer_io_tools_and_validation(tiny, onnx_p
     target, drafter = m["components"]["target"], m["components"]["drafter"]
     assert target["source"]["files"]["model.safetensors"] == sha256_file(tiny.gpt2 / "model.safetensors")
     assert drafter["source"]["files"]["config.json"] == sha256_file(tiny.drafter / "config.json")
+    assert target["source"]["identity"] == identity_of(str(tiny.gpt2), ("target",))[1]  # config + weights
+    assert drafter["source"]["identity"] == identity_of(str(tiny.drafter), ("drafter",))[1]
     assert target["model"] | {"name": None} == {
         "name": None, "model_type": "gpt2", "attn_implementation": "sdpa", "vocab_size": 300, "head_rows": 320,
         "max_length": 128, "eos_token_id": 299, "layers": 2, "kv_heads": 2, "head_dim": 16}
@@ -136,8 +138,13 @@ def test_failed_validation_leaves_no_directory(tiny, tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, code, message", [
     (["--out", "{tmp}/x"], 2, "nothing to export"),
     (["--drafter", "{ar}", "--out", "{tmp}/x"], 2, "not a diffusion drafter"),
-    (["--target", "{gpt2}", "--format", "all", "--opset", "21", "--out", "{tmp}/x"], 2, "--opset must be in 18..20"),
+    (["--target", "{gpt2}", "--format", "all", "--opset", "21", "--out", "{tmp}/x"], 2, "--opset must be an integer in 18..20"),
     (["--target", "{gpt2}", "--max-seq", "100", "--out", "{tmp}/x"], 2, "leaves no room"),
+    # a TensorRT profile's dimensions are 32-bit: larger limits were recorded, then overflowed (issue 25, fault 13)
+    (["--target", "{gpt2}", "--max-batch", str(10**20), "--out", "{tmp}/x"], 2,
+     "--max-batch must be an integer from 1 to 2147483647 (a 32-bit dimension), got 100000000000000000000"),
+    (["--drafter", "{drafter}", "--max-seq", str(2**31), "--out", "{tmp}/x"], 2, "--max-seq must be an integer from 1"),
+    (["--target", "{gpt2}", "--max-batch", "0", "--out", "{tmp}/x"], 2, "--max-batch must be an integer from 1"),
     (["--target", "{gpt2}", "--out", "{tmp}/full"], 2, "exists and is not an empty directory"),
     # a block-diffusion target exported as a causal LM ran on ONNX Runtime as one: wrong text, exit 0
     (["--pair", "demo-block", "--out", "{tmp}/x"], 2, "target 'demo-block-target' is a block-diffusion (SDAR) "
@@ -147,7 +154,7 @@ def test_failed_validation_leaves_no_directory(tiny, tmp_path, monkeypatch):
 def test_export_refuses_bad_requests_with_one_line(tiny, tmp_path, args, code, message):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("x")
-    fill = {"tmp": tmp_path, "ar": tiny.ar, "gpt2": tiny.gpt2}
+    fill = {"tmp": tmp_path, "ar": tiny.ar, "gpt2": tiny.gpt2, "drafter": tiny.drafter}
     result = run_cli(["export", *[a.format(**fill) for a in args]])
     assert result.exit_code == code and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not (tmp_path / "x").exists()

@@ -206,6 +206,27 @@ def test_malformed_registry_is_one_line(tmp_path, text, message):
     assert_one_line_error(result, 2, message)
 
 
+def test_a_registry_or_manifest_that_never_ends_is_one_line(tmp_path, monkeypatch):
+    """SPECDIFF_MODELS=/dev/zero was read whole into a MemoryError (issue 25, fault 13); so would
+    a manifest.json or config.json that is a huge (here: sparse) file."""
+    from specdiff import reading
+    from specdiff.artifacts import open_artifacts
+    from specdiff.errors import LoadError
+    from specdiff.nets.checkpoint import read_json
+
+    result = CliRunner().invoke(cli, ["models"], env={"SPECDIFF_MODELS": "/dev/zero"})
+    assert_one_line_error(result, 2, "cannot read model registry /dev/zero: larger than 64 MiB")
+    monkeypatch.setattr(reading, "MAX_SMALL_FILE", 2**20)
+    monkeypatch.setattr(reading.read_small_text, "__defaults__", (2**20,))
+    for name in ("manifest.json", "config.json"):
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(2**20 + 1)
+    with pytest.raises(LoadError, match="manifest.json: cannot read the manifest: larger than 1 MiB"):
+        open_artifacts(tmp_path)
+    with pytest.raises(LoadError, match="config.json: unreadable config: .*larger than 1 MiB"):
+        read_json(tmp_path / "config.json")
+
+
 def test_registry_path_that_is_missing_says_so(tiny, tmp_path):
     path = registry_file(tmp_path, """
         models:
@@ -294,3 +315,55 @@ def test_the_cli_shows_parameters_as_the_flags_that_set_them():
 
     assert to_flags("`max_batch` must be >= 1; export again with `fmt` tensorrt") == \
         "--max-batch must be >= 1; export again with --format tensorrt"
+
+
+# 13. endless or huge prompt input: one line, before the input is read whole or any model loads
+
+
+@pytest.fixture
+def small_input_bound(monkeypatch):
+    """MAX_INPUT_BYTES at 1 MiB: the same paths as 256 MiB, without reading 256 MiB in a test."""
+    from specdiff_cli import prompts
+
+    monkeypatch.setattr(prompts, "MAX_INPUT_BYTES", 2**20)
+    monkeypatch.setattr("specdiff.loading.load_target", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_an_endless_prompt_file_is_one_line(tiny, small_input_bound, command):
+    """/dev/zero as --prompt-file was read whole: a MemoryError traceback (issue 25, fault 13)."""
+    result = invoke([command, "--target", str(tiny.gpt2), "--prompt-file", "/dev/zero"])
+    assert_one_line_error(result, 2, "/dev/zero holds more than 1 MiB of prompts")
+
+
+def test_a_huge_prompt_file_is_one_line(tiny, small_input_bound, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(2**20 + 1)  # sparse: refused by its size
+    assert_one_line_error(generate(tiny, "--prompt-file", str(big)), 2, "holds more than 1 MiB of prompts")
+
+
+def test_an_endless_stdin_is_one_line(tiny, small_input_bound):
+    with open("/dev/zero", "rb") as zero:
+        assert_one_line_error(generate(tiny, input=zero), 2, "stdin holds more than 1 MiB of prompts")
+
+
+def test_a_prompt_file_at_the_bound_is_read(small_input_bound, tmp_path):
+    from specdiff_cli.prompts import read_prompts
+
+    path = tmp_path / "at-the-bound.txt"
+    path.write_bytes(b"a" * (2**20 - 2) + b"\nb")  # exactly MAX_INPUT_BYTES
+    assert [r.prompt for r in read_prompts((), str(path), None, "text")] == ["a" * (2**20 - 2), "b"]
+
+
+@pytest.mark.parametrize("fmt", ["auto", "text"])
+def test_an_endless_line_for_output_dir_is_one_line_before_ray(tiny, small_input_bound, tmp_path, monkeypatch,
+                                                               fmt):
+    """--output-dir reads its file line by line; one line of /dev/zero never ends."""
+    import specdiff.ray as sray
+
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    result = invoke(["generate", "--target", str(tiny.gpt2), "--prompt-file", "/dev/zero", "--input-format", fmt,
+                     "--ray", "local", "--output-dir", str(tmp_path / "out")])
+    assert_one_line_error(result, 2, "/dev/zero", "is longer than 1 MiB (no line end in sight)")
+    assert not (tmp_path / "out").exists()  # made only once the file is known good

@@ -7,7 +7,13 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -155,3 +161,158 @@ def test_unknown_keywords_are_refused_before_ray_starts(tiny, monkeypatch):
         sray.map_prompts(None, **_options(tiny), tmperature=0.8)
     with pytest.raises(UsageError, match="`top_p` must be a number"):
         sray.map_prompts(None, **_options(tiny), top_p=2.0)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_cli(script: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`script` (which patches the library) then the CLI with `args`, in a fresh interpreter."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})}
+    code = script + "\nfrom specdiff_cli.main import main\nsys.argv = ['specdiff', *sys.argv[1:]]\nmain()\n"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def _model_args(tiny) -> list[str]:
+    return ["--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--max-new-tokens", "6",
+            "--workers", "1", "--cpus-per-worker", "0.5"]
+
+
+DIES_ONCE = """
+import os, sys
+import specdiff.ray as sray
+
+class DiesOnce(sray.Worker):
+    def __call__(self, batch):
+        if not os.path.exists(os.environ["DIED"]):
+            open(os.environ["DIED"], "w").close()
+            os._exit(1)
+        return super().__call__(batch)
+
+sray.Worker = DiesOnce
+"""
+
+
+def test_ray_messages_about_a_dead_worker_stay_off_stdout(tiny, tmp_path):
+    """Ray's driver printed "(raylet) A worker died..." in the results on stdout (issue 25, fault 1):
+    stdout holds the results of a local run, and Ray's message is on stderr."""
+    prompts = ["--prompt", "Hello", "--prompt", "Once upon"]
+    local = CliRunner().invoke(cli, ["generate", *prompts, *_model_args(tiny)[:6]])
+    run = _run_cli(DIES_ONCE, ["generate", "--ray", "local", *prompts, *_model_args(tiny)],
+                   env={"DIED": str(tmp_path / "died")})
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "died").exists()  # a worker did die
+    assert run.stdout == local.stdout
+    assert "worker died" in run.stderr and "\x1b[" not in run.stderr  # no colour codes in a file
+
+
+def test_ray_cluster_messages_are_printed_on_stderr(local_ray, capsys):
+    """What Ray's driver prints of its cluster (published errors: a dead worker, a failed task)
+    goes to stderr once specdiff.ray has connected."""
+    from ray._private.utils import publish_error_to_driver
+    from ray._private.worker import global_worker
+
+    sray.init()
+    publish_error_to_driver("specdiff_test", "a cluster message (test)", global_worker.gcs_client)
+    deadline, out, err = time.monotonic() + 20, "", ""
+    while "a cluster message (test)" not in err + out and time.monotonic() < deadline:
+        time.sleep(0.2)
+        captured = capsys.readouterr()
+        out, err = out + captured.out, err + captured.err
+    assert "a cluster message (test)" in err and "a cluster message" not in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["argument", "RAY_ADDRESS"])
+def test_an_address_where_nothing_listens_is_refused_in_seconds(tiny, monkeypatch, how):
+    """--ray ADDRESS with nothing listening waited without limit (Ray retries for minutes;
+    issue 25, fault 7): one line, exit 2, before ray.init."""
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    address = f"127.0.0.1:{_free_port()}"
+    if how == "RAY_ADDRESS":
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    start = time.monotonic()
+    with pytest.raises(UsageError, match=f"cannot reach the Ray cluster at {address}: Connection refused"):
+        sray.init(address if how == "argument" else None)
+    ray_option = ["--ray", address] if how == "argument" else ["--ray"]  # no value: $RAY_ADDRESS
+    result = CliRunner().invoke(cli, ["generate", "--prompt", "hi", *ray_option, *_model_args(tiny)])
+    assert time.monotonic() - start < 30
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr == f"specdiff: error: cannot reach the Ray cluster at {address}: Connection refused\n"
+    assert result.stdout == ""
+
+
+TERMINATED_WHILE_DECODING = """
+import os, signal, sys, time
+import specdiff.ray as sray
+
+original = sray.map_prompts
+
+def map_then_terminate(*args, **kwargs):  # on the driver, Ray running: where a user's kill lands
+    done = original(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+    return done
+
+sray.map_prompts = map_then_terminate
+"""
+
+
+def _ray_processes(marker: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if marker in line]
+
+
+def test_sigterm_ends_a_ray_driver_with_one_line_and_exit_143(tiny, tmp_path):
+    """SIGTERM to a --ray driver aborted with exit 134 and a C++ stack dump (Ray's core worker
+    installs its own SIGTERM handler; issue 25, fault 7): exit 143, one line, no file, no Ray
+    process left."""
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
+    try:
+        out = tmp_path / "out.txt"
+        run = _run_cli(TERMINATED_WHILE_DECODING, ["generate", "--ray", "local", "--prompt", "Hello", "-o", str(out),
+                                                   *_model_args(tiny)], env={"RAY_TMPDIR": ray_tmp})
+        assert run.returncode == 128 + signal.SIGTERM, run.stderr
+        assert run.stderr.splitlines()[-1] == "specdiff: error: terminated by SIGTERM"
+        assert "SIGTERM received" not in run.stderr and run.stdout == ""
+        assert list(tmp_path.iterdir()) == []
+        deadline = time.monotonic() + 20
+        while _ray_processes(ray_tmp) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _ray_processes(ray_tmp) == []
+    finally:
+        subprocess.run(["rm", "-rf", ray_tmp])
+
+
+def test_ray_arguments_of_the_wrong_kind_are_refused_before_ray_starts(tiny, monkeypatch):
+    """Each was an AttributeError or TypeError (an int address, a list ray_init), or travelled to
+    the workers (threads 10**20, truncate_prompt 'yes') (issue 25, fault 14)."""
+    monkeypatch.setattr(sray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    cases = {"`ray_init` must be a dict of ray.init's keyword arguments, got list": {"ray_init": ["x"]},
+             "`threads` must be an integer from 1 to 1024, got 100000000000000000000": {"threads": 10**20},
+             "`truncate_prompt` must be True or False, got 'yes'": {"truncate_prompt": "yes"}}
+    for message, kwargs in cases.items():
+        with pytest.raises(UsageError) as info:
+            sray.generate(PROMPTS, **{**POOL, **kwargs}, **_options(tiny))
+        assert message in str(info.value)
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="`address` must be 'local', a Ray address .* or None, got int"):
+        sray.init(6379)
+
+
+def test_a_worker_a_local_ray_cannot_hold_is_refused(tiny, local_ray, monkeypatch):
+    """--ray local --cpus-per-worker 4 on a 2-CPU machine waited forever, Ray's autoscaler saying
+    every 35 s that no node type fits: a local Ray gets no more nodes."""
+    monkeypatch.setitem(sray.STARTED, "local", True)  # as if init had started this one
+    with pytest.raises(UsageError, match=r"a worker reserves 4 CPU\(s\) and 0 GPU\(s\) .*the local Ray has 2 and 0"):
+        sray.generate(PROMPTS, **{**POOL, "cpus_per_worker": 4}, **_options(tiny))
+    with pytest.raises(UsageError, match=r"reserves 0.5 CPU\(s\) and 1 GPU\(s\)"):
+        sray.generate(PROMPTS, **{**POOL, "gpus_per_worker": 1}, **_options(tiny))

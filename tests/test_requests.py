@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import specdiff.generation.planning as generation
 from specdiff.errors import InputError, SpecdiffError, UsageError
 from specdiff.generation import plan
 from specdiff.loading import load_drafter, load_target
-from specdiff.registry import load_registry
+from specdiff.registry import as_registry, load_registry
 from specdiff.requests import check_prompts
 
 BAD = {  # generate() keyword arguments -> the start of the error
@@ -51,8 +52,13 @@ def nothing_loads(monkeypatch):
     """Fail the test if generate() / plan() get as far as models.yaml or a model."""
     def refuse(*args, **kwargs):
         pytest.fail("a bad request reached models.yaml or a model")
-    for name in ("load_registry", "load_target", "load_drafter"):
+    def registry_unread(registry):  # plan's models.yaml: a misused argument is still refused
+        if registry is None or isinstance(registry, (str, os.PathLike)):
+            refuse()
+        return as_registry(registry)
+    for name in ("load_target", "load_drafter"):
         monkeypatch.setattr(generation, name, refuse)
+    monkeypatch.setattr(generation, "as_registry", registry_unread)
 
 
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))
@@ -160,3 +166,57 @@ def test_api_misuse_is_a_usage_error_not_a_python_error(tiny, nothing_loads):
         plan(target=raw, registry=registry)
     with pytest.raises(UsageError, match=r"`drafter` must be .* \(specdiff.load_drafter\), got GPT2LMHeadModel"):
         plan(target=load_target(tiny.gpt2, registry=registry), drafter=raw, registry=registry)
+
+
+def test_loaders_and_exports_refuse_misused_arguments_with_a_usage_error(tiny, tmp_path):
+    """Each of these was a TypeError, AttributeError or ValueError from torch, a dict lookup or
+    a missing `.entries` (issue 25, fault 14): the loaders, export and the runtimes' loader are
+    called by users as much as generate is."""
+    from exporters.export import export
+    from runtimes import load_models
+    from specdiff import loading
+    from specdiff.artifacts import open_artifacts
+
+    zero_d = torch.tensor(1)  # iterable by its type, not in fact
+    calls = {
+        "`device` must be a string such as 'cpu' or 'cuda:1', got float": lambda: loading.load_target(tiny.gpt2, device=2.5),
+        "`device` must be a string such as 'cpu' or 'cuda:1', got int": lambda: loading.load_drafter(tiny.drafter, device=10**30),
+        "`dtype` must be a name (a string), got list": lambda: loading.load_target(tiny.gpt2, dtype=["fp16"]),
+        "unknown dtype 'fp8'": lambda: loading.load_drafter(tiny.drafter, dtype="fp8"),
+        "`registry` must be a path to a models.yaml or a loaded Registry, got dict":
+            lambda: loading.load_target(tiny.gpt2, registry={"models": []}),
+        "`registry` must be a path to a models.yaml or a loaded Registry, got int":
+            lambda: loading.load_drafter(tiny.drafter, registry=3),
+        "prompts must be a string or a list of strings, got Tensor": lambda: specdiff.generate(zero_d, target="gpt2"),
+        "`stop` must be a string or a list of strings, got Tensor": lambda: plan(target="gpt2", stop=zero_d),
+        "`out` must be the path of a new directory, got 3": lambda: export(3, target=str(tiny.gpt2)),
+        "`fmt` must be a name (a string), got list": lambda: export(tmp_path / "x", target=str(tiny.gpt2), fmt=["onnx"]),
+        "`dtype` must be a name (a string), got dict": lambda: export(tmp_path / "x", target=str(tiny.gpt2), dtype={}),
+        "`opset` must be an integer in 18..23, got '18'": lambda: export(tmp_path / "x", target=str(tiny.gpt2), opset="18"),
+        "`max_batch` must be an integer from 1 to 2147483647 (a 32-bit dimension), got None":
+            lambda: export(tmp_path / "x", target=str(tiny.gpt2), max_batch=None),
+        "`max_batch` must be an integer from 1 to 2147483647 (a 32-bit dimension), got True":
+            lambda: export(tmp_path / "x", target=str(tiny.gpt2), max_batch=True),
+        "`device` must be a string such as 'cpu' or 'cuda:1', got list":
+            lambda: export(tmp_path / "x", target=str(tiny.gpt2), device=["cpu"]),
+        "`artifacts` must be the path of a `specdiff export` directory, got None": lambda: open_artifacts(None),
+        "`artifacts` must be the path of a `specdiff export` directory, got 3": lambda: load_models("onnxruntime", 3),
+        "unknown runtime ['onnxruntime']": lambda: load_models(["onnxruntime"], tmp_path),
+        "unknown device '' (e.g. cpu, cuda, cuda:1)": lambda: load_models("onnxruntime", tmp_path, device=""),
+    }
+    for message, call in calls.items():
+        with pytest.raises(UsageError) as info:
+            call()
+        assert message in str(info.value), (message, str(info.value))
+    assert not (tmp_path / "x").exists()
+
+
+def test_stream_indices_and_api_threads_of_the_wrong_kind_are_usage_errors(tiny):
+    """`indices=3` was a TypeError from len(); `threads=10**20` an overflow inside torch."""
+    p = plan(target=str(tiny.gpt2), max_new_tokens=2)
+    for bad in (3, [True], "0", [-1]):
+        with pytest.raises(UsageError, match="`indices` must be 1 integers >= 0"):
+            list(specdiff.stream(["Hello"], p, indices=bad))
+    for threads in (10**20, 0, 2.0):
+        with pytest.raises(UsageError, match="`threads` must be an integer from 1 to 1024"):
+            specdiff.generate("Hello", target=str(tiny.gpt2), threads=threads)

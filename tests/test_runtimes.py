@@ -307,8 +307,52 @@ def test_bench_runs_ar_and_specdiff_on_the_exported_graphs_beside_eager(tiny, on
     assert rows["specdiff g=4 T=4 l2r onnxruntime"]["tau"] == rows["specdiff g=4 T=4 l2r"]["tau"]
 
 
+@pytest.mark.parametrize("kind", ["target", "drafter"])
+def test_bench_refuses_graphs_of_another_model_with_the_same_tokenizer(tiny, onnx_pair, tmp_path, kind):
+    """Graphs exported from another model with the same tokenizer were timed against the bench's
+    own and reported a speed-up, exit 0 without --check (issue 25, fault 6): refused in one line,
+    before any timing, by the identity (config + weights) the manifest records."""
+    from specdiff.tools.drafter_init import init_drafter
+    from tiny import as_trained, make_gpt2
+
+    models = {"target": tiny.gpt2, "drafter": tiny.drafter}
+    if kind == "target":
+        models["target"] = make_gpt2(tmp_path / "other", tiny.tokenizer, scale=10, seed=5)
+    else:
+        models["drafter"] = as_trained(init_drafter(str(tiny.gpt2), tmp_path / "other", layers=1, dim=32, heads=2,
+                                                    context=16, seed=5))
+    result = run_cli(["bench", "--target", str(models["target"]), "--drafter", str(models["drafter"]),
+                      "--methods", "ar,specdiff", "--artifacts", str(onnx_pair), "--num-prompts", "1",
+                      "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0", "--no-plots",
+                      "--out", str(tmp_path / "b")])
+    assert result.exit_code == 1 and result.stdout == "" and "Traceback" not in result.output
+    exported_from = tiny.gpt2 if kind == "target" else tiny.drafter
+    assert result.stderr.startswith(f"specdiff: error: {onnx_pair}: its {kind} was exported from '{exported_from}', "
+                                    f"not from '{models[kind]}': their config or weights differ")
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_export_without_recorded_identity_is_checked_by_its_file_hashes(tiny, onnx_pair, tmp_path):
+    """Exports made before `identity` was recorded: the same identity from source.files; a manifest
+    that records no source at all is refused (nothing to compare)."""
+    from specdiff.artifacts import check_exported_from, open_artifacts
+
+    copy = shutil.copytree(onnx_pair, tmp_path / "old")
+    m = json.loads((copy / "manifest.json").read_text())
+    del m["components"]["target"]["source"]["identity"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    check_exported_from(open_artifacts(copy), "target", str(tiny.gpt2))
+    with pytest.raises(LoadError, match="its target was exported from"):
+        check_exported_from(open_artifacts(copy), "target", str(tiny.neo))
+    del m["components"]["target"]["source"]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(LoadError, match=r"components.target.source does not record the model"):
+        check_exported_from(open_artifacts(copy), "target", str(tiny.gpt2))
+
+
 def test_bench_refuses_graphs_of_another_tokenizer_in_one_line(onnx_pair, tmp_path):
     result = run_cli(["bench", "--target", "demo-target", "--methods", "ar", "--artifacts", str(onnx_pair),
                       "--num-prompts", "1", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "b")])
     assert result.exit_code == 1 and result.stderr.count("\n") == 1
-    assert "the exported target's tokenizer differs from demo-target's" in result.stderr
+    assert "its target was exported from" in result.stderr and "not from 'demo-target'" in result.stderr

@@ -41,6 +41,16 @@ def test_threads_must_be_positive(tiny):
     assert result.exit_code == 2 and "--threads" in result.stderr
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["bench"], ["distill", "--prompts", "p", "--out", "o"]])
+@pytest.mark.parametrize("count", ["100000", str(10**20)])
+def test_threads_are_bounded(tiny, command, count):
+    """--threads 10**20 overflowed inside torch.set_num_threads (a traceback); 100000 threads ran
+    the machine out of memory, reported as 'cannot load model' (issue 25, fault 13)."""
+    result = CliRunner().invoke(cli, [*command, "--target", str(tiny.gpt2), "--threads", count])
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert f"Invalid value for '--threads': {count} is not in the range 1<=x<=1024" in result.stderr
+
+
 def test_the_api_runs_with_the_threads_it_is_given_and_restores_them(tiny, monkeypatch):
     """specdiff.generate(threads=1): torch runs the call with one thread (the target's forward
     sees it), the process's count comes back after, the output is the same; bad counts are refused."""
@@ -57,5 +67,5 @@ def test_the_api_runs_with_the_threads_it_is_given_and_restores_them(tiny, monke
     assert specdiff.generate("x", target=str(tiny.gpt2), method="ar", max_new_tokens=3).texts == one.texts
     assert seen[-1] == 2
     for bad in (0, 1.5, True):
-        with pytest.raises(specdiff.SpecdiffError, match="`threads` must be an integer >= 1"):
+        with pytest.raises(specdiff.SpecdiffError, match="`threads` must be an integer from 1 to 1024"):
             specdiff.generate("x", target=str(tiny.gpt2), method="ar", max_new_tokens=3, threads=bad)

@@ -153,6 +153,38 @@ def test_bench_out_on_a_file_is_refused_before_models_load(tmp_path):
     assert out.read_text(encoding="utf-8") == "keep\n"
 
 
+@pytest.mark.parametrize("out, fragment", [
+    ("", "cannot write the report to '': the path is empty"),  # was the current directory
+    ("{tmp}/file/sub", "{tmp}/file is not a directory"),
+    ("{tmp}/dangling", "{tmp}/dangling is a link to nothing"),
+    ("{tmp}/dangling/sub", "{tmp}/dangling is a link to nothing"),
+    ("/proc/specdiff-report", "No such file or directory"),  # no directory can be made there, even by root
+    ("/sys/specdiff-report", "Operation not permitted"),
+    ("{tmp}/new/" + "x" * 300, "File name too long"),
+    ("{tmp}/taken", "{tmp}/taken/bench.json is a directory"),
+    ("{tmp}/plot-taken", "{tmp}/plot-taken/speedup.png is a directory"),
+])
+def test_bench_out_that_cannot_be_written_is_refused_before_models_load(tmp_path, out, fragment):
+    """bench --out on /proc/x, /sys/x, a link to nothing, a name too long or a directory whose
+    bench.json is a directory passed the check and failed after the whole run; '' wrote the report
+    into the current directory (issue 25, fault 14). Refused first, and nothing is left made."""
+    (tmp_path / "file").write_text("keep\n", encoding="utf-8")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    (tmp_path / "taken" / "bench.json").mkdir(parents=True)
+    (tmp_path / "plot-taken" / "speedup.png").mkdir(parents=True)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = invoke(["bench", "--target", str(tmp_path / "no-model"), "--out", out.format(tmp=tmp_path)])
+    one_line_error(result.stderr, 2, result.exit_code, fragment.format(tmp=tmp_path))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no directory made
+
+
+def test_bench_out_check_makes_and_removes_what_it_tries(tmp_path):
+    bench_output.check_report_dir(tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+    assert bench_output.write_report({"rows": []}, tmp_path / "a" / "b", plots=False) == [tmp_path / "a/b/bench.json"]
+    assert [p.name for p in (tmp_path / "a" / "b").iterdir()] == ["bench.json"]  # the probe file is gone
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_stop_signal_during_generate_leaves_no_temporary_file(tiny, tmp_path, signum):
     prompts = tmp_path / "prompts.txt"

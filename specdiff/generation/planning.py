@@ -16,7 +16,7 @@ from ..contracts import Decoder, Target
 from ..errors import UntrainedDrafterWarning, UsageError
 from ..loading import load_drafter, load_target, pair_models
 from ..methods import DRAFTER_KINDS, TARGET_KINDS, Method, Models, default_method
-from ..registry import Registry, load_registry
+from ..registry import Registry, as_registry
 from ..requests import check_flags, check_names, check_request, check_text_options
 from ..sampling import Sampling
 from ..targets.static import StaticTarget
@@ -74,7 +74,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     system, stop = check_text_options(system, stop)
     check_names(pair=pair, method=method, acceptance=acceptance, dtype=dtype)
     check_flags(chat=chat)
-    registry = _registry(registry)
+    registry = as_registry(registry)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
     named = named_method(choose(given, defaults))  # every option and pair default, before anything loads
@@ -135,15 +135,6 @@ def _default_method(drafter: Any, target: Any) -> Method:
 
 def _name(model: Any) -> str:
     return str(getattr(model, "name", None) or getattr(model, "source", None) or type(model).__name__)
-
-
-def _registry(registry: Any) -> Registry:
-    """The models.yaml to read: the shipped one (None), a loaded Registry, or a path to a file."""
-    if registry is None or isinstance(registry, (str, os.PathLike)):
-        return load_registry(registry)
-    if not isinstance(registry, Registry):
-        raise UsageError(f"`registry` must be a path to a models.yaml or a loaded Registry, got {type(registry).__name__}")
-    return registry
 
 
 def _check_loaded(target: Any, drafter: Any) -> None:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from ..decoding import Row
 from ..errors import UsageError
 from ..metrics import Metrics
-from ..requests import check_flags, check_prompts
+from ..requests import check_flags, check_prompts, check_threads
 from ..text import StopStrings
 from .planning import Plan, plan
 from .prompts import encode_prompts
@@ -94,7 +94,8 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
 
 
 def _check_indices(indices: list[int], n: int) -> list[int]:
-    if len(indices) != n or not all(isinstance(i, int) and i >= 0 for i in indices):
+    if not isinstance(indices, (list, tuple)) or len(indices) != n or \
+            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
         raise UsageError(f"`indices` must be {n} integers >= 0, one per prompt")
     return list(indices)
 
@@ -124,8 +125,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise UsageError(f"`threads` must be an integer >= 1, got {threads!r}")
+    check_threads(threads)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -30,7 +30,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..atomic import umask
 from ..errors import LoadError
+from ..reading import read_small_text
 from ..requests import check_recorded
 from .dit import DDiT, DiTConfig
 
@@ -57,7 +59,7 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], s
 
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_small_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LoadError(f"{path}: unreadable config: {e}") from e
     if not isinstance(data, dict):
@@ -87,14 +89,7 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path) -> None:
         if code is None:
             raise
         raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
-    os.chmod(path, 0o666 & ~_umask())
-
-
-def _umask() -> int:
-    """The process's umask (read by setting it: there is no other portable way)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    os.chmod(path, 0o666 & ~umask())
 
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,

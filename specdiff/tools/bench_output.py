@@ -5,11 +5,14 @@ matplotlib is imported only when plots are asked for.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..atomic import new_file, write_error
+from ..atomic import create_beside, new_file, write_error
 from ..errors import LoadError, UsageError
 from ..extras import install_hint
 
@@ -58,11 +61,46 @@ def summary(report: dict, out_dir: Path | None = None) -> dict:
             "tokens_per_s": {r["label"]: round(r["tokens_per_s"]["median"], 2) for r in rows}}
 
 
+REPORT_FILES = ("bench.json", *PLOTS)
+
+
 def check_report_dir(out_dir: str | Path) -> None:
-    """Refuse, before any work, a report directory that write_report could not make."""
-    existing = next(p for p in (Path(out_dir).absolute(), *Path(out_dir).absolute().parents) if p.exists())
+    """Refuse, before any work, a report directory that write_report could not write: by doing
+    what it will do (make the missing directories, create a file in the last), then undoing it.
+    Asking alone let through what only trying tells (/proc/x, /sys/x, a name too long, a link to
+    nothing, a directory root may not write, a read-only file system), each a WriteError after the
+    whole run; '' (the current directory) and a report file that is a directory are refused too."""
+    if not str(out_dir):
+        raise UsageError("cannot write the report to '': the path is empty")
+    directory = Path(out_dir)
+    made: list[Path] = []
+    try:
+        _make_dirs(directory, out_dir, made)
+        fd, probe = create_beside(directory / "bench.json")
+        os.close(fd)
+        probe.unlink()
+        taken = [name for name in REPORT_FILES if (directory / name).is_dir()]
+        if taken:
+            raise UsageError(f"cannot write the report to {out_dir}: {directory / taken[0]} is a directory")
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out_dir}: {e.strerror or e}") from e
+    finally:
+        for path in reversed(made):
+            with suppress(OSError):
+                path.rmdir()
+
+
+def _make_dirs(directory: Path, out_dir: str | Path, made: list[Path]) -> None:
+    """Make `directory` and its missing parents, outermost first, each added to `made`."""
+    chain = [directory.absolute(), *directory.absolute().parents]
+    missing = list(itertools.takewhile(lambda p: not os.path.lexists(p), chain))
+    existing = chain[len(missing)]
     if not existing.is_dir():
-        raise UsageError(f"cannot write the report to {out_dir}: {existing} is not a directory")
+        what = "a link to nothing" if existing.is_symlink() and not existing.exists() else "not a directory"
+        raise UsageError(f"cannot write the report to {out_dir}: {existing} is {what}")
+    for path in reversed(missing):
+        path.mkdir()
+        made.append(path)
 
 
 def write_report(report: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
