@@ -307,6 +307,28 @@ def test_bench_rows_block_simsd_exact_simsd(sdar, tmp_path):
     assert rows["simsd-exact"]["agreement"] == 1.0 and rows["simsd-exact"]["identical_prompts"] == 2
     assert rows["block"]["tokens_per_target_call"] < 1  # S + 1 calls per block of B = S tokens
     assert 0 <= rows["simsd"]["agreement"] <= 1 and rows["simsd"]["exact"] is False
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())  # a causal target's shape
+    assert report["check"] == {"greedy": True, "passed": True, "mismatched": []}
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["check"] is True and set(summary["speedup"]) == {r["label"] for r in report["rows"]}
+
+
+def test_bench_check_fails_when_an_exact_block_method_differs(sdar, tmp_path, monkeypatch):
+    """The check above can fail: simsd-exact committing its draft unverified differs from block."""
+    import specdiff.block_decoding as bd
+
+    def trusting(target, run, states, sampling, settings, noise):
+        run.block, run.step = states[-1], run.step + len(states) - 1
+        return len(states) - 1, False
+    monkeypatch.setattr(bd, "_verify", trusting)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    result = CliRunner().invoke(cli, ["bench", "--target", str(sdar["target"]), "--drafter", str(sdar["drafter"]),
+                                      "--methods", "block,simsd-exact", "--prompt-file", str(prompts),
+                                      "--max-new-tokens", "20", "--repeats", "1", "--warmup", "0",
+                                      "--out", str(tmp_path / "out"), "--check", "--no-plots"])
+    assert result.exit_code == 1 and "greedy outputs differ from block: simsd-exact T=" in result.stderr, result.output
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["check"]["passed"] is False
 
 
 def test_bench_on_a_block_target_refuses_the_sweeps_it_does_not_read(sdar, tmp_path):
