@@ -18,9 +18,15 @@ def _argument(forward: Any) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
+def cache_argument(model: Any) -> str:
+    """The name of the forward argument that takes this model's cache. A step traced by
+    torch.compile takes it ready-made: Dynamo warns on every lru_cache it traces into."""
+    return _argument(type(model).forward)
+
+
 def with_cache(model: Any, cache: Any) -> dict[str, Any]:
     """The keyword argument that passes `cache` to this model's forward."""
-    return {_argument(type(model).forward): cache}
+    return {cache_argument(model): cache}
 
 
 def returned_cache(output: Any) -> Any:

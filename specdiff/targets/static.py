@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import IncompatibleModelsError
-from ..hf_cache import returned_cache, with_cache
+from ..hf_cache import cache_argument, returned_cache
 from .causal import CausalLMTarget, HFModel
 
 STATIC_MODEL_TYPES = ("gpt2", "llama", "qwen2", "qwen3", "mistral")
@@ -97,17 +97,18 @@ class _Slots:
         return 0  # positions are always given
 
 
-def _step(model: Any, vocab: int, max_position: int, ids: torch.Tensor, lengths: torch.Tensor,
+def _step(model: Any, vocab: int, max_position: int, argument: str, ids: torch.Tensor, lengths: torch.Tensor,
           keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
     """ids (B, W) after each row's lengths (B,) cached tokens -> logits (B, W, V) float32; the
-    step's keys and values are written into the buffers (B, H, C, D)."""
+    step's keys and values are written into the buffers (B, H, C, D); `argument`: the forward's
+    cache argument (hf_cache.cache_argument)."""
     W, C = ids.shape[1], keys[0].shape[2]
     cols = lengths[:, None] + torch.arange(W, device=ids.device)  # (B, W)
     visible = torch.arange(C, device=ids.device) <= cols[:, :, None]  # (B, W, C)
     dtype = keys[0].dtype
     mask = torch.zeros(visible.shape, dtype=dtype, device=ids.device).masked_fill(~visible, torch.finfo(dtype).min)
     out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=cols.clamp_max(max_position - 1),
-                use_cache=True, **with_cache(model, _Slots(keys, values, cols)))
+                use_cache=True, **{argument: _Slots(keys, values, cols)})
     return out.logits[..., :vocab].float()
 
 
@@ -127,7 +128,7 @@ class StaticTarget(HFModel):
         self.values: list[torch.Tensor] = []
         self.widths: list[int] = []  # step widths compiled so far
         self.length_limit = self.max_length  # tokens a row may hold (warm_up: what the run needs)
-        self.step = CompiledStep(partial(_step, self.model, self.vocab_size, self.max_length), self.device,
+        self.step = CompiledStep(partial(_step, self.model, self.vocab_size, self.max_length, cache_argument(self.model)), self.device,
                                  compile)  # shapes (R, W, C)
 
     @classmethod
