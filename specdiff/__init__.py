@@ -16,6 +16,8 @@ Rooms (each package's docstring says what lives there and what it may import):
     loading.py registry.py gguf.py hf_cache.py requests.py   models and requests in: models.yaml,
                   hub and GGUF sources, checks made before anything loads
     graphs.py artifacts.py     the export contract shared with exporters/ and runtimes/
+    exporters/ runtimes/   `specdiff export` (ONNX, TensorRT) and what runs its graphs (ONNX
+                  Runtime, TensorRT) behind contracts.Runtime
     compiled.py budget.py      --compile and the memory a step needs
     ray.py        scale-out over a Ray actor pool
     text.py errors.py names.py resources.py atomic.py reading.py extras.py   stop strings and
@@ -24,7 +26,7 @@ Rooms (each package's docstring says what lives there and what it may import):
     tools/ training/   built on the above, never imported by it: bench, convert, drafter init;
                   distillation
 May import: torch, transformers and the field's libraries. The algorithm and the API import neither
-tools/ nor training/, nor runtimes/, exporters/ or specdiff_cli/ (tests/test_layout.py).
+tools/, training/, runtimes/ nor exporters/, nor specdiff_cli (tests/test_layout.py).
 """
 
 from importlib import import_module

@@ -1,12 +1,12 @@
 """The typed contracts between the parts of a decoding run. Implementations:
 
     Target    specdiff.targets.causal.CausalLMTarget (PyTorch, the reference),
-              runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
+              specdiff.runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
     Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer,
               specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
               candidates, those of specdiff.selection (greedy, select, multi)
-    Runtime   runtimes.onnxruntime.OrtRuntime, runtimes.tensorrt.TrtRuntime
+    Runtime   specdiff.runtimes: onnxruntime.OrtRuntime, tensorrt.TrtRuntime
     BlockTarget  a block-diffusion LM: specdiff.targets.block.BlockDiffusionTarget
     Decoder   what a method prepares for one run (methods.Method.prepare): methods.plain,
               methods.speculative, methods.blocks

@@ -3,6 +3,6 @@
 prompt files and stdin), output (atomic files, stdout layouts), flags (library errors named as
 flags), threads, ray_run (generate --ray).
 
-May import: everything (specdiff, runtimes, exporters); nothing imports it. Heavy modules (torch)
+May import: everything (specdiff, its runtimes and exporters); nothing imports it. Heavy modules (torch)
 are imported inside commands so that `specdiff --help` stays fast.
 """

@@ -26,7 +26,7 @@ def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: 
     """The export's target / drafter on `runtime`, its sessions opened with the bench's threads;
     refused unless exported from the bench's own target and drafter (graphs of another model with
     the same tokenizer were timed against it, and their speed-up reported)."""
-    from runtimes import load_models
+    from specdiff.runtimes import load_models
     from specdiff.generation import torch_threads
 
     sources = {"target": models.target.name, "drafter": getattr(models.drafter, "source", None)}

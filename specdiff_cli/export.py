@@ -30,7 +30,7 @@ def export(target: str | None, drafter: str | None, pair: str | None, fmt: str, 
       specdiff generate --pair demo --runtime onnxruntime --artifacts demo-onnx --prompt "Hello"
       specdiff export --target gpt-neo-2.7B --dtype fp16 --format all --out neo-trt   # hub: network
     """
-    from exporters.export import export as run_export
+    from specdiff.exporters.export import export as run_export
 
     path = run_export(out, target=target, drafter=drafter, pair=pair, fmt=fmt, dtype=dtype, opset=opset,
                       max_batch=max_batch, max_seq=max_seq, device=device)

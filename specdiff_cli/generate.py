@@ -99,7 +99,7 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
       specdiff generate --prompt-file big.txt --ray local --workers 2 -o out.txt
       specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt   # hub models: network
     """
-    from runtimes import runtime_models
+    from specdiff.runtimes import runtime_models
     from specdiff.generation import iter_generate, plan
 
     layout = _layout(jsonl, raw, separator, echo)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from exporters import validate as validate_module
-from exporters.onnx import check_graph, target_graph
-from exporters.tensorrt import graph_problems
-from runtimes import load_models
+from specdiff.exporters import validate as validate_module
+from specdiff.exporters.onnx import check_graph, target_graph
+from specdiff.exporters.tensorrt import graph_problems
+from specdiff.runtimes import load_models
 from specdiff.artifacts import file_hashes, identity_of, sha256_file, vocab_sha256
 from specdiff.graphs import TOLERANCE, spec_from_model
 from specdiff.errors import ExportValidationError

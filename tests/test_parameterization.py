@@ -167,7 +167,7 @@ class _TorchGraph:
 def test_graph_drafter_x0_logits_are_the_drafters_exactly(name):
     """GraphDrafter (runtimes) and DiffusionDrafter run one chain from ids to x0 logits
     (x0_logits_from): over the same network they agree bit for bit, every slot, not up to a constant."""
-    from runtimes.models import GraphDrafter
+    from specdiff.runtimes.models import GraphDrafter
 
     d = _drafter(name, zero_adaln_weights=False)
     model = {"name": "d", "vocab_size": V_REAL, "mask_id": MASK, "context_length": 8, "parameterization": name,

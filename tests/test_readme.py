@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-REPO_PATH = re.compile(r"(?<![\w./-])((?:docs|scripts|prompts|specdiff|tests|runtimes|exporters)/[\w./*-]*\w)")
+REPO_PATH = re.compile(r"(?<![\w./-])((?:docs|scripts|prompts|specdiff|tests)/[\w./*-]*\w)")
 
 
 def test_links_point_into_the_repository():

@@ -172,8 +172,8 @@ def test_loaders_and_exports_refuse_misused_arguments_with_a_usage_error(tiny, t
     """Each of these was a TypeError, AttributeError or ValueError from torch, a dict lookup or
     a missing `.entries` (issue 25, fault 14): the loaders, export and the runtimes' loader are
     called by users as much as generate is."""
-    from exporters.export import export
-    from runtimes import load_models
+    from specdiff.exporters.export import export
+    from specdiff.runtimes import load_models
     from specdiff import loading
     from specdiff.artifacts import open_artifacts
 

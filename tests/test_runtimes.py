@@ -12,9 +12,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from runtimes import load_models
+from specdiff.runtimes import load_models
 from specdiff.graphs import TOLERANCE
-from runtimes.onnxruntime import OrtRuntime
+from specdiff.runtimes.onnxruntime import OrtRuntime
 from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.errors import LoadError, UsageError
 from specdiff.loading import load_drafter, load_target

@@ -22,11 +22,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from exporters.tensorrt import build_engine, build_engines, network_settings, profile_shapes
-from runtimes import tensorrt as rt
+from specdiff.exporters.tensorrt import build_engine, build_engines, network_settings, profile_shapes
+from specdiff.runtimes import tensorrt as rt
 from specdiff.artifacts import open_artifacts, read_engine, write_manifest
 from specdiff.graphs import TOLERANCE, Limits, drafter_spec, spec_from_model, target_spec
-from runtimes.models import GraphTarget
+from specdiff.runtimes.models import GraphTarget
 from specdiff.errors import LoadError, UsageError
 from specdiff.generation import generate
 from specdiff.loading import load_target

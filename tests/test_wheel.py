@@ -139,7 +139,9 @@ def test_pip_check_judges_only_what_specdiff_requires():
 def test_the_wheel_ships_the_data_and_no_tests(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert not [n for n in SHIPPED if n not in names]
-    assert {"specdiff_cli/main.py", "runtimes/__init__.py", "exporters/__init__.py"} <= names
+    assert {"specdiff_cli/main.py", "specdiff/runtimes/__init__.py", "specdiff/exporters/__init__.py"} <= names
+    top = {n.split("/")[0] for n in names if "/" in n and not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"specdiff", "specdiff_cli"}  # no top-level `runtimes` / `exporters` to collide with
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "prompts/", "docs/"))]
 
 

@@ -231,7 +231,7 @@ def test_sigterm_during_drafter_convert_leaves_nothing(tiny, tmp_path, monkeypat
 
 
 def test_sigterm_during_export_leaves_nothing(tiny, tmp_path, monkeypatch):
-    from exporters import export
+    from specdiff.exporters import export
 
     def part_of_an_export(tmp, *args):
         (tmp / "target.onnx").write_bytes(b"half")

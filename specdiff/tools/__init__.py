@@ -10,5 +10,5 @@
 
 Distillation (`specdiff distill`) is a package of its own, specdiff.training.
 May import: the algorithm (generation, methods, loading, ...), which never imports the tools; none
-of specdiff_cli, exporters or runtimes (tests/test_layout.py checks both).
+of specdiff_cli, specdiff.exporters or specdiff.runtimes (tests/test_layout.py checks both).
 """

@@ -16,5 +16,5 @@ the exported graphs run too (specdiff.drafters.diffusion.x0_logits_from): traini
 the distribution drafting samples from.
 
 May import: the algorithm (drafters, nets, targets, loading, generation), which never imports
-it, as for specdiff.tools; none of specdiff_cli, exporters or runtimes (tests/test_layout.py).
+it, as for specdiff.tools; none of specdiff_cli, specdiff.exporters or specdiff.runtimes (tests/test_layout.py).
 """

@@ -1,5 +1,5 @@
 """Graphs to ONNX: a target as a step function with explicit KV state, a diffusion drafter as a
-denoiser (the IO contract is runtimes/graphs.py).
+denoiser (the IO contract is specdiff/graphs.py).
 
 Recipe (docs/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
 inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and

@@ -4,13 +4,14 @@
         limits: Limits | None                      # shapes it can serve (None: any)
         def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
-`runtimes.models.GraphTarget` turns a target step graph into the specdiff.contracts.Target contract
+`specdiff.runtimes.models.GraphTarget` turns a target step graph into the specdiff.contracts.Target contract
 (prefill / extend / rollback over explicit KV tensors) and `GraphDrafter` a denoiser graph into
 what DiffusionProposer uses, so every runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
 missing one is one error line naming the extra that installs it.
 
-May import: specdiff (its contracts, graphs and artifacts formats); not exporters or specdiff_cli.
+May import: the rest of specdiff (its contracts, graphs and artifacts formats), which never imports
+this package; not specdiff.exporters, the tools or specdiff_cli (tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from .models import GraphDrafter, GraphTarget
 
-RUNTIMES = {"onnxruntime": "runtimes.onnxruntime", "tensorrt": "runtimes.tensorrt"}
+RUNTIMES = {"onnxruntime": "specdiff.runtimes.onnxruntime", "tensorrt": "specdiff.runtimes.tensorrt"}
 CHOICES = ("torch", *RUNTIMES)
 __all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 

@@ -7,6 +7,6 @@ specdiff/artifacts.py the directory format).
     export.py     the whole `specdiff export`: models -> directory with manifest.json
     manifest.py   what a manifest records beyond the graphs: source models, tool versions
 
-May import: specdiff (models, graphs and artifacts formats) and, for validation only, runtimes'
-ONNX Runtime; not specdiff_cli.
+May import: the rest of specdiff (models, graphs and artifacts formats), which never imports this
+package, and, for validation only, specdiff.runtimes' ONNX Runtime; not the tools or specdiff_cli.
 """

@@ -1,4 +1,4 @@
-"""TensorRT: an engine built from an exported ONNX graph (exporters.tensorrt), run with
+"""TensorRT: an engine built from an exported ONNX graph (specdiff.exporters.tensorrt), run with
 set_input_shape / set_tensor_address / execute_async_v3 on torch's current CUDA stream.
 
 An engine file is a specdiff header and the serialized plan:

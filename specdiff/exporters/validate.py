@@ -1,5 +1,5 @@
 """Validation of an exported graph against the PyTorch module it was traced from, run through
-the same runtime code that generation uses (runtimes.onnxruntime).
+the same runtime code that generation uses (specdiff.runtimes.onnxruntime).
 
 The target sweep covers what decoding does to a step graph: prefill (empty past), verify steps of
 5 tokens on a cache, single-token steps, roll-backs, batch 1 and 3, odd lengths (19). Every step
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specdiff.graphs import TOLERANCE, GraphSpec, axis_sizes, past_names, present_names
-from runtimes.onnxruntime import OrtRuntime
+from specdiff.runtimes.onnxruntime import OrtRuntime
 from specdiff.contracts import Runtime
 from specdiff.errors import ExportValidationError, LoadError
 
