@@ -40,7 +40,7 @@ def kv_bytes_per_token(target: Any) -> int:
     if isinstance(heads, int) and isinstance(kv_heads, int) and 0 < kv_heads < heads:
         hidden = hidden * kv_heads // heads  # grouped-query attention caches fewer heads
     dtype = getattr(target.model, "dtype", torch.float32)
-    features = len(getattr(target, "captured", ())) * config.hidden_size  # hidden states a DFlash run keeps
+    features = len(getattr(target, "captured", ())) * getattr(config, "hidden_size", 0)  # what a DFlash run keeps
     return (2 * layers * hidden + features) * dtype.itemsize
 
 
