@@ -110,7 +110,7 @@ class DFlashDecoder:
 def prepare(method: Method, models: Models, settings: DraftSettings, sampling: Sampling,
             acceptance: str | None) -> DFlashDecoder:
     target, drafter = models.target, models.drafter
-    if type(target) is not CausalLMTarget:  # not a static-cache twin (--compile), nor an exported graph
+    if not isinstance(target, CausalLMTarget):  # not a static-cache twin (--compile), nor an exported graph
         raise UsageError(f"method 'dflash' reads the target's hidden states: it needs the eager torch target "
                          f"(no `compile`, no exported graphs); '{getattr(target, 'name', target)}' is "
                          f"{type(target).__name__}")
