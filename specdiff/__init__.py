@@ -8,8 +8,8 @@
 
 Rooms (each package's docstring says what lives there and what it may import):
     generation/   the API: settings resolved, the plan, prompts, streaming (generate, stream)
-    methods/      the decoding methods and the Decoder each prepares; settings.py declares
-                  every setting once
+    methods/      the decoding methods and the Decoder each prepares (plain, speculative,
+                  dflash, blocks); settings.py declares every setting once
     decoding.py block_decoding.py simsd.py selection.py acceptance.py sampling.py metrics.py
                   the algorithm: decoding loops, rules, warping, metrics (contracts.py: the types)
     targets/ drafters/ nets/   the models: target kinds, proposers, networks and formats

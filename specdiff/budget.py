@@ -29,7 +29,8 @@ GB = 1e9
 
 
 def kv_bytes_per_token(target: Any) -> int:
-    """Bytes one token of one row adds to the target's KV cache (keys and values of every layer);
+    """Bytes one token of one row adds to the target's KV cache (keys and values of every layer,
+    and the hidden states it captures: targets.causal.CausalLMTarget.capture);
     0 when the target does not say (an exported graph's runtime)."""
     config = getattr(getattr(target, "model", None), "config", None)
     layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
@@ -39,7 +40,8 @@ def kv_bytes_per_token(target: Any) -> int:
     if isinstance(heads, int) and isinstance(kv_heads, int) and 0 < kv_heads < heads:
         hidden = hidden * kv_heads // heads  # grouped-query attention caches fewer heads
     dtype = getattr(target.model, "dtype", torch.float32)
-    return 2 * layers * hidden * dtype.itemsize
+    features = len(getattr(target, "captured", ())) * getattr(config, "hidden_size", 0)  # what a DFlash run keeps
+    return (2 * layers * hidden + features) * dtype.itemsize
 
 
 def step_bytes(target: Any, rows: int, tokens: int, context: int) -> int:

@@ -9,7 +9,7 @@
     Runtime   specdiff.runtimes: onnxruntime.OrtRuntime, tensorrt.TrtRuntime
     BlockTarget  a block-diffusion LM: specdiff.targets.block.BlockDiffusionTarget
     Decoder   what a method prepares for one run (methods.Method.prepare): methods.plain,
-              methods.speculative, methods.blocks
+              methods.speculative, methods.dflash, methods.blocks
 
 Exactness is a property a proposer *declares* (`exact_rules`) and `generation.plan` enforces:
 a rule outside the declaration is refused when sampling (docs/lossless.md). At temperature 0

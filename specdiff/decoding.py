@@ -11,7 +11,8 @@ order it would come in batch 1, and every decision of a row uses only its own p,
 a row's output does not depend on the rows beside it. The target re-aligns its cache per row.
 
 Speculative step (cache invariant: the target has cached every token of a row but the last, x):
-    draft   x_1..x_g ~ q                        proposer.propose(context, g)
+    draft   x_1..x_g ~ q                        proposer.propose(context, g) (decode_speculative),
+                                                 or any draft step (decode_drafted: methods.dflash)
     verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call for the batch (K
                                                  candidate drafts: each row's cache repeated K
                                                  times, B * K rows in the call, _verify_selected)
@@ -85,6 +86,7 @@ class Row:
 
 
 Step = Callable[[list[Row], "_Parts"], list[list[int]]]
+DraftStep = Callable[[list[Row], list[int]], list[Draft]]  # (batch, g per row) -> one Draft (1, g_b) per row
 
 
 class _Parts:
@@ -172,10 +174,23 @@ def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], 
     candidate drafts per row: the proposer drafts selection.Candidates (a SelfSelection) and the
     rule is a selection rule (specdiff.selection.RULES)."""
 
+    def draft(batch: list[Row], g: list[int]) -> list[Draft]:
+        return _draft(proposer, batch, g, sampling, target)
+
+    return decode_drafted(target, draft, rows, sampling, rule, gamma, batch_size, K)
+
+
+def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampling: Sampling,
+                   rule: Rule | selection.SelectRule, gamma: int,
+                   batch_size: int = 1, K: int = 1) -> Iterator[tuple[Row, list[int]]]:
+    """The speculative loop around any draft step: draft(batch, g) -> one Draft (1, g_b) per row
+    of the batch (batch row b is the target's cache row b). decode_speculative drafts with a
+    proposer; methods.dflash reads the target's cached hidden states."""
+
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
         g = [min(gamma, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
         with parts.timed("draft"):
-            drafts = _draft(proposer, batch, g, sampling, target)
+            drafts = draft(batch, g)
         with parts.timed("verify"):
             accepted = (_verify(target, batch, drafts, g, sampling, cast(Rule, rule)) if K == 1
                         else _verify_selected(target, batch, drafts, g, sampling, cast(selection.SelectRule, rule), K))
@@ -229,7 +244,7 @@ def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Samplin
     groups = defaultdict(list)
     for b, g_b in enumerate(g):
         groups[g_b].append(b)
-    drafts: list[Draft] = [_empty(target)] * len(batch)
+    drafts: list[Draft] = [empty_draft(target)] * len(batch)
     for g_b, members in groups.items():
         if not g_b:
             continue
@@ -269,6 +284,7 @@ def _next_p(sampling: Sampling, logits: torch.Tensor, row: Row) -> torch.Tensor:
     return sampling.target_probs(logits, context, context[:, :0])[0, -1]
 
 
-def _empty(target: Target) -> Draft:
+def empty_draft(target: Target) -> Draft:
+    """The draft of a row that drafts nothing this step (g_b = 0)."""
     return Draft(torch.zeros(1, 0, dtype=torch.long, device=target.device),
                  torch.zeros(1, 0, target.vocab_size, device=target.device), calls=0)

@@ -93,3 +93,49 @@ def with_defaults(drafter: Path, out: Path, defaults) -> str:
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "defaults": defaults}))
     return str(out)
+
+
+def make_qwen3(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, heads: int = 4, layers: int = 3,
+               n_positions: int = 128, scale: float = 1.0) -> Path:
+    """A random Qwen3: per-head q/k norms, grouped-query attention (2 KV heads), untied head."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=2, head_dim=dim // heads,
+                      max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos,
+                      initializer_range=0.02 * scale, tie_word_embeddings=False)
+    return _save(Qwen3ForCausalLM(cfg), tokenizer, directory)
+
+
+def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: int = 1,
+                target_layer_ids: tuple[int, ...] = (0, 1), seed: int = 0, scale: float = 1.0) -> Path:
+    """A random DFlash drafter for the target saved at `target`, in the published format
+    (config.json with dflash_config, model.safetensors under no prefix; no tokenizer): Qwen3 draft
+    layers of the target's hidden size, reading its layers `target_layer_ids`; its mask token is
+    the last row of the target's head."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, Qwen3Config
+
+    from specdiff.nets.dflash import DFlashNet
+
+    config = AutoConfig.from_pretrained(str(target))
+    hidden, rows = config.hidden_size, config.vocab_size
+    torch.manual_seed(seed)
+    draft = Qwen3Config(vocab_size=rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                        max_position_embeddings=config.max_position_embeddings if hasattr(config, "max_position_embeddings") else 128,
+                        initializer_range=0.02 * scale)
+    net = DFlashNet(draft, len(target_layer_ids))
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.02 * scale)
+    directory.mkdir(parents=True)
+    fields = {**draft.to_dict(), "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+              "block_size": block_size, "num_target_layers": config.num_hidden_layers,
+              "dflash_config": {"mask_token_id": rows - 1, "target_layer_ids": list(target_layer_ids)}}
+    (directory / "config.json").write_text(json.dumps(fields))
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(directory / "model.safetensors"))
+    return directory

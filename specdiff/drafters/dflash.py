@@ -70,6 +70,11 @@ class DFlashDrafter(nn.Module):
                                           f"this target has {layers}")
         self.bind(model.get_input_embeddings(), model.get_output_embeddings())
 
+    @property
+    def defaults(self) -> dict[str, int]:
+        """The draft settings it records (generation.choosing): its whole trained block."""
+        return {"gamma": self.block_size - 1}
+
     def features(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """A target call's hidden_states (N + 1 tensors (B, L, H)) -> (B, L, n_ids * H)."""
         return context_features(hidden_states, self.target_layer_ids)

@@ -16,8 +16,8 @@ its own module (a `prepare` and the loop it runs) plus one entry here (and its n
                 distribution; block's output for block targets): tests/test_methods.py requires an
                 identity test for each exact method; False declares it approximate (simsd)
 
-Rooms: base (Method, Models, kinds), plain (ar), speculative (spec-ar, specdiff), blocks (the
-block-diffusion methods). May import: the decoding loops, proposers, acceptance rules and settings;
+Rooms: base (Method, Models, kinds), plain (ar), speculative (spec-ar, specdiff), dflash (drafts
+from the target's hidden states), blocks (the block-diffusion methods). May import: the decoding loops, proposers, acceptance rules and settings;
 not generation, bench or the CLI.
 """
 
@@ -31,12 +31,12 @@ from ..drafters.diffusion import DiffusionProposer
 from ..errors import UsageError
 from ..settings import BlockSettings, DraftSettings
 from ..simsd import decode_simsd
-from . import blocks, plain, speculative
+from . import blocks, dflash, plain, speculative
 from .base import (DRAFTER_KINDS, TARGET_KINDS, Method, Models, is_autoregressive, is_block_diffusion,
-                   is_diffusion)
+                   is_dflash, is_diffusion)
 
 __all__ = ["DRAFTER_KINDS", "METHODS", "TARGET_KINDS", "Method", "Models", "default_method", "get_method",
-           "is_autoregressive", "is_block_diffusion", "is_diffusion"]
+           "is_autoregressive", "is_block_diffusion", "is_dflash", "is_diffusion"]
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "plain decoding, one target call per token: the reference", plain.prepare),
@@ -47,6 +47,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            needs="diffusion", build=lambda drafter, s: DiffusionProposer(drafter, s.schedule, s.steps, s.gamma),
            rules=("standard", "match", "greedy", "select", "multi"), family=DraftSettings,
            settings=("gamma", "steps", "schedule", "drafts", "draft_temperature")),
+    Method("dflash", "a DFlash drafter drafts a block in one call from the target's hidden states (DFlash)",
+           dflash.prepare, needs="dflash", rules=("standard", "match", "greedy"), family=DraftSettings,
+           settings=("gamma",)),
     Method("block", "block-diffusion decoding, one block at a time in `steps` steps (SDAR): the reference",
            blocks.preparer(decode_block), target="block-diffusion", family=BlockSettings,
            settings=("steps", "remasking", "threshold")),

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ..budget import check_step
 from ..contracts import Decoder, Proposer, Target
 from ..drafters.autoregressive import ARDrafter
+from ..drafters.dflash import DFlashDrafter
 from ..errors import UsageError
 from ..sampling import Sampling
 
@@ -35,6 +36,11 @@ def is_autoregressive(drafter: Any) -> bool:
     return isinstance(drafter, ARDrafter)
 
 
+def is_dflash(drafter: Any) -> bool:
+    """A DFlash drafter (drafters.dflash): it drafts from the target's hidden states."""
+    return isinstance(drafter, DFlashDrafter)
+
+
 def is_block_diffusion(model: Any) -> bool:
     """A block-diffusion LM (targets.block.BlockDiffusionTarget): SDAR and the demo block pair."""
     return getattr(model, "kind", None) == "block-diffusion"
@@ -45,6 +51,7 @@ DRAFTER_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "autoregressive": ("an autoregressive (causal LM) drafter", is_autoregressive),
     "diffusion": ("a diffusion drafter", is_diffusion),
     "block-diffusion": ("a block-diffusion drafter", is_block_diffusion),
+    "dflash": ("a DFlash drafter", is_dflash),
 }
 TARGET_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "causal": ("a causal LM target", lambda target: not is_block_diffusion(target)),

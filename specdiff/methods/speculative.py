@@ -10,7 +10,7 @@ May import: methods.base, decoding, acceptance, selection, drafters, compiled.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, cast
+from typing import Any, Iterable, Iterator, Protocol, cast
 
 from .. import acceptance as single, selection
 from ..compiled import warm_up
@@ -72,7 +72,14 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
                               method.settings)
 
 
-def rule_name(acceptance: str | None, sampling: Sampling, method: Method, proposer: Proposer,
+class Declares(Protocol):
+    """What the rule choice reads of a proposer (or of methods.dflash's draft step)."""
+
+    @property
+    def exact_rules(self) -> frozenset[str]: ...
+
+
+def rule_name(acceptance: str | None, sampling: Sampling, method: Method, proposer: Declares,
               draft: DraftSettings) -> str:
     """The acceptance rule: by default greedy at temperature 0, else select over K > 1 drafts, else
     the method's first rule that the proposer declares exact (contracts.Proposer.exact_rules); a

@@ -68,24 +68,62 @@ class HFModel:
 
 
 class CausalLMTarget(HFModel, RowCache):
-    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache)."""
+    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache).
+
+    capture(layers) (HF hidden_states indices; a DFlash drafter's target_layer_ids + 1) makes the
+    cache also hold, for every cached token of every row, the concatenated hidden states of those
+    layers: one more tensor (B, 1, C, F) at the end of `kv`, shaped like a KV layer of one head, so
+    that join / extend / rollback / keep / re-alignment keep it with the keys and values.
+    features(rows) reads it back per row (methods.dflash)."""
 
     def __init__(self, model: Any, tokenizer: Any, name: str = ""):
         RowCache.__init__(self)
         HFModel.__init__(self, model, tokenizer, name)
+        self.captured: tuple[int, ...] = ()  # hidden_states indices kept in the cache (none: not captured)
+
+    def capture(self, layers: tuple[int, ...]) -> None:
+        """Keep the hidden states of `layers` (HF hidden_states indices) of every cached token from
+        now on (() stops); starts a fresh, empty cache."""
+        self.captured = tuple(layers)
+        self.keep([])
+
+    def features(self, rows: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The captured features of each cached token of the cache rows `rows`, left-padded ->
+        (features (B', C, F), valid (B', C) bool: False on padding, whose features are 0)."""
+        if not self.captured:
+            raise RuntimeError("features() needs capture(layers) first")
+        index = torch.as_tensor(rows, dtype=torch.long)
+        lengths, start = self.lengths[index], self.start[index]
+        if not self.kv:
+            return torch.zeros(len(index), 0, 0, device=self.device), torch.zeros(len(index), 0, dtype=torch.bool)
+        stored = self.kv[-1][index.to(self.kv[-1].device), 0]  # (B', C_cache, F)
+        W = int(lengths.max()) if len(index) else 0
+        cols = (start + lengths - W)[:, None] + torch.arange(W)  # (B', W): each row ends at its last token
+        valid = cols >= start[:, None]
+        picked = stored.gather(1, cols.clamp_min(0)[..., None].to(stored.device).expand(-1, -1, stored.shape[2]))
+        valid = valid.to(stored.device)
+        return picked.masked_fill(~valid[..., None], 0), valid
 
     @torch.no_grad()
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """One forward pass over the cache kv (2L tensors (B, H, C, D); [] for none).
-        Every layer keeps all its columns (no sliding-window layers: the mask applies windows)."""
+        """One forward pass over the cache kv (2L tensors (B, H, C, D), then the captured features
+        (B, 1, C, F) when capturing; [] for none). Every layer keeps all its columns (no
+        sliding-window layers: the mask applies windows)."""
+        features = kv[-1] if self.captured and kv else None
+        if features is not None:
+            kv = kv[:-1]
         cache = DynamicCache()
         for k, v in zip(kv[::2], kv[1::2]):
             layer = DynamicLayer()
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
             cache.layers.append(layer)
+        capturing = bool(self.captured)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         **with_cache(self.model, cache))
+                         **with_cache(self.model, cache), **({"output_hidden_states": True} if capturing else {}))
         kv = [t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)]
+        if capturing:
+            new = torch.cat([out.hidden_states[i] for i in self.captured], dim=-1)[:, None]  # (B, 1, S, F)
+            kv.append(new if features is None else torch.cat([features, new], dim=2))
         return out.logits[..., : self.vocab_size].float(), kv

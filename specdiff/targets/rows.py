@@ -1,7 +1,8 @@
 """A KV cache over B rows of different lengths, shared by every target (targets.causal over
 Hugging Face models, runtimes.models over exported graphs): the batched side of contracts.Target.
 
-Layout: the cache is 2L tensors (B, H, C, D). Row b holds its `lengths[b]` tokens in the columns
+Layout: the cache is 2L tensors (B, H, C, D) (a subclass may add more of that shape, kept the same
+way: targets.causal's captured hidden states, (B, 1, C, F)). Row b holds its `lengths[b]` tokens in the columns
 start[b] .. start[b] + lengths[b] - 1; the columns before start[b] are padding, masked out of
 attention. Before every forward pass the rows are re-aligned so that all of them end in the last
 column C - 1 and no column is padding in every row (one gather with per-row offsets: EQSPEC,
@@ -28,7 +29,7 @@ class RowCache:
 
     max_length: int
     max_rows: int | None = None  # most rows a forward pass can take (None: any)
-    kv_peak_bytes = 0  # the largest the cache has been (reset it to measure)
+    kv_peak_bytes = 0  # the largest the cache (every tensor of `kv`) has been (reset it to measure)
 
     def __init__(self) -> None:
         self.kv: list[torch.Tensor] = []  # each (B, H, C, D)

@@ -1,0 +1,126 @@
+"""`dflash`: a DFlash drafter (drafters/dflash.py) drafts a block from the target's own hidden
+states in one call, the target verifies it (decoding.decode_drafted). The target keeps the hidden
+states of the layers the drafter reads as part of its per-row cache (CausalLMTarget.capture), so
+they follow every join, extend, rollback and keep of the loop.
+
+Each step, for the rows that draft (g_b >= 1): the anchor is the row's last token (position
+start = len(ids) - 1, the one token the target has not cached), the context is the target's
+features of every cached token (positions 0 .. start - 1; rows of different lengths left-padded
+and masked), one drafter call for the batch; q = the same warping as the target's p over the
+real vocabulary; row b draws x_1..x_g_b from its own q with its own generator (greedy: argmax).
+The slots are drawn independently, q_j not depending on x_<j, so the standard rule is exact, as
+are match and greedy (docs/lossless.md, "Diffusion drafters", case 1). gamma <= block_size - 1:
+the drafter always fills its whole trained block (so a row's q never depends on its neighbours'
+gamma) and each row keeps its first g_b slots.
+
+May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, targets,
+drafters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from .. import acceptance as single
+from ..contracts import Draft, Rule
+from ..decoding import Row, decode_drafted, empty_draft
+from ..drafters.dflash import DFlashDrafter
+from ..errors import UsageError
+from ..sampling import Sampling
+from ..settings import DraftSettings
+from ..targets.causal import CausalLMTarget
+from .base import Method, Models, check_sizes
+from .speculative import rule_name
+
+
+class DFlashDrafts:
+    """The draft step: the drafter's block for every drafting row of the batch from the target's
+    cached features (see the module docstring). exact_rules: as a proposer declares them."""
+
+    exact_rules = frozenset({"greedy", "standard", "match"})
+
+    def __init__(self, target: CausalLMTarget, drafter: DFlashDrafter, sampling: Sampling):
+        self.target, self.drafter, self.sampling = target, drafter, sampling
+        self.layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
+
+    def __repr__(self) -> str:
+        return f"DFlashDrafts({self.drafter.source!r})"
+
+    @torch.no_grad()
+    def __call__(self, batch: list[Row], g: list[int]) -> list[Draft]:
+        """batch row b is the target's cache row b -> one Draft (1, g_b) per row."""
+        drafts = [empty_draft(self.target)] * len(batch)
+        members = [b for b, g_b in enumerate(g) if g_b]
+        if not members:
+            return drafts
+        rows = [batch[b] for b in members]
+        cached = self.target.lengths[members].tolist()
+        if cached != [len(row.ids) - 1 for row in rows]:  # the loop's invariant: all but the last token
+            raise RuntimeError(f"target caches {cached} tokens of rows of {[len(r.ids) for r in rows]}")
+        context, valid = self.target.features(members)  # (B', C, F), (B', C)
+        device = self.target.device
+        anchor = torch.tensor([row.ids[-1] for row in rows], device=device)
+        start = torch.tensor(cached, device=device)
+        logits = self.drafter(anchor, context, start, context_valid=None if bool(valid.all()) else valid)
+        q = self.sampling.probs(logits[..., :self.target.vocab_size])  # (B', S - 1, V)
+        for i, (b, row) in enumerate(zip(members, rows)):
+            q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)
+            drafts[b] = Draft(self.sampling.sample(q_b, row.generator), q_b, calls=1)
+        return drafts
+
+
+@dataclass(frozen=True)
+class DFlashDecoder:
+    target: CausalLMTarget
+    drafts: DFlashDrafts
+    verify: Rule
+    rule: str
+    settings: DraftSettings
+    sampling: Sampling
+    reads: tuple[str, ...]  # the settings its method reads (methods.Method.settings)
+
+    def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
+        """Capture the drafter's layers for this run (a fresh cache), stop capturing after it."""
+        self.target.capture(self.drafts.layers)
+        try:
+            yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
+                                      self.settings.gamma, batch_size)
+        finally:
+            self.target.capture(())
+
+    def warm_up(self, rows: int, length: int) -> None:
+        raise UsageError("method 'dflash' runs the eager torch target; it does not `compile`")
+
+    def check_sizes(self, rows: int, batch_size: int, max_new_tokens: int, context: int) -> None:
+        """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
+        self.target.capture(self.drafts.layers)
+        try:
+            check_sizes(self.target, gamma=self.settings.gamma, copies=1, batch_size=batch_size,
+                        max_new_tokens=max_new_tokens, rows=rows, context=context)
+        finally:
+            self.target.capture(())
+
+    def ran(self) -> dict[str, Any]:
+        return {**{k: getattr(self.settings, k) for k in self.reads}, "acceptance": self.rule}
+
+
+def prepare(method: Method, models: Models, settings: DraftSettings, sampling: Sampling,
+            acceptance: str | None) -> DFlashDecoder:
+    target, drafter = models.target, models.drafter
+    if not isinstance(target, CausalLMTarget):  # not a static-cache twin (--compile), nor an exported graph
+        raise UsageError(f"method 'dflash' reads the target's hidden states: it needs the eager torch target "
+                         f"(no `compile`, no exported graphs); '{getattr(target, 'name', target)}' is "
+                         f"{type(target).__name__}")
+    if not isinstance(drafter, DFlashDrafter):
+        raise UsageError("method 'dflash' needs a DFlash drafter (`drafter`)")
+    if settings.drafts > 1:
+        raise UsageError("method 'dflash' drafts one candidate; `drafts` > 1 needs specdiff")
+    if settings.gamma > drafter.block_size - 1:
+        raise UsageError(f"`gamma` {settings.gamma} is more than the DFlash drafter's block holds "
+                         f"({drafter.block_size - 1} draft slots after the anchor)")
+    drafts = DFlashDrafts(target, drafter, sampling)
+    rule = rule_name(acceptance, sampling, method, drafts, settings)
+    return DFlashDecoder(target, drafts, single.get_rule(rule), rule, settings, sampling, method.settings)
