@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from specdiff import acceptance, generate, methods
 from specdiff.registry import load_registry
-from specdiff.tools.bench import METHODS, Settings, load_models, run, variants
+from specdiff.errors import UsageError
+from specdiff.tools.bench import METHODS, Settings, available_methods, load_models, run, variants
 from specdiff_cli.main import cli
 
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
@@ -43,7 +44,7 @@ def broken_rule(monkeypatch):
 def self_drafted(tiny):
     """Every method, with the target as its own AR drafter (so alpha = 1 for spec-ar and hf-assisted)."""
     models, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter), ar_drafter=str(tiny.gpt2))
-    rows = variants(METHODS, gammas=(2, 3), steps=(1, 2))
+    rows = variants(available_methods(models), gammas=(2, 3), steps=(1, 2))  # dflash: its own test below
     settings = Settings(max_new_tokens=10, repeats=2, warmup=1, threads=1)
     return models, settings, run(models, PROMPTS, rows, settings)
 
@@ -51,7 +52,7 @@ def self_drafted(tiny):
 def test_every_method_runs_with_every_figure_and_matches_ar(self_drafted):
     _, _, report = self_drafted
     rows = report["rows"]
-    assert [r["label"] for r in rows][0] == "ar" and {r["method"] for r in rows} == set(METHODS)
+    assert [r["label"] for r in rows][0] == "ar" and {r["method"] for r in rows} == set(METHODS) - {"dflash"}
     assert {r["label"] for r in rows if r["method"] == "specdiff"} == {
         "specdiff g=2 T=1 l2r", "specdiff g=2 T=2 l2r", "specdiff g=3 T=1 l2r", "specdiff g=3 T=2 l2r"}
     assert report["check"] == {"greedy": True, "passed": True, "mismatched": []}
@@ -128,7 +129,7 @@ def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
     assert summary["check"] is True and summary["threads"] == 1 and "specdiff g=3 T=2 l2r" in summary["speedup"]
     out = tmp_path / "out"
     report = json.loads((out / "bench.json").read_text())
-    assert {r["method"] for r in report["rows"]} == set(METHODS)
+    assert {r["method"] for r in report["rows"]} == set(METHODS) - {"dflash"}  # its drafter: the test below
     assert all(ROW_FIELDS <= set(r) for r in report["rows"])
     for name in ("speedup", "accepted_lengths", "acceptance_by_position", "tokens_per_s_vs_gamma",
                  "tokens_per_s_vs_steps"):
@@ -347,3 +348,20 @@ def test_the_table_shows_a_spread_only_over_several_rounds(tiny, tmp_path):
     assert head.split()[:3] == ["method", "tok/s", "[min,"]
     low, high = (float(x) for x in rows[0].split("[")[1].split("]")[0].split(","))
     assert low <= float(rows[0].split()[1]) <= high
+
+
+def test_dflash_is_benched_with_a_dflash_drafter_and_refused_with_another(tiny, tmp_path):
+    """One drafter slot: dflash runs where it holds a DFlash drafter (greedy, checked against ar),
+    and a dflash row beside a diffusion drafter is one UsageError naming the kind it needs."""
+    from tiny import make_dflash
+
+    drafter = make_dflash(tmp_path / "dflash", tiny.gpt2)
+    models, _ = load_models(target=str(tiny.gpt2), drafter=str(drafter))
+    assert available_methods(models) == ["ar", "dflash", "hf-prompt-lookup"]
+    report = run(models, PROMPTS[:2], variants(["dflash"], gammas=(3,)), Settings(max_new_tokens=8, repeats=1,
+                                                                                   warmup=0, threads=1))
+    assert [r["label"] for r in report["rows"]] == ["ar", "dflash g=3"] and report["check"]["passed"]
+    diffusion, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter))
+    assert "dflash" not in available_methods(diffusion)
+    with pytest.raises(UsageError, match="method 'dflash' needs a DFlash drafter"):
+        run(diffusion, PROMPTS[:1], variants(["dflash"], gammas=(3,)), Settings(max_new_tokens=4, repeats=1, warmup=0))

@@ -57,9 +57,10 @@ class CallLog:
 
     def _pre(self, role: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = cast(torch.Tensor, kwargs.get("input_ids", args[0] if args else None))  # (B, S): always given
+        fed = int(ids.shape[1]) if ids.dim() == 2 else 1  # (B,): a DFlash drafter's anchors, its block built inside
         cache = passed_cache(kwargs)
         cached = None if cache is None else int(cache.get_seq_length())
-        self._open[role] = (int(ids.shape[1]), cached, self._now())
+        self._open[role] = (fed, cached, self._now())
 
     def _post(self, role: str, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: object) -> None:

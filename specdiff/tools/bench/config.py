@@ -12,10 +12,11 @@ from typing import Any, Sequence
 from torch import nn
 
 from ...drafters.autoregressive import ARDrafter
+from ...drafters.dflash import DFlashDrafter
 from ...drafters.diffusion import DiffusionDrafter
 from ...errors import UsageError
 from ...loading import load_drafter, load_target
-from ...methods import METHODS as REGISTRY, is_block_diffusion
+from ...methods import METHODS as REGISTRY
 from ...names import PEERS
 from ...registry import Registry, load_registry
 from ...resources import data_path
@@ -23,7 +24,7 @@ from ...targets.block import BlockDiffusionTarget
 from ...targets.causal import CausalLMTarget
 
 METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
-SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
+SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "dflash": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
 NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
@@ -31,7 +32,7 @@ DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 @dataclass
 class Models:
     target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
-    drafter: DiffusionDrafter | BlockDiffusionTarget | None = None
+    drafter: DiffusionDrafter | DFlashDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
     graphs: dict[str, dict] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
 
@@ -122,6 +123,5 @@ def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = N
         loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
         if must_be_ar and not isinstance(loaded, ARDrafter):
             raise UsageError(f"ar_drafter '{name}' is not a causal LM")
-        diffusion = isinstance(loaded, DiffusionDrafter) or is_block_diffusion(loaded)
-        setattr(models, "drafter" if diffusion else "ar_drafter", loaded)
+        setattr(models, "ar_drafter" if isinstance(loaded, ARDrafter) else "drafter", loaded)  # diffusion, dflash
     return models, defaults

@@ -90,7 +90,13 @@ def _settings(method: str) -> tuple[str, ...]:
 
 
 def available_methods(models: Models) -> list[str]:
-    return [m for m in METHODS if NEEDS.get(m) is None or getattr(models, NEEDS[m]) is not None]
+    """The methods these models can run: each needing no drafter, or one of the kind it drafts with."""
+    return [m for m in METHODS if NEEDS.get(m) is None or _drafts_with(m, getattr(models, NEEDS[m]))]
+
+
+def _drafts_with(method: str, drafter: object) -> bool:
+    """Whether `method` can draft with `drafter` (the registry's kind; the peers: any AR drafter)."""
+    return drafter is not None and (method not in REGISTRY or REGISTRY[method].accepts(drafter))
 
 
 def check_models(models: Models, rows: list[Variant]) -> None:
@@ -106,3 +112,5 @@ def check_models(models: Models, rows: list[Variant]) -> None:
                                               "its rows would not be the same model's")
         if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
+        if v.method in REGISTRY and v.method in NEEDS:  # a drafter of the kind it drafts with
+            REGISTRY[v.method].check_drafter(getattr(models, NEEDS[v.method]))
