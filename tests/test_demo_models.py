@@ -85,6 +85,7 @@ def test_generate_with_no_model_named_runs_the_demo_pair():
     assert _generate([]) == _generate(["--target", "demo-target", "--method", "ar"])
 
 
+@pytest.mark.slow  # a Ray cluster, a subprocess or an export: 12-30 s; .ci/run runs it
 def test_demo_pair_on_onnxruntime_is_token_identical_to_torch(tmp_path):
     pytest.importorskip("onnxruntime")
     export = CliRunner().invoke(cli, ["export", "--pair", "demo", "--out", str(tmp_path / "demo-onnx")])

@@ -53,6 +53,7 @@ class DiesOnce(sray.Worker):
         return super().__call__(batch)
 
 
+@pytest.mark.slow  # a Ray cluster, a subprocess or an export: 12-30 s; .ci/run runs it
 def test_sampled_outputs_equal_the_local_run_in_order_though_a_worker_dies(tiny, local_ray, tmp_path,
                                                                             monkeypatch):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -195,6 +196,7 @@ sray.Worker = DiesOnce
 """
 
 
+@pytest.mark.slow  # a Ray cluster, a subprocess or an export: 12-30 s; .ci/run runs it
 def test_ray_messages_about_a_dead_worker_stay_off_stdout(tiny, tmp_path):
     """Ray's driver printed "(raylet) A worker died..." in the results on stdout (issue 25, fault 1):
     stdout holds the results of a local run, and Ray's message is on stderr."""
@@ -271,6 +273,7 @@ def _ray_processes(marker: str) -> list[str]:
     return [line for line in ps.splitlines() if marker in line]
 
 
+@pytest.mark.slow  # a Ray cluster, a subprocess or an export: 12-30 s; .ci/run runs it
 def test_sigterm_ends_a_ray_driver_with_one_line_and_exit_143(tiny, tmp_path):
     """SIGTERM to a --ray driver aborted with exit 134 and a C++ stack dump (Ray's core worker
     installs its own SIGTERM handler; issue 25, fault 7): exit 143, one line, no file, no Ray

@@ -109,6 +109,7 @@ def test_closed_stdout_is_one_line():
     one_line_error(run.stderr, 1, run.returncode, "cannot write stdout: it is closed")
 
 
+@pytest.mark.slow  # a Ray cluster, a subprocess or an export: 12-30 s; .ci/run runs it
 def test_closed_stdout_with_output_file_runs(tiny, tmp_path):
     """-o needs no stdout: a closed one crashed generate before it started (AttributeError on isatty);
     without -o it is refused before any model loads."""
