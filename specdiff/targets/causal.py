@@ -89,20 +89,19 @@ class CausalLMTarget(HFModel, RowCache):
 
     def features(self, rows: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The captured features of each cached token of the cache rows `rows`, left-padded ->
-        (features (B', C, F), valid (B', C) bool: False on padding, whose features are 0)."""
+        (features (B', C, F), valid (B', C) bool: False on padding, whose features are 0). Aligns
+        the cache first (RowCache._align, as the next extend would): every row then ends in the
+        last column."""
         if not self.captured:
             raise RuntimeError("features() needs capture(layers) first")
         index = torch.as_tensor(rows, dtype=torch.long)
-        lengths, start = self.lengths[index], self.start[index]
         if not self.kv:
             return torch.zeros(len(index), 0, 0, device=self.device), torch.zeros(len(index), 0, dtype=torch.bool)
-        stored = self.kv[-1][index.to(self.kv[-1].device), 0]  # (B', C_cache, F)
-        W = int(lengths.max()) if len(index) else 0
-        cols = (start + lengths - W)[:, None] + torch.arange(W)  # (B', W): each row ends at its last token
-        valid = cols >= start[:, None]
-        picked = stored.gather(1, cols.clamp_min(0)[..., None].to(stored.device).expand(-1, -1, stored.shape[2]))
-        valid = valid.to(stored.device)
-        return picked.masked_fill(~valid[..., None], 0), valid
+        lengths = self._align()[index]
+        C = int(lengths.max()) if len(index) else 0
+        stored = self.kv[-1][index.to(self.kv[-1].device), 0, self.width - C:]  # (B', C, F)
+        valid = (torch.arange(C) >= C - lengths[:, None]).to(stored.device)
+        return stored.masked_fill(~valid[..., None], 0), valid
 
     @torch.no_grad()
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
