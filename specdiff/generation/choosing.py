@@ -49,8 +49,7 @@ def named_method(chosen: dict[str, Setting]) -> Method | None:
     """Check every chosen value against its declaration (a pair's defaults are typed by the
     registry, not bounded) and the method's name; -> the method set (None: none)."""
     opts = values(chosen)
-    check_settings(opts)
-    get_schedule(opts["schedule"])
+    check_settings(opts)  # the schedule's name too (settings.DraftSettings)
     return get_method(opts["method"]) if opts["method"] else None
 
 
