@@ -30,6 +30,20 @@ class FiniteList(click.ParamType):
         return numbers
 
 
+class IntList(click.ParamType):
+    """Comma-separated integers -> a tuple (ranges are checked by the library)."""
+
+    name = "LIST"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return tuple(int(v) for v in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+
+
 class Finite(click.FloatRange):
     """A float option in a range that also refuses nan and inf (nan passes every comparison)."""
 
@@ -63,6 +77,13 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.command()
 @click.option("--target", required=True, help="Target model: models.yaml name, directory or hub id.")
 @click.option("--out", required=True, metavar="DIR", help="Output: the drafter, report.json, data/, checkpoints/.")
+@click.option("--method", type=click.Choice(["specdiff", "dflash"]), default="specdiff", show_default=True,
+              help="The drafter trained: a masked-diffusion drafter (specdiff) or a DFlash drafter reading the "
+                   "target's hidden states (dflash: the target's width, a block of gamma + 1).")
+@click.option("--target-layers", type=IntList(), metavar="LIST",
+              help="dflash: the target layers (0-based) whose outputs the drafter reads [default: the DFlash rule].")
+@click.option("--anchors", type=int, default=4, show_default=True,
+              help="dflash: blocks drawn from each sequence of a batch.")
 @click.option("--prompts", required=True, metavar="FILE", callback=_text_file,
               help="Text file; random windows of it are the prompts.")
 @click.option("--chat", is_flag=True, help="--prompts holds one question a line; each goes through the target's "
@@ -102,7 +123,8 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--checkpoint-every", type=int, default=200, show_default=True)
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
 @click.option("--loss", default="ce", show_default=True,
-              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.training.losses.LOSSES).")
+              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.training.losses.LOSSES); dflash: "
+                   "ce or kl (or ce+kl), per slot.")
 @click.option("--draft-temperature", type=Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="The drafter's softmax temperature in the streak losses (its deployment temperature).")
 @click.option("--eval-temperature", type=Finite(min=0), default=1.0, show_default=True,
@@ -112,7 +134,7 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), help="torch CPU threads.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 def distill(threads: int | None, **options: Any) -> None:
-    """Train a diffusion drafter on a target's own continuations of prompts.
+    """Train a drafter (diffusion, or DFlash) on a target's own continuations of prompts.
 
     \b
     Examples:
@@ -121,6 +143,8 @@ def distill(threads: int | None, **options: Any) -> None:
       specdiff distill --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --from-target --dim 576 --heads 9 --out smol-drafter      # hours on a CPU: scripts/smol/build.sh
       specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2   # hub: network
+      specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \
+          --layers 2 --heads 9 --gamma 7 --loss ce+kl --soft-labels 32 --out smol-dflash   # scripts/smol/build.sh
     """
     import torch
 

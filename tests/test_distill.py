@@ -190,7 +190,7 @@ def test_losses_score_exactly_what_drafting_reads(tiny):
     (["--continuation-tokens", "2"], "must be >= --gamma"),
     (["--drafter", "x", "--layers", "2"], "--drafter fixes the architecture"),
     (["--raw-fraction", "0.5"], "--raw-fraction needs --raw-text"),
-    (["--loss", "nope"], "unknown loss 'nope' (choose from ce, mdlm, kl, streak, ce-streak, or a sum such as ce+kl)"),
+    (["--loss", "nope"], "unknown loss 'nope' for method specdiff (choose from ce, mdlm, kl, streak, ce-streak, or a sum such as ce+kl)"),
     (["--loss", "ce+nope"], "unknown loss 'ce+nope'"),
     (["--loss", "kl"], "--soft-labels must be >= 0, and > 0 (e.g. 32) for the kl loss; got 0"),
     (["--teacher-temperature", "1,0.8", "--teacher-top-p", "1,0.9,0.8"], "--teacher-top-p needs one value or one per"),

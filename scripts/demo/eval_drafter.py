@@ -16,7 +16,7 @@ import torch
 
 from specdiff.loading import load_drafter, load_target
 from specdiff.training.config import DistillConfig
-from specdiff.training.distill import evaluate_drafter
+from specdiff.training.evaluation import evaluate_drafter
 from specdiff.training.teacher import read_sequences
 
 

@@ -21,6 +21,13 @@
 #                 WORK/ce       the same DDiT trained with plain cross-entropy (the alignment's baseline)
 #                 WORK/ar       GPT-2 2 x 256 on the same answers (the spec-ar baseline's drafter)
 #   4. fp16       MODELS/drafter (the aligned DDiT) and MODELS/ar-drafter, in fp16
+#   5. dflash     WORK/dflash: a DFlash drafter (2 Qwen3 layers of 576, 9.0M parameters, reading the
+#                 outputs of target layers 1, 14 and 27; block 8 = gamma 7) on the same teacher data,
+#                 `specdiff distill --method dflash`: first the target's features of every sequence
+#                 (WORK/data/features-1-14-27, cached a chunk at a time), then DFLASH_STEPS steps of
+#                 32 answers x 2 blocks (448 scored slots a step; 550 steps: 246k, the DDiT's 1,000
+#                 x 32 x 8 = 256k draft slots), ce + kl per slot weighted exp(-(k - 1) / 3.5);
+#                 MODELS/dflash-drafter in fp16 (pair `smol-dflash`)
 #
 # Resumable: every step is skipped when its output exists; the teacher data is written a chunk at
 # a time and training checkpoints every 100 steps (every 2 minutes for the AR drafter), so a rerun
@@ -30,6 +37,7 @@ cd "$(dirname "$0")/../.."
 work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${SMOL_STEPS:-1000}
+dflash_steps=${DFLASH_STEPS:-550}
 target=smollm2-135m-instruct
 mkdir -p "$work"
 
@@ -79,4 +87,22 @@ if [ ! -f "$models/ar-drafter/config.json" ]; then
   python -c "import sys, torch; from transformers import AutoModelForCausalLM, AutoTokenizer
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float16); m.save_pretrained(sys.argv[2])
 AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])" "$work/ar/model" "$models/ar-drafter"
+fi
+
+dflash() {  # the DFlash drafter, resuming from its checkpoints; log in WORK/dflash.log
+  local resume=()
+  [ -d "$work/dflash/checkpoints" ] && resume=(--resume)
+  [ "$(trained "$work/dflash")" -ge "$dflash_steps" ] ||
+    specdiff distill "${teacher[@]}" --method dflash --layers 2 --heads 9 --gamma 7 --target-layers 1,14,27 \
+      --anchors 2 --batch-size 32 --lr 1e-3 --loss ce+kl --max-steps "$dflash_steps" --val-every 50 \
+      --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$work/dflash" "${resume[@]}" \
+      >>"$work/dflash.log" 2>&1
+}
+dflash
+if [ ! "$models/dflash-drafter/config.json" -nt "$work/dflash/config.json" ]; then
+  rm -rf "$models/dflash-drafter"
+  mkdir -p "$models/dflash-drafter"
+  python -c "import sys, torch; from pathlib import Path; from specdiff.nets.dflash import load_dflash, save_dflash
+net, spec = load_dflash(Path(sys.argv[1])); save_dflash(Path(sys.argv[2]), net, spec, torch.float16)" \
+    "$work/dflash" "$models/dflash-drafter"
 fi

@@ -18,7 +18,7 @@ real vocabulary), as the target's own logits do.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -90,10 +90,6 @@ class DFlashDrafter(nn.Module):
         with one; left-padded, padding rows False in context_valid (B, C), when rows differ);
         start (B,) int64 or an int; block_size: S (default: the trained one)
         -> logits (B, S - 1, vocab_rows) float32 of positions start + 1 .. start + S - 1."""
-        if self._target is None:
-            raise IncompatibleModelsError(f"DFlash drafter '{self.source}' has no target to read its embedding "
-                                          "and head from: bind it first (pairing does)")
-        embed, head = self._target
         size = block_size or self.block_size
         batch, n = anchor.shape[0], context.shape[1]
         block = torch.full((batch, size), self.mask_id, dtype=torch.long, device=anchor.device)
@@ -101,6 +97,23 @@ class DFlashDrafter(nn.Module):
         starts = torch.as_tensor(start, device=anchor.device).expand(batch)[:, None]
         offsets = torch.arange(-n, size, device=anchor.device)
         positions = (starts + offsets).clamp(min=0)  # padding rows of a ragged context: masked, any position
-        x = embed(block).to(self.net.fc.weight.dtype)
-        hidden = self.net(x, context, positions, cache, context_valid)
-        return head(hidden[:, 1:].to(head.weight.dtype)).float()
+        return self.score(self.hidden(block, context, positions, cache, context_valid)[:, 1:])
+
+    def hidden(self, block: torch.Tensor, context: torch.Tensor, positions: torch.Tensor,
+               cache: ContextCache | None = None, context_valid: torch.Tensor | None = None,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """block (B, Q) ids embedded with the target's embedding, through the net (DFlashNet.forward
+        reads the other arguments) -> (B, Q, H)."""
+        embed, _ = self._bound()
+        return self.net(embed(block).to(self.net.fc.weight.dtype), context, positions, cache, context_valid, attn_mask)
+
+    def score(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> the target's head's logits (..., vocab_rows) float32."""
+        _, head = self._bound()
+        return head(hidden.to(cast(torch.Tensor, head.weight).dtype)).float()
+
+    def _bound(self) -> tuple[nn.Module, nn.Module]:
+        if self._target is None:
+            raise IncompatibleModelsError(f"DFlash drafter '{self.source}' has no target to read its embedding "
+                                          "and head from: bind it first (pairing does)")
+        return self._target

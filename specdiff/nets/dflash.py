@@ -29,6 +29,7 @@ other than DFLASH_FIELDS (attention_sink_bias, swa_window_size, ...), a mask_emb
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeGuard, cast
@@ -40,7 +41,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from ..errors import IncompatibleModelsError, LoadError
-from .checkpoint import load_state_strict, read_json, read_safetensors
+from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors
 from .sdar import check_ranges, qwen3_config
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -138,6 +139,27 @@ def read_dflash_config(directory: Path) -> tuple[Qwen3Config, DFlashSpec]:
     if n_target is not None and max(ids) >= n_target:
         raise refuse(f"dflash_config.target_layer_ids {ids} name a layer past num_target_layers {n_target}")
     return qwen, DFlashSpec(block, mask, tuple(ids), n_target)
+
+
+def dflash_config(qwen: Qwen3Config, spec: DFlashSpec) -> dict:
+    """The config.json of a DFlash checkpoint (the inverse of read_dflash_config; no auto_map: no
+    code ships)."""
+    fields = qwen.to_diff_dict()
+    for name in ("transformers_version", "model_type", "architectures", "dtype", "torch_dtype"):
+        fields.pop(name, None)
+    return {"architectures": [ARCHITECTURE], "model_type": "qwen3", **fields, "block_size": spec.block_size,
+            "num_target_layers": spec.num_target_layers,
+            "dflash_config": {"mask_token_id": spec.mask_token_id, "target_layer_ids": list(spec.target_layer_ids)}}
+
+
+def save_dflash(directory: Path, net: DFlashNet, spec: DFlashSpec, dtype: torch.dtype = torch.float32) -> None:
+    """Write a DFlash checkpoint into `directory` (config.json, model.safetensors in `dtype`), as
+    published checkpoints are laid out; load_dflash reads it back."""
+    state = {k: v.detach().to(dtype).contiguous() for k, v in net.state_dict().items()
+             if not k.startswith("rotary_emb.")}
+    save_tensors(state, directory / WEIGHTS)
+    config = {**dflash_config(net.config, spec), "dtype": str(dtype).removeprefix("torch.")}
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
 def load_dflash(directory: Path) -> tuple[DFlashNet, DFlashSpec]:
@@ -256,7 +278,9 @@ class DFlashNet(nn.Module):
 
     Without a cache the context is all of it. With a ContextCache the C rows are appended to it
     and the block attends to every row it holds. context_valid marks padding rows (False) of a
-    ragged batch (left-padded context): they are no key of any query.
+    ragged batch (left-padded context): they are no key of any query. attn_mask (B, 1, S, C + S)
+    bool, instead: which keys each row of x attends, so that training runs many blocks of one
+    sequence in one pass (x then holds them one after another; training/dflash.py).
     """
 
     def __init__(self, config: Qwen3Config, n_features: int):
@@ -281,7 +305,8 @@ class DFlashNet(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, positions: torch.Tensor,
-                cache: ContextCache | None = None, context_valid: torch.Tensor | None = None) -> torch.Tensor:
+                cache: ContextCache | None = None, context_valid: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         n = context.shape[1]
         cos, sin = self.rotary_emb(x, positions)
         ctx = self.hidden_norm(self.fc(context.to(x.dtype)))
@@ -290,8 +315,8 @@ class DFlashNet(nn.Module):
         valid = context_valid
         if cache is not None:
             kv, valid = cache.extend(kv, context_valid)
-        mask = None
-        if valid is not None:
+        mask = attn_mask
+        if mask is None and valid is not None:
             block = torch.ones(x.shape[0], x.shape[1], dtype=torch.bool, device=x.device)
             mask = torch.cat([valid.to(x.device), block], dim=1)[:, None, None, :]
         for layer, layer_kv in zip(layers, kv):

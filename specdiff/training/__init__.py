@@ -1,14 +1,19 @@
-"""Training: `specdiff distill`, a diffusion drafter distilled from its target's own output.
+"""Training: `specdiff distill`, a drafter (diffusion or DFlash) distilled from its target's own output.
 
     distill.py      distill(cfg) -> report: the whole run, from the target to a published drafter
-                    and report.json; build_data (`data_only`); evaluate_drafter (tau, alpha)
+                    and report.json; build_data (`data_only`)
+    dflash.py       `method` dflash: a DFlash drafter trained on blocks of the target's answers,
+                    reading the target's features
+    features.py     the target's hidden states of the teacher sequences, cached (dflash)
+    evaluation.py   evaluate_drafter: tau and alpha of a drafter on held-out prompts
     config.py       DistillConfig (one field per CLI option), its checks, what a run derives from it
     teacher.py      the target's continuations of prompts (sampled, soft labels), cached resumably
     batches.py      examples shaped like a drafting call: Pattern, Batch, make_batch
     data.py         a run's data assembled once: sequences, raw text, validation batches
     drafter.py      the drafter a run starts from: new, through the target's embeddings, or given
     losses.py       Slots (the drafter's x0 logits at the draft slots, one pass) and the losses
-    loop.py         the optimizer loop: learning rate schedule, steps, validation loss
+    loop.py         the optimizer loop over a Task (what is trained): learning rate schedule, steps,
+                    validation loss; DiffusionTask
     checkpoints.py  checkpoints and resume, the published drafter, undoing a diverged run
 
 The losses read DiffusionDrafter.x0_logits, the one chain from ids to x0 logits that drafting and

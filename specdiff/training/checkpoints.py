@@ -15,9 +15,10 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+from torch import nn
 
 from ..atomic import new_directory
 from ..drafters.diffusion import DiffusionDrafter
@@ -25,6 +26,9 @@ from ..errors import DivergedError
 from ..loading import pair_models
 from ..nets.checkpoint import load_own, read_json, save_own
 from .teacher import Teacher
+
+if TYPE_CHECKING:
+    from .loop import Task
 
 KEEP = 2  # checkpoints kept
 
@@ -38,9 +42,9 @@ class TrainState:
     rng: torch.Tensor | None = None  # state of the batch generator: the data position
 
 
-def check_weights(drafter: DiffusionDrafter, step: int) -> None:
+def check_weights(module: nn.Module, step: int) -> None:
     """Before anything is saved: an update can leave non-finite weights after a finite loss."""
-    if not all(torch.isfinite(p).all() for p in drafter.parameters()):
+    if not all(torch.isfinite(p).all() for p in module.parameters()):
         raise DivergedError(f"training diverged at step {step} (non-finite weights); no drafter written "
                             "(try a lower lr)")
 
@@ -66,13 +70,13 @@ def latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save_checkpoint(root: Path, drafter: DiffusionDrafter, opt: torch.optim.Optimizer, state: TrainState) -> None:
+def save_checkpoint(root: Path, task: Task, opt: torch.optim.Optimizer, state: TrainState) -> None:
     path = root / f"step-{state.step:07d}"
     if path.exists():
         return
-    check_weights(drafter, state.step)
+    check_weights(task.module, state.step)
     with new_directory(path) as tmp:
-        _save_drafter(tmp, drafter, tokenizer=None)
+        task.save(tmp)
         torch.save({"optimizer": opt.state_dict(), **asdict(state)}, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-KEEP]:
         shutil.rmtree(old)
@@ -86,19 +90,20 @@ def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict
     return drafter, saved.pop("optimizer"), TrainState(**saved)
 
 
-def publish(out: Path, drafter: DiffusionDrafter, tokenizer: Any) -> None:
-    """Write the drafter's files into `out`, config.json last (a drafter once it exists)."""
+def publish(out: Path, save: Callable[[Path], None]) -> None:
+    """Write a drafter's files (`save(directory)`) into `out`, config.json last (a drafter once it
+    exists)."""
     (out / "config.json").unlink(missing_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=out))
     try:
-        _save_drafter(tmp, drafter, tokenizer)
+        save(tmp)
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
             f.replace(out / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer: Any) -> None:
+def save_drafter(directory: Path, drafter: DiffusionDrafter, tokenizer: Any) -> None:
     save_own(directory, drafter.backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
              context_length=drafter.context_length, parameterization=drafter.parameterization,
              tokenizer=tokenizer, defaults=drafter.defaults, target_embeddings=drafter.target_embeddings)

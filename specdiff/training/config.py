@@ -9,11 +9,12 @@ from pathlib import Path
 
 from ..atomic import check_new_directory
 from ..errors import UsageError
-from .losses import LOSSES
+from .losses import DFLASH_LOSSES, LOSSES
 
 DEFAULT_SHAPE = {"layers": 2, "dim": 128, "heads": 4, "context": 32}  # a new drafter's, unless given
 RAW_FRACTION = 0.25  # default share of raw text rows when `raw_text` is given
 CHAT_PROMPT_TOKENS = 96  # default `prompt_tokens` with `chat`
+METHODS = ("specdiff", "dflash")  # the drafter kinds distill trains
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class DistillConfig:
     target: str
     out: str
     prompts: str
+    method: str = "specdiff"  # the drafter trained: a masked-diffusion drafter (specdiff) or a DFlash drafter (dflash)
     chat: bool = False  # prompts: one question a line, through the target's chat template
     prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
     data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
@@ -33,6 +35,8 @@ class DistillConfig:
     heads: int | None = None
     context: int | None = None
     mask_token: str | None = None  # a token of the tokenizer to use as mask id (else an extra row)
+    target_layers: tuple[int, ...] | None = None  # dflash: the target layers (0-based) it reads
+    anchors: int = 4  # dflash: blocks drafted from each sequence of a batch
     raw_text: str | None = None
     raw_fraction: float | None = None
     gamma: int = 8
@@ -64,8 +68,13 @@ def check(cfg: DistillConfig) -> None:
                  "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
-    if any(name not in LOSSES for name in cfg.loss.split("+")):
-        raise UsageError(f"unknown loss '{cfg.loss}' (choose from {', '.join(LOSSES)}, or a sum such as ce+kl)")
+    if cfg.method not in METHODS:
+        raise UsageError(f"unknown distill method '{cfg.method}' (choose from {', '.join(METHODS)})")
+    losses = DFLASH_LOSSES if cfg.method == "dflash" else LOSSES
+    if any(name not in losses for name in cfg.loss.split("+")):
+        raise UsageError(f"unknown loss '{cfg.loss}' for method {cfg.method} (choose from {', '.join(losses)}, "
+                         "or a sum such as ce+kl)")
+    _check_dflash(cfg)
     _check_finite(cfg)
     if cfg.lr <= 0 or cfg.draft_temperature <= 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
         raise UsageError("lr, draft_temperature and time_budget must be > 0")
@@ -89,6 +98,21 @@ def _check_finite(cfg: DistillConfig) -> None:
             for v in values:
                 if not math.isfinite(v):
                     raise UsageError(f"{f.name} must be a finite number, got {v}")
+
+
+def _check_dflash(cfg: DistillConfig) -> None:
+    """A DFlash drafter is new (the target's width) and reads target layers; the diffusion
+    drafter's shape options mean nothing to it."""
+    if cfg.method != "dflash":
+        if cfg.target_layers is not None:
+            raise UsageError("`target_layers` is for `method` dflash (the target layers its drafter reads)")
+        return
+    for name, value in (("drafter", cfg.drafter), ("context", cfg.context), ("raw_text", cfg.raw_text)):
+        if value is not None:
+            raise UsageError(f"`{name}` is not used by `method` dflash (a new drafter of the target's width, "
+                             "reading all of the context through the target's features)")
+    if cfg.anchors < 1 or (cfg.target_layers is not None and (not cfg.target_layers or min(cfg.target_layers) < 0)):
+        raise UsageError("`anchors` must be >= 1 and `target_layers` a non-empty list of layers >= 0")
 
 
 def _check_teacher(cfg: DistillConfig) -> None:

@@ -36,18 +36,22 @@ class Data:
                           self.raw_fraction, limits=self.limits)
 
 
+def data_spec(cfg: DistillConfig, target: Teacher, P: int, banned: int | None) -> DataSpec:
+    """What the teacher data of a run with prompts of P tokens is (never generating `banned`)."""
+    if P + cfg.continuation_tokens > target.max_length:
+        raise UsageError(f"prompts of {P} tokens plus `continuation_tokens` {cfg.continuation_tokens} "
+                         f"exceed the target's context window ({target.max_length})")
+    return DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, cfg.continuation_tokens, cfg.num_prompts,
+                    max(2, min(64, cfg.num_prompts // 8)), list(cfg.teacher_temperature),
+                    list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels, cfg.seed, banned, cfg.chat)
+
+
 def prepare(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, progress: bool) -> Data:
     """Sequences (from the cache, else generated), raw text, the drafting pattern and the fixed
     validation batches."""
     N, L = drafter.context_length, cfg.continuation_tokens
     P = (cfg.prompt_tokens or CHAT_PROMPT_TOKENS) if cfg.chat else N
-    if P + L > target.max_length:
-        raise UsageError(f"prompts of {P} tokens plus `continuation_tokens` {L} "
-                         f"exceed the target's context window ({target.max_length})")
-    banned = drafter.mask_id if drafter.mask_id < target.vocab_size else None
-    spec = DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, L, cfg.num_prompts,
-                    max(2, min(64, cfg.num_prompts // 8)), list(cfg.teacher_temperature),
-                    list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels, cfg.seed, banned, cfg.chat)
+    spec = data_spec(cfg, target, P, drafter.mask_id if drafter.mask_id < target.vocab_size else None)
     raw = read_tokens(cfg.raw_text, target.tokenizer, "raw text") if cfg.raw_text else None
     if raw is not None and len(raw) < P + cfg.gamma:
         raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.gamma}")

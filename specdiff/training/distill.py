@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,12 +29,14 @@ import torch
 from ..atomic import new_file
 from ..drafters.diffusion import DiffusionDrafter
 from ..loading import load_target
-from .checkpoints import TrainState, latest_checkpoint, load_checkpoint, publish, undone_if_diverged
+from .checkpoints import TrainState, latest_checkpoint, load_checkpoint, publish, save_drafter, undone_if_diverged
 from .config import DistillConfig, check, data_directory, trained_for
 from .data import Data, prepare
+from .dflash import distill_dflash
 from .drafter import frozen, initial_drafter
-from .loop import train, validation_loss
-from .teacher import Sequences, Teacher
+from .evaluation import evaluate_drafter
+from .loop import DiffusionTask, train
+from .teacher import Teacher
 
 
 def distill(cfg: DistillConfig, progress: bool = False) -> dict:
@@ -41,6 +44,8 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     wall = time.perf_counter()
     check(cfg)
     target = load_target(cfg.target, device=cfg.device, dtype="fp32")
+    if cfg.method == "dflash":
+        return distill_dflash(cfg, target, progress)
     if cfg.data_only:
         return build_data(cfg, target, progress)
     out = Path(cfg.out)
@@ -54,10 +59,11 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
         opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=cfg.lr)
         if opt_state is not None:
             opt.load_state_dict(opt_state)
+        task = DiffusionTask(drafter, data, cfg)
         if not state.history:
-            state.history.append([0, validation_loss(drafter, data.val_batches, cfg)])
-        train(drafter, opt, state, cfg, data, progress)
-    publish(out, drafter, target.tokenizer)
+            state.history.append([0, task.validation()])
+        train(task, opt, state, cfg, progress)
+    publish(out, partial(save_drafter, drafter=drafter, tokenizer=target.tokenizer))
     report = _report(cfg, target, drafter, state, data, wall)
     with new_file(out / "report.json") as tmp:
         tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -69,28 +75,6 @@ def build_data(cfg: DistillConfig, target: Teacher, progress: bool) -> dict:
     data = prepare(cfg, target, initial_drafter(cfg, target), progress)
     return {"target": target.name, "data": str(data_directory(cfg)), "generated_tokens": data.generated_tokens,
             "generate_s": round(data.generate_s, 3), "sequences": len(data.train) + len(data.val)}
-
-
-def evaluate_drafter(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, val: Sequences, P: int) -> dict:
-    """tau and alpha of specdiff (l2r, T steps) against the target on held-out prompts (distinct
-    prompts: the S samples of one share it), greedy and at eval_temperature (seed cfg.seed)."""
-    from ..generation import generate
-
-    prompts = list(val.ids[::cfg.samples_per_prompt, :P])
-    if cfg.chat:  # templated questions, left-padded: drop the padding, keep the template's tokens
-        fill = target.tokenizer.pad_token_id
-        prompts = [row[int((row != fill).float().argmax()):] for row in prompts]
-    texts = [t for t in target.tokenizer.batch_decode(prompts) if t.strip()][:cfg.eval_prompts]
-    drafter.eval()
-    report: dict = {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens}
-    for key, temperature in (("greedy", 0.0), ("sampled", cfg.eval_temperature)):
-        m = generate(texts, target=target, drafter=drafter, method="specdiff", gamma=cfg.gamma,
-                     steps=cfg.steps_per_draft, schedule="l2r", temperature=temperature,
-                     max_new_tokens=cfg.continuation_tokens, seed=cfg.seed).metrics
-        report[key] = {"temperature": temperature, "tau": round(m.tau, 4),
-                       "alpha": None if m.alpha is None else round(m.alpha, 4),
-                       "per_position_acceptance": m.to_dict()["per_position_acceptance"]}
-    return report
 
 
 def _report(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, state: TrainState, data: Data,

@@ -1,7 +1,8 @@
 """The training loop of `specdiff distill`: AdamW, linear warmup then cosine decay to MIN_LR of
 the peak learning rate, gradient norm clipped at MAX_GRAD_NORM; validation loss every
 `val_every` steps on fixed batches, a checkpoint every `checkpoint_every` steps; it stops at
-`max_steps` or when the `time_budget` is spent."""
+`max_steps` or when the `time_budget` is spent. What is trained is a Task: DiffusionTask here
+(a diffusion drafter on drafting-shaped batches), DFlashTask in training/dflash.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from ..drafters.diffusion import DiffusionDrafter
 from ..errors import DivergedError
 from .batches import Batch
-from .checkpoints import TrainState, save_checkpoint
+from .checkpoints import TrainState, save_checkpoint, save_drafter
 from .config import DistillConfig
 from .data import Data
 from .losses import loss_function
@@ -35,6 +38,47 @@ def learning_rate(step: int, peak: float, max_steps: int) -> float:
     return peak * (MIN_LR + (1 - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+class Task(Protocol):
+    """What one kind of drafter needs trained: its module, batches, loss, validation and files."""
+
+    @property
+    def module(self) -> nn.Module: ...  # the weights trained and checkpointed
+
+    def batch(self, size: int, generator: torch.Generator) -> Any: ...  # generator's state: the data position
+
+    def loss(self, batch: Any) -> torch.Tensor: ...
+
+    def scored(self, batch: Any) -> int: ...  # the tokens a step trained on (the report's train_tokens)
+
+    def validation(self) -> float: ...  # the loss on fixed held-out batches
+
+    def save(self, directory: Path) -> None: ...  # the drafter's files (a checkpoint's, no tokenizer)
+
+
+class DiffusionTask:
+    """A diffusion drafter trained on drafting-shaped batches of the teacher data (data.py)."""
+
+    def __init__(self, drafter: DiffusionDrafter, data: Data, cfg: DistillConfig):
+        self.module, self.data, self.cfg = drafter, data, cfg
+        self._loss = loss_function(cfg)
+
+    def batch(self, size: int, generator: torch.Generator) -> Batch:
+        return self.data.batch(size, generator).to(self.cfg.device)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        return self._loss(self.module, batch)
+
+    def scored(self, batch: Batch) -> int:
+        return batch.x0.numel()
+
+    @torch.no_grad()
+    def validation(self) -> float:
+        return validation_loss(self.module, self.data.val_batches, self.cfg)
+
+    def save(self, directory: Path) -> None:
+        save_drafter(directory, self.module, tokenizer=None)
+
+
 @torch.no_grad()
 def validation_loss(drafter: DiffusionDrafter, batches: list[Batch], cfg: DistillConfig) -> float:
     drafter.eval()
@@ -44,8 +88,7 @@ def validation_loss(drafter: DiffusionDrafter, batches: list[Batch], cfg: Distil
     return round(sum(values) / len(values), 5)
 
 
-def train(drafter: DiffusionDrafter, opt: torch.optim.Optimizer, state: TrainState, cfg: DistillConfig, data: Data,
-          progress: bool) -> None:
+def train(task: Task, opt: torch.optim.Optimizer, state: TrainState, cfg: DistillConfig, progress: bool) -> None:
     """Steps until max_steps or the time budget; validation and checkpoints on the way."""
     generator = torch.Generator().manual_seed(cfg.seed)
     if state.rng is not None:
@@ -53,43 +96,43 @@ def train(drafter: DiffusionDrafter, opt: torch.optim.Optimizer, state: TrainSta
     root, last = Path(cfg.out) / "checkpoints", time.perf_counter()
     deadline = last + (cfg.time_budget if cfg.time_budget is not None else math.inf)
     bar = tqdm(total=cfg.max_steps, initial=state.step, disable=not progress, unit="step", desc="distill")
-    drafter.train()
+    task.module.train()
     while state.step < cfg.max_steps and time.perf_counter() < deadline:
-        batch = data.batch(cfg.batch_size, generator)
-        loss = _step(drafter, opt, batch, learning_rate(state.step, cfg.lr, cfg.max_steps), cfg)
+        batch = task.batch(cfg.batch_size, generator)
+        loss = _step(task, opt, batch, learning_rate(state.step, cfg.lr, cfg.max_steps))
         _check_loss(loss, state.step + 1)
-        state.step, state.tokens, state.rng = state.step + 1, state.tokens + batch.x0.numel(), generator.get_state()
+        state.step, state.tokens, state.rng = state.step + 1, state.tokens + task.scored(batch), generator.get_state()
         if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
-            _validate(drafter, state, cfg, data, loss, progress)
+            _validate(task, state, cfg, loss, progress)
         if state.step % cfg.checkpoint_every == 0:
             state.train_s, last = state.train_s + time.perf_counter() - last, time.perf_counter()
-            save_checkpoint(root, drafter, opt, state)
+            save_checkpoint(root, task, opt, state)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         bar.update()
     bar.close()
     state.train_s += time.perf_counter() - last
     if state.history[-1][0] != state.step:
-        state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg)])
-    save_checkpoint(root, drafter, opt, state)
+        state.history.append([state.step, task.validation()])
+    save_checkpoint(root, task, opt, state)
 
 
-def _step(drafter: DiffusionDrafter, opt: torch.optim.Optimizer, batch: Batch, lr: float, cfg: DistillConfig) -> float:
+def _step(task: Task, opt: torch.optim.Optimizer, batch: Any, lr: float) -> float:
     """One optimizer step -> the batch's loss."""
     for group in opt.param_groups:
         group["lr"] = lr
-    loss = loss_function(cfg)(drafter, batch.to(cfg.device))
+    loss = task.loss(batch)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(drafter.parameters(), MAX_GRAD_NORM)
+    torch.nn.utils.clip_grad_norm_(task.module.parameters(), MAX_GRAD_NORM)
     opt.step()
     return loss.item()
 
 
-def _validate(drafter: DiffusionDrafter, state: TrainState, cfg: DistillConfig, data: Data, loss: float,
-              progress: bool) -> None:
+def _validate(task: Task, state: TrainState, cfg: DistillConfig, loss: float, progress: bool) -> None:
     """Record the validation loss; with no progress bar, one line per validation on stderr, so a
     log shows the run is alive."""
-    state.history.append([state.step, validation_loss(drafter, data.val_batches, cfg)])
+    state.history.append([state.step, task.validation()])
+    task.module.train()
     if not progress:
         print(f"distill: step {state.step}/{cfg.max_steps}, loss {loss:.4f}, "
               f"val {state.history[-1][1]:.4f}", file=sys.stderr, flush=True)

@@ -82,20 +82,24 @@ def mdlm_elbo(s: Slots) -> torch.Tensor:
 
 
 def soft_kl(s: Slots) -> torch.Tensor:
-    """KL(p || q) per scored slot, averaged, over k + 1 bins: the soft labels' ids and the rest
-    of the vocabulary as one bin (p's rest = 1 - the mass kept; q's = its mass elsewhere), so
-    that q keeps p's tail mass instead of piling it on the top k."""
+    """KL(p || q) per scored slot (kl_per_slot), averaged."""
     if s.soft_ids is None or s.soft_p is None:
         raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
-    log_q_all = s.logits[s.scored].log_softmax(-1)  # (S, V) the S scored slots
-    ids, p = s.soft_ids[s.scored], s.soft_p[s.scored]  # (S, k)
+    kl = kl_per_slot(s.logits[s.scored].log_softmax(-1), s.soft_ids[s.scored], s.soft_p[s.scored])
+    return kl.sum() / s.scored.sum().clamp(min=1)
+
+
+def kl_per_slot(log_q_all: torch.Tensor, ids: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) (S,) of S slots: log q (S, V), soft labels ids (S, k) and their p (S, k), over
+    k + 1 bins: the soft labels' ids and the rest of the vocabulary as one bin (p's rest = 1 - the
+    mass kept; q's = its mass elsewhere), so that q keeps p's tail mass instead of piling it on the
+    top k."""
     kept = p > 0  # ids with mass (a raw text row's one-hot has repeated ids at p = 0)
     log_q = log_q_all.gather(-1, ids)  # (S, k)
     elsewhere = log_q_all.scatter(-1, ids.where(kept, ids[..., :1]), float("-inf"))
     p_rest = (1 - p.sum(-1)).clamp(min=0)  # (S,)
-    kl = (torch.xlogy(p, p) - p * log_q).sum(-1) \
+    return (torch.xlogy(p, p) - p * log_q).sum(-1) \
         + torch.xlogy(p_rest, p_rest) - p_rest * elsewhere.logsumexp(-1).clamp(min=-1e4)
-    return kl.sum() / s.scored.sum().clamp(min=1)
 
 
 def expected_streak(log_q: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
@@ -128,6 +132,7 @@ def ce_streak(s: Slots, temperature: float = 1.0) -> torch.Tensor:
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"ce": masked_ce, "mdlm": mdlm_elbo, "kl": soft_kl, "streak": streak,
                                                   "ce-streak": ce_streak}
 AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
+DFLASH_LOSSES = ("ce", "kl")  # training/dflash.py: per slot, weighted by the slot's reach
 
 
 def loss_function(cfg: DistillConfig) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:

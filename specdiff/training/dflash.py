@@ -1,0 +1,304 @@
+"""`specdiff distill --method dflash`: a DFlash drafter (nets/dflash.py) trained on its target's own
+answers and hidden states.
+
+    drafter  new (seeded by `seed`): `layers` Qwen3 layers of the target's width, `heads` heads,
+             the target's MLP width, RoPE and norm epsilon; linear weights normal(0, 0.02), the
+             final norm 1 / (the mean norm of the head's rows), so that the first logits are near
+             uniform (a unit norm made them so peaked that smol's first loss was 50, not 14);
+             reading the target layers `target_layers` (default: the reference rule,
+             nets.dflash.build_target_layer_ids); block S = gamma + 1; mask = `mask_token`, else
+             the first embedding row past the tokenizer, else its last special token that is not
+             bos / eos / pad (a DFlash mask is a row of the target's embedding, frozen as it is)
+    data     the teacher sequences (teacher.py: prompt, then the target's answer) and the target's
+             features of them (features.py), computed once
+    blocks   per sequence, `anchors` anchors a drawn in its answer (up to its first eos): slot 0 the
+             token at a, slots 1..gamma the mask; each block attends to the features of the
+             sequence's positions < a and to itself, as drafting does (methods/dflash.py); all of
+             a sequence's blocks run in one pass (DFlashNet's attn_mask)
+    loss     at slot k (the token at a + k): cross-entropy to the teacher's token (ce) and / or the
+             KL from the target's soft labels there (kl), weighted exp(-(k - 1) / (gamma / 2)):
+             DFlash's decaying slot weights (a slot counts only when the ones before it are accepted)
+    loop     loop.train (warmup, cosine decay, clipping, checkpoints and resume)
+    report   tau and alpha of `--method dflash` against the target on held-out questions, greedy
+             and at eval_temperature, in DIR/report.json
+
+The target's embedding and head are the drafter's own input and output (bound, frozen, not saved).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Qwen3Config
+
+from ..atomic import new_file
+from ..drafters.dflash import DFlashDrafter
+from ..errors import UsageError
+from ..nets.dflash import DFlashNet, DFlashSpec, build_target_layer_ids, load_dflash, save_dflash
+from ..targets.causal import CausalLMTarget
+from .batches import split_limits
+from .checkpoints import TrainState, latest_checkpoint, publish, undone_if_diverged
+from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory
+from .data import data_spec
+from .evaluation import evaluate_drafter
+from .features import cached_features, padding
+from .losses import kl_per_slot
+from .loop import train
+from .teacher import Sequences, build_sequences
+
+VAL_SEED_OFFSET = 2  # the fixed validation blocks' generator: seed + this
+INIT_STD = 0.02  # new linear layers: normal(0, INIT_STD), as Qwen3's initializer_range
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}  # for a target without RoPE (GPT-2)
+
+
+@dataclass
+class Corpus:
+    """Sequences (M, W) = prompt (P) + answer (L), left-padded by pad (M,); the target's features
+    (M, W, F) fp16; limits (M,): the first anchor column past the last usable one."""
+
+    seqs: Sequences
+    features: torch.Tensor
+    pad: torch.Tensor
+    limits: torch.Tensor
+
+    def rows(self) -> torch.Tensor:
+        """The rows with at least one anchor."""
+        return torch.nonzero(self.limits > 0)[:, 0]
+
+
+@dataclass
+class Blocks:
+    """A batch: rows (B,) of a Corpus and anchors (B, A) (columns of the token in slot 0)."""
+
+    rows: torch.Tensor
+    anchors: torch.Tensor
+
+
+def draw_blocks(corpus: Corpus, P: int, size: int, anchors: int, generator: torch.Generator) -> Blocks:
+    """`size` rows (uniform over those with anchors), `anchors` anchors each, uniform in
+    [P, limit) (with replacement)."""
+    usable = corpus.rows()
+    rows = usable[torch.randint(0, len(usable), (size,), generator=generator)]
+    span = (corpus.limits[rows] - P).clamp(min=1)  # (B,)
+    u = torch.rand(size, anchors, generator=generator)
+    return Blocks(rows, P + (u * span[:, None]).long())
+
+
+def block_logits(drafter: DFlashDrafter, ids: torch.Tensor, features: torch.Tensor, pad: torch.Tensor,
+                 anchors: torch.Tensor) -> torch.Tensor:
+    """ids (B, W), features (B, W, F), pad (B,), anchors (B, A) -> the drafter's logits of slots
+    1..S-1 of every block (B, A, S - 1, V), all blocks of a row in one pass."""
+    B, W = ids.shape
+    A, S = anchors.shape[1], drafter.block_size
+    slot = torch.arange(S, device=ids.device)
+    block = torch.full((B, A, S), drafter.mask_id, dtype=torch.long, device=ids.device)
+    block[..., 0] = ids.gather(1, anchors)
+    columns = torch.arange(W, device=ids.device)
+    positions = torch.cat([(columns - pad[:, None]).clamp(min=0),
+                           ((anchors - pad[:, None])[..., None] + slot).reshape(B, A * S)], dim=1)
+    sees_context = (columns >= pad[:, None, None]) & (columns < anchors[..., None])  # (B, A, W)
+    same_block = torch.eye(A, dtype=torch.bool, device=ids.device).repeat_interleave(S, 0).repeat_interleave(S, 1)
+    mask = torch.cat([sees_context.repeat_interleave(S, 1), same_block.expand(B, -1, -1)], dim=2)  # (B, AS, W + AS)
+    hidden = drafter.hidden(block.reshape(B, A * S), features, positions, attn_mask=mask[:, None])
+    return drafter.score(hidden.view(B, A, S, -1)[:, :, 1:])
+
+
+def slot_weights(gamma: int, device: torch.device) -> torch.Tensor:
+    """(gamma,) exp(-(k - 1) / (gamma / 2)) for slots k = 1..gamma."""
+    return torch.exp(-torch.arange(gamma, device=device, dtype=torch.float32) / (gamma / 2))
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None,
+               parts: tuple[str, ...]) -> torch.Tensor:
+    """logits (B, A, g, V), labels (B, A, g), soft (ids, p) (B, A, g, k) -> the weighted loss."""
+    g, V = logits.shape[2:]
+    weights = slot_weights(g, logits.device).expand(labels.shape).reshape(-1)
+    log_q = logits.reshape(-1, V).log_softmax(-1)  # (B A g, V), shared by the parts
+    per_slot = log_q.new_zeros(weights.shape)
+    if "ce" in parts:
+        per_slot = per_slot - log_q.gather(-1, labels.reshape(-1, 1))[:, 0]
+    if "kl" in parts:
+        if soft is None:
+            raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
+        ids, p = soft
+        k = ids.shape[-1]
+        per_slot = per_slot + kl_per_slot(log_q, ids.reshape(-1, k).long(), p.reshape(-1, k).float())
+    return (per_slot * weights).sum() / weights.sum()
+
+
+class DFlashTask:
+    """loop.Task for a DFlash drafter on Blocks of a Corpus."""
+
+    def __init__(self, drafter: DFlashDrafter, train_set: Corpus, val_set: Corpus, P: int, cfg: DistillConfig):
+        self.module, self.train_set, self.P, self.cfg = drafter, train_set, P, cfg
+        self.parts = tuple(cfg.loss.split("+"))
+        g = torch.Generator().manual_seed(cfg.seed + VAL_SEED_OFFSET)
+        self.val = [(val_set, draw_blocks(val_set, P, cfg.batch_size, cfg.anchors, g))
+                    for _ in range(max(1, len(val_set.rows()) * 4 // (cfg.batch_size * cfg.anchors)))]
+
+    def batch(self, size: int, generator: torch.Generator) -> tuple[Corpus, Blocks]:
+        return self.train_set, draw_blocks(self.train_set, self.P, size, self.cfg.anchors, generator)
+
+    def loss(self, batch: tuple[Corpus, Blocks]) -> torch.Tensor:
+        corpus, blocks = batch
+        device = self.cfg.device
+        rows, anchors = blocks.rows, blocks.anchors
+        ids = corpus.seqs.ids[rows].to(device)
+        logits = block_logits(self.module, ids, corpus.features[rows].to(device).float(),
+                              corpus.pad[rows].to(device), anchors.to(device))
+        columns = anchors[..., None] + torch.arange(1, self.module.block_size)  # (B, A, g) labelled columns
+        labels = ids.gather(1, columns.to(device).flatten(1)).view(columns.shape)
+        soft = None
+        if corpus.seqs.soft_ids is not None and corpus.seqs.soft_p is not None:
+            j = (columns - self.P).flatten(1)[..., None].expand(-1, -1, corpus.seqs.soft_ids.shape[-1])
+            soft = tuple(t[rows].gather(1, j).view(*columns.shape, -1).to(device)
+                         for t in (corpus.seqs.soft_ids, corpus.seqs.soft_p))
+        return block_loss(logits, labels, soft, self.parts)  # type: ignore[arg-type]
+
+    def scored(self, batch: tuple[Corpus, Blocks]) -> int:
+        return batch[1].anchors.numel() * (self.module.block_size - 1)
+
+    @torch.no_grad()
+    def validation(self) -> float:
+        self.module.eval()
+        values = [self.loss(batch).item() for batch in self.val]
+        return round(sum(values) / len(values), 5)
+
+    def save(self, directory: Path) -> None:
+        save_dflash(directory, self.module.net, spec_of(self.module))
+
+
+def spec_of(drafter: DFlashDrafter) -> DFlashSpec:
+    return DFlashSpec(drafter.block_size, drafter.mask_id, tuple(drafter.target_layer_ids), drafter.num_target_layers)
+
+
+def new_drafter(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
+    """A new DFlash drafter for `target` (see the module docstring), initialised as Qwen3 is."""
+    text = target.model.config.get_text_config()
+    hidden, heads, layers = text.hidden_size, cfg.heads or text.num_attention_heads, cfg.layers or 2
+    if cfg.dim not in (None, hidden) or hidden % heads:
+        raise UsageError(f"a DFlash drafter has the target's width {hidden} (`dim`), split into `heads` that divide it")
+    ids = cfg.target_layers or tuple(build_target_layer_ids(text.num_hidden_layers, layers))
+    if max(ids) >= text.num_hidden_layers:
+        raise UsageError(f"`target_layers` {list(ids)}: the target has {text.num_hidden_layers} layers")
+    rows = target.model.get_input_embeddings().weight.shape[0]
+    mlp = getattr(text, "intermediate_size", None) or 4 * hidden
+    qwen = Qwen3Config(vocab_size=rows, hidden_size=hidden, intermediate_size=mlp,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                       head_dim=hidden // heads, max_position_embeddings=text.max_position_embeddings,
+                       rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), attention_bias=False,
+                       rope_parameters=getattr(text, "rope_parameters", None) or DEFAULT_ROPE,
+                       tie_word_embeddings=False)
+    net = DFlashNet(qwen, len(ids))
+    g = torch.Generator().manual_seed(cfg.seed)
+    for module in net.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=INIT_STD, generator=g)
+    with torch.no_grad():  # logits of std about 1 at the start (near uniform), not the peaked ones of a unit norm
+        net.norm.weight.fill_(1 / target.model.get_output_embeddings().weight.norm(dim=1).mean().item())
+    spec = DFlashSpec(cfg.gamma + 1, mask_id(cfg, target), tuple(ids), text.num_hidden_layers)
+    return DFlashDrafter(net, spec, source=str(cfg.out))
+
+
+def mask_id(cfg: DistillConfig, target: CausalLMTarget) -> int:
+    """`mask_token`'s id; else the first row of the target's embedding past its tokenizer (DFlash's
+    choice for Qwen3: 151669); else the tokenizer's last special token that is not bos / eos / pad."""
+    tokenizer = target.tokenizer
+    if cfg.mask_token is not None:
+        ids = tokenizer.convert_tokens_to_ids([cfg.mask_token])
+        if not ids or ids[0] is None or ids[0] == tokenizer.unk_token_id and cfg.mask_token != tokenizer.unk_token:
+            raise UsageError(f"`mask_token` {cfg.mask_token!r} is not a token of the target's tokenizer")
+        return int(ids[0])
+    if target.model.get_input_embeddings().weight.shape[0] > len(tokenizer):
+        return len(tokenizer)
+    taken = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    free = [i for i in tokenizer.all_special_ids if i not in taken]
+    if not free:
+        raise UsageError("the target's tokenizer has no spare special token for the mask: give `mask_token`")
+    return max(free)
+
+
+def corpus(seqs: Sequences, features: torch.Tensor, pad_id: int | None, P: int, gamma: int, eos: int | None) -> Corpus:
+    """A Corpus: anchors a with a + gamma inside the row, drafting at or before its first eos."""
+    limits = split_limits(seqs, P, gamma, eos) - 1  # split_limits bounds the first drafted column a + 1
+    return Corpus(seqs, features, padding(seqs.ids, pad_id), torch.where(limits > P, limits, 0))
+
+
+def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
+    """Train a DFlash drafter for `target` into cfg.out (see the module docstring) -> the report
+    (data_only: the teacher data and features, then a short report)."""
+    wall = time.perf_counter()
+    if not isinstance(target, CausalLMTarget):
+        raise UsageError(f"`method` dflash reads a causal target's hidden states; '{target.name}' is a "
+                         f"{type(target).__name__}")
+    target.model.requires_grad_(False)
+    out = Path(cfg.out)
+    latest = latest_checkpoint(out / "checkpoints") if cfg.resume and not cfg.data_only else None
+    drafter, opt_state, state = _resumed(latest) if latest else (new_drafter(cfg, target), None, TrainState())
+    drafter.bind_target(target.model)
+    drafter.to(cfg.device)
+    with undone_if_diverged(out):
+        train_set, val_set, P, generate_s = _corpora(cfg, target, drafter, progress)
+        if cfg.data_only:
+            return {"target": target.name, "data": str(data_directory(cfg)), "generate_s": round(generate_s, 3),
+                    "sequences": len(train_set.seqs) + len(val_set.seqs),
+                    "generated_tokens": (len(train_set.seqs) + len(val_set.seqs)) * cfg.continuation_tokens}
+        task = DFlashTask(drafter, train_set, val_set, P, cfg)
+        opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+        if not state.history:
+            state.history.append([0, task.validation()])
+        train(task, opt, state, cfg, progress)
+    publish(out, task.save)
+    report = _report(cfg, target, task, state, val_set, P, time.perf_counter() - wall)
+    with new_file(out / "report.json") as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
+    net, spec = load_dflash(path)
+    saved = torch.load(path / "state.pt", weights_only=True)
+    return DFlashDrafter(net.train(), spec, source=str(path)), saved.pop("optimizer"), TrainState(**saved)
+
+
+def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
+             progress: bool) -> tuple[Corpus, Corpus, int, float]:
+    """(train, val, P, seconds spent generating): the teacher data (cached or generated) and the
+    target's features of it (cached or computed)."""
+    P = cfg.prompt_tokens or CHAT_PROMPT_TOKENS
+    data = data_directory(cfg)
+    train_seqs, val_seqs, generate_s = build_sequences(data, target, data_spec(cfg, target, P, None), progress)
+    pad_id = target.tokenizer.pad_token_id if cfg.chat else None
+    train_f, val_f = cached_features(data, target.model, train_seqs, val_seqs, pad_id, drafter.target_layer_ids,
+                                     progress)
+    eos = target.eos_token_id if cfg.chat else None
+    sets = [corpus(s, f, pad_id, P, cfg.gamma, eos) for s, f in ((train_seqs, train_f), (val_seqs, val_f))]
+    for name, s in zip(("training", "held-out"), sets):
+        if not len(s.rows()):
+            raise UsageError(f"no {name} answer is long enough for a block of {cfg.gamma + 1} tokens")
+    return sets[0], sets[1], P, generate_s
+
+
+def _report(cfg: DistillConfig, target: CausalLMTarget, task: DFlashTask, state: TrainState, val_set: Corpus,
+            P: int, wall_s: float) -> dict:
+    drafter = task.module
+    evaluation = evaluate_drafter(cfg, target, drafter, val_set.seqs, P, method="dflash")
+    return {
+        "target": target.name, "drafter": str(Path(cfg.out)), "method": "dflash", "loss": cfg.loss,
+        "teacher": {"temperature": list(cfg.teacher_temperature), "top_p": list(cfg.teacher_top_p),
+                    "samples_per_prompt": cfg.samples_per_prompt},
+        "gamma": cfg.gamma, "block_size": drafter.block_size, "anchors": cfg.anchors, "mask_id": drafter.mask_id,
+        "target_layer_ids": drafter.target_layer_ids,
+        "parameters": sum(p.numel() for p in drafter.parameters()),
+        "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
+        "eval": evaluation,
+        "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
+                    "wall_s": round(wall_s, 3), "device": cfg.device, "threads": torch.get_num_threads()},
+    }

@@ -1,0 +1,77 @@
+"""The target's hidden states of the teacher sequences, for `specdiff distill --method dflash`.
+
+A DFlash drafter reads the outputs of some target layers (nets/dflash.py). Training needs them at
+every position of every teacher sequence; the target is frozen, so they are computed once, with the
+target alone (no head), and cached beside the teacher data, a chunk at a time (resumable):
+
+    DATA/features-1-14-27/train-00000.safetensors   {"features": (CHUNK, P + L, n_ids * H) fp16}
+    DATA/features-1-14-27/val.safetensors           the held-out sequences'
+
+Row r's features are those the target computes at inference: its left padding (pad tokens before
+the templated prompt) is kept out of attention and positions, so position 0 is its first real
+token; the padding rows' features are zeros and never read (Blocks masks them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from ..atomic import new_file
+from ..nets.checkpoint import save_tensors
+from ..nets.dflash import context_features
+from .teacher import CHUNK, Sequences
+
+ROWS_PER_CALL = 16  # sequences through the target at once
+
+
+def padding(ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """(M, W) left-padded rows -> (M,) the number of pad tokens before each row's first real one."""
+    if pad_id is None:
+        return torch.zeros(len(ids), dtype=torch.long)
+    return (ids != pad_id).long().argmax(1)
+
+
+@torch.no_grad()
+def sequence_features(model: Any, ids: torch.Tensor, pad: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+    """A Hugging Face causal LM's features of rows (B, W) left-padded by pad (B,) ->
+    (B, W, n_ids * H) fp16 (zeros on padding), the outputs of target layers `layer_ids` (0-based)."""
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    mask = (torch.arange(ids.shape[1], device=device) >= pad.to(device)[:, None]).long()
+    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
+                           output_hidden_states=True, use_cache=False)
+    features = context_features(out.hidden_states, layer_ids) * mask[..., None]
+    return features.half().cpu()
+
+
+def features_directory(data: Path, layer_ids: Sequence[int]) -> Path:
+    return data / f"features-{'-'.join(map(str, layer_ids))}"
+
+
+def cached_features(data: Path, model: Any, train: Sequences, val: Sequences, pad_id: int | None,
+                    layer_ids: Sequence[int], progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features of the train and val sequences (M, W, F) fp16, read from the cache under `data`
+    or computed (a chunk of CHUNK rows a file, as the teacher data is written)."""
+    root = features_directory(data, layer_ids)
+    root.mkdir(parents=True, exist_ok=True)
+    chunks = [(root / f"train-{c:05d}.safetensors", train.ids[c * CHUNK:(c + 1) * CHUNK])
+              for c in range(-(-len(train) // CHUNK))] + [(root / "val.safetensors", val.ids)]
+    todo = sum(len(ids) for path, ids in chunks if not path.is_file())
+    bar = tqdm(total=todo, disable=not progress or not todo, unit="seq", desc="target features")
+    parts = []
+    for path, ids in chunks:
+        if not path.is_file():
+            pad = padding(ids, pad_id)
+            feats = torch.cat([sequence_features(model, ids[i:i + ROWS_PER_CALL], pad[i:i + ROWS_PER_CALL], layer_ids)
+                               for i in range(0, len(ids), ROWS_PER_CALL)])
+            with new_file(path) as tmp:
+                save_tensors({"features": feats}, tmp)
+            bar.update(len(ids))
+        parts.append(load_file(str(path))["features"])
+    bar.close()
+    return torch.cat(parts[:-1]), parts[-1]

@@ -1,0 +1,129 @@
+"""`specdiff distill --method dflash` (issue 23 item 4) on the tiny GPT-2 target: a training block
+scores exactly the logits drafting computes (features of the positions before the anchor, absolute
+positions, left padding kept out; one row's several blocks in one pass); the run lowers its
+validation loss, publishes a checkpoint in the public DFlash format that loads and drafts
+losslessly; resume continues exactly; bad options are one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from specdiff import generate, load_drafter, load_target
+from specdiff.drafters.dflash import DFlashDrafter
+from specdiff.training.config import DistillConfig
+from specdiff.training.dflash import block_logits, new_drafter
+from specdiff.training.features import sequence_features
+from specdiff_cli.main import cli
+from tiny import TEXT
+
+SMALL = ["--method", "dflash", "--layers", "1", "--heads", "2", "--gamma", "4", "--num-prompts", "32",
+         "--continuation-tokens", "24", "--batch-size", "8", "--anchors", "3", "--lr", "3e-3",
+         "--eval-prompts", "2", "--threads", "1", "--loss", "ce"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "prompts.txt"
+    path.write_text(TEXT * 8, encoding="utf-8")
+    return path
+
+
+def _run(tiny, prompts, out, *extra):
+    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(out), *SMALL, *extra]
+    return CliRunner().invoke(cli, args)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("distill") / "dflash"
+    return out, _run(tiny, prompts, out, "--max-steps", "40", "--val-every", "10", "--checkpoint-every", "20")
+
+
+@pytest.mark.parametrize("pad", [0, 3])
+def test_a_training_block_is_exactly_a_drafting_call(tiny, tmp_path, pad):
+    torch.manual_seed(0)
+    target = load_target(str(tiny.gpt2))
+    cfg = DistillConfig(target="t", out=str(tmp_path / "d"), prompts="p", method="dflash", layers=1, heads=2,
+                        gamma=4, target_layers=(0, 1))
+    drafter = new_drafter(cfg, target)
+    drafter.bind_target(target.model)
+    ids = torch.tensor(target.tokenizer.encode(TEXT)[:40])
+    padded = torch.cat([torch.zeros(pad, dtype=torch.long), ids])[None]
+    features = sequence_features(target.model, padded, torch.tensor([pad]), drafter.target_layer_ids).float()
+    anchors = torch.tensor([[pad + 30, pad + 7, pad + 19]])
+    with torch.no_grad():
+        trained = block_logits(drafter, padded, features, torch.tensor([pad]), anchors)  # (1, 3, 4, V)
+        out = target.model(ids[None], output_hidden_states=True)
+        context = drafter.features(out.hidden_states)  # the unpadded sequence, as the target runs it
+        for j, a in enumerate((anchors[0] - pad).tolist()):
+            drafted = drafter(ids[a:a + 1], context[:, :a], a)  # (1, 4, V): positions a + 1 .. a + 4
+            assert torch.allclose(trained[0, j], drafted[0], atol=1e-4), (pad, a)
+    moved = block_logits(drafter, padded, features, torch.tensor([pad]), anchors + 1)
+    assert not torch.allclose(moved[0, 0], trained[0, 0], atol=1e-2)  # the check can tell blocks apart
+
+
+def test_cli_run_lowers_validation_loss_and_publishes_a_dflash_checkpoint(trained):
+    out, result = trained
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert result.stdout == f"{out}\n"
+    report = json.loads((out / "report.json").read_text())
+    assert report["method"] == "dflash" and report["compute"]["steps"] == 40
+    assert report["val_loss"]["final"] < report["val_loss"]["initial"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 5
+    assert config["dflash_config"]["mask_token_id"] == 300  # the first row of the padded head past the tokenizer
+
+
+def test_the_result_drafts_losslessly(trained, tiny):
+    out, _ = trained
+    drafter = load_drafter(str(out))
+    assert isinstance(drafter, DFlashDrafter)
+    target = load_target(str(tiny.gpt2))
+    prompts = ["The sea was calm", "def main():"]
+    ar = generate(prompts, target=target, method="ar", max_new_tokens=24)
+    dflash = generate(prompts, target=target, drafter=drafter, method="dflash", max_new_tokens=24)
+    assert dflash.texts == ar.texts
+    assert dflash.metrics.tau >= 1
+
+
+def test_resume_continues_exactly(tiny, prompts, tmp_path):
+    """Steps 6..12 resumed from the step-6 checkpoint give bit for bit the weights of the
+    uninterrupted run."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _run(tiny, prompts, a, "--max-steps", "12", "--checkpoint-every", "6").exit_code == 0
+    shutil.copytree(a, b)
+    shutil.rmtree(b / "checkpoints" / "step-0000012")
+    (b / "config.json").unlink()
+    result = _run(tiny, prompts, b, "--max-steps", "12", "--checkpoint-every", "6", "--resume")
+    assert result.exit_code == 0, result.stderr
+    reports = [json.loads((d / "report.json").read_text()) for d in (a, b)]
+    assert reports[0]["val_loss"]["history"] == reports[1]["val_loss"]["history"]
+    wa, wb = (load_file(str(d / "model.safetensors")) for d in (a, b))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--context", "16"], "--context is not used by --method dflash"),
+    (["--target-layers", "0,9"], "the target has 2 layers"),
+    (["--loss", "ce-streak"], "unknown loss 'ce-streak' for method dflash"),
+    (["--anchors", "0"], "--anchors must be >= 1"),
+    (["--dim", "64"], "the target's width 32"),
+])
+def test_bad_options_give_one_error_line(tiny, prompts, tmp_path, args, fragment):
+    result = _run(tiny, prompts, tmp_path / "d", *args)
+    assert result.exit_code != 0
+    assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "d" / "config.json").exists()
+
+
+def test_target_layers_belong_to_dflash(tiny, prompts, tmp_path):
+    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(tmp_path / "d"),
+            "--target-layers", "1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0 and "--target-layers is for --method dflash" in result.stderr
