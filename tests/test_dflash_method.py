@@ -24,7 +24,8 @@ from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
 from specdiff.loading import pair_models
-from specdiff.methods.dflash import DFlashDrafts
+from specdiff.methods import dflash as dflash_method
+from specdiff.methods.dflash import DFlashDrafts, RowContexts
 from specdiff.sampling import Sampling
 from specdiff.targets.causal import CausalLMTarget
 from specdiff_cli.main import cli
@@ -134,8 +135,8 @@ class OneOff(DFlashDrafts):
     def __call__(self, batch, g):
         features = self.target.features
 
-        def shifted(rows):
-            feats, valid = features(rows)
+        def shifted(rows, newest=None):
+            feats, valid = features(rows, newest)
             hidden = torch.cat([feats[:, 1:], feats[:, -1:]], 1)  # position j reads j + 1's features
             return hidden, valid
 
@@ -176,6 +177,62 @@ def test_a_draft_reads_the_features_of_every_position_before_the_anchor(models, 
             gap = max(gap, float((d.q - sampling.probs(alone)[:, :g]).abs().max()))
         gaps.append(gap)
     assert gaps[0] <= 1e-5 and gaps[1] > 1e-2, gaps
+
+
+class Recording(RowContexts):
+    """RowContexts that records the most positions a row had cached when it drafted."""
+
+    most = 0
+
+    def read(self, rows, batch):
+        cache, counts = super().read(rows, batch)
+        Recording.most = max(Recording.most, int(counts.max()))
+        return cache, counts
+
+
+class SkipsOne(Recording):
+    """A context cache that reports one position more than it holds: that verified position's
+    features never reach the drafter."""
+
+    def read(self, rows, batch):
+        cache, counts = super().read(rows, batch)
+        return cache, counts + (counts > 0).long()
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@torch.no_grad()
+def test_the_drafters_context_cache_equals_reading_every_position_each_step(models, name, monkeypatch):
+    """Through whole ragged batched generations (rows refilled as others finish), every draft's q
+    == the drafter called alone on hidden states of positions 0 .. start - 1 computed from scratch,
+    while each step feeds the drafter only the positions verified since the row's last draft; a
+    cache that skips one position misses it by far."""
+    target, drafter = models[name], models[f"{name}-dflash"]
+    gaps: list[float] = []
+    original = DFlashDrafts.__call__
+    sampling = Sampling(1.0)
+
+    def checked(self, batch, g):
+        drafts = original(self, batch, g)
+        for row, d, g_b in zip(batch, drafts, g):
+            if g_b:
+                ids = row.tensor()
+                hidden = target.model(ids[:, :-1], output_hidden_states=True).hidden_states
+                alone = drafter(ids[:, -1], drafter.features(hidden), ids.shape[1] - 1)[..., :target.vocab_size]
+                gaps.append(float((d.q - sampling.probs(alone)[:, :g_b]).abs().max()))
+        return drafts
+
+    monkeypatch.setattr(DFlashDrafts, "__call__", checked)
+    found = []
+    for contexts in (Recording, SkipsOne):
+        monkeypatch.setattr(dflash_method, "RowContexts", contexts)
+        gaps.clear()
+        Recording.most = 0
+        generate(PROMPTS[:7], target=target, drafter=drafter, method="dflash", max_new_tokens=MAX_NEW,
+                 batch_size=3, temperature=1.0, seed=3)
+        found.append((max(gaps), len(gaps), Recording.most))
+    (gap, drafts, most), (broken, _, _) = found
+    assert gap <= 1e-5 and broken > 1e-2, found
+    assert drafts > 20 and most > 10, found  # drafts read positions cached at earlier steps
 
 
 # --- greedy identity ---------------------------------------------------------------------------

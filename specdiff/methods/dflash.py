@@ -28,12 +28,58 @@ from .. import acceptance as single
 from ..contracts import Draft, Rule
 from ..decoding import Row, decode_drafted, empty_draft
 from ..drafters.dflash import DFlashDrafter
+from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
 from ..targets.causal import CausalLMTarget
 from .base import Method, Models, check_sizes
 from .speculative import rule_name
+
+
+class RowContexts:
+    """The drafter's keys and values of the context each decoding row has had read (per draft
+    layer (KV heads, n_b, head_dim)), kept across steps, so that a step feeds the drafter only the
+    features of the positions verified since the row's last draft. Keyed by the Row object, which
+    is held (its id cannot be reused while it is); rows that have left the batch are dropped."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[Row, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+
+    def read(self, rows: list[Row], batch: list[Row]) -> tuple[ContextCache, torch.Tensor]:
+        """-> the rows' K/V as one ContextCache (left-padded, padding not valid) and how many
+        context positions each holds (B',); forgets rows that are not in `batch`."""
+        present = {id(row) for row in batch}
+        self.rows = {key: kept for key, kept in self.rows.items() if key in present}
+        held = [self.rows[id(row)][1] if id(row) in self.rows else None for row in rows]
+        counts = torch.tensor([0 if kv is None else kv[0][0].shape[1] for kv in held])
+        cache = ContextCache()
+        N = int(counts.max()) if len(counts) else 0
+        if N == 0:
+            return cache, counts
+        layers = len(next(kv for kv in held if kv is not None))
+        for layer in range(layers):
+            cache.kv.append(tuple(_left_padded([None if kv is None else kv[layer][i] for kv in held], N)
+                                  for i in (0, 1)))  # type: ignore[arg-type]
+        if bool((counts != N).any()):
+            cache.valid = torch.arange(N)[None] >= N - counts[:, None]
+        return cache, counts
+
+    def write(self, rows: list[Row], cache: ContextCache) -> None:
+        """Keep each row's valid K/V of the extended cache."""
+        for i, row in enumerate(rows):
+            valid = slice(None) if cache.valid is None else cache.valid[i].to(cache.kv[0][0].device)
+            self.rows[id(row)] = (row, [(k[i][:, valid], v[i][:, valid]) for k, v in cache.kv])
+
+
+def _left_padded(parts: list[torch.Tensor | None], N: int) -> torch.Tensor:
+    """Per row (heads, n_b, D) or None (nothing) -> (B', heads, N, D), each row's at the end."""
+    first = next(p for p in parts if p is not None)
+    out = first.new_zeros(len(parts), first.shape[0], N, first.shape[2])
+    for b, part in enumerate(parts):
+        if part is not None and part.shape[1]:
+            out[b, :, N - part.shape[1]:] = part
+    return out
 
 
 class DFlashDrafts:
@@ -45,6 +91,7 @@ class DFlashDrafts:
     def __init__(self, target: CausalLMTarget, drafter: DFlashDrafter, sampling: Sampling):
         self.target, self.drafter, self.sampling = target, drafter, sampling
         self.layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
+        self.contexts = RowContexts()
 
     def __repr__(self) -> str:
         return f"DFlashDrafts({self.drafter.source!r})"
@@ -57,14 +104,16 @@ class DFlashDrafts:
         if not members:
             return drafts
         rows = [batch[b] for b in members]
-        cached = self.target.lengths[members].tolist()
-        if cached != [len(row.ids) - 1 for row in rows]:  # the loop's invariant: all but the last token
-            raise RuntimeError(f"target caches {cached} tokens of rows of {[len(r.ids) for r in rows]}")
-        context, valid = self.target.features(members)  # (B', C, F), (B', C)
+        cached = self.target.lengths[members]
+        if cached.tolist() != [len(row.ids) - 1 for row in rows]:  # the loop's invariant: all but the last token
+            raise RuntimeError(f"target caches {cached.tolist()} tokens of rows of {[len(r.ids) for r in rows]}")
+        cache, read = self.contexts.read(rows, batch)
+        context, valid = self.target.features(members, newest=cached - read)  # (B', C_new, F), (B', C_new)
         device = self.target.device
         anchor = torch.tensor([row.ids[-1] for row in rows], device=device)
-        start = torch.tensor(cached, device=device)
-        logits = self.drafter(anchor, context, start, context_valid=None if bool(valid.all()) else valid)
+        logits = self.drafter(anchor, context, cached.to(device), cache,
+                              context_valid=None if bool(valid.all()) else valid)
+        self.contexts.write(rows, cache)
         q = self.sampling.probs(logits[..., :self.target.vocab_size])  # (B', S - 1, V)
         for i, (b, row) in enumerate(zip(members, rows)):
             q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)
@@ -85,11 +134,13 @@ class DFlashDecoder:
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
         """Capture the drafter's layers for this run (a fresh cache), stop capturing after it."""
         self.target.capture(self.drafts.layers)
+        self.drafts.contexts = RowContexts()
         try:
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
                                       self.settings.gamma, batch_size)
         finally:
             self.target.capture(())
+            self.drafts.contexts = RowContexts()
 
     def warm_up(self, rows: int, length: int) -> None:
         raise UsageError("method 'dflash' runs the eager torch target; it does not `compile`")

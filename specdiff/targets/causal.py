@@ -87,17 +87,20 @@ class CausalLMTarget(HFModel, RowCache):
         self.captured = tuple(layers)
         self.keep([])
 
-    def features(self, rows: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The captured features of each cached token of the cache rows `rows`, left-padded ->
-        (features (B', C, F), valid (B', C) bool: False on padding, whose features are 0). Aligns
-        the cache first (RowCache._align, as the next extend would): every row then ends in the
-        last column."""
+    def features(self, rows: list[int] | torch.Tensor,
+                 newest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The captured features of each cached token of the cache rows `rows` (of row b only its
+        last newest[b] (B',), if given), left-padded -> (features (B', C, F), valid (B', C) bool: False on
+        padding, whose features are 0). Aligns the cache first (RowCache._align, as the next
+        extend would): every row then ends in the last column."""
         if not self.captured:
             raise RuntimeError("features() needs capture(layers) first")
         index = torch.as_tensor(rows, dtype=torch.long)
         if not self.kv:
             return torch.zeros(len(index), 0, 0, device=self.device), torch.zeros(len(index), 0, dtype=torch.bool)
         lengths = self._align()[index]
+        if newest is not None:
+            lengths = torch.minimum(lengths, newest.to(lengths.device))
         C = int(lengths.max()) if len(index) else 0
         stored = self.kv[-1][index.to(self.kv[-1].device), 0, self.width - C:]  # (B', C, F)
         valid = (torch.arange(C) >= C - lengths[:, None]).to(stored.device)
