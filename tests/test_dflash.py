@@ -319,3 +319,27 @@ def test_pairing_binds_a_target_with_the_layers_it_reads():
     unbound = load_drafter(str(DATA / "draft"))
     with pytest.raises(IncompatibleModelsError, match="bind it first"):
         unbound(torch.tensor([9]), torch.zeros(1, 4, 96), 4)
+
+
+def test_the_published_drafters_models_yaml_names_load_from_the_hub_cache(tmp_path, monkeypatch):
+    """models.yaml names z-lab's drafters by hub id: from the Hugging Face cache alone (offline),
+    the entry loads through the published-format loader (a tiny checkpoint under the real id; the
+    real one needs network once)."""
+    import huggingface_hub.constants
+
+    from specdiff.drafters.dflash import DFlashDrafter
+    from specdiff.loading import load_drafter
+    from tiny import make_dflash, make_qwen3, make_tokenizer
+
+    target = make_qwen3(tmp_path / "qwen3", make_tokenizer(tmp_path / "tok", vocab_size=300))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    for entry, repo in (("qwen3-8b-dflash", "z-lab/Qwen3-8B-DFlash-b16"), ("qwen3-4b-dflash", "z-lab/Qwen3-4B-DFlash-b16")):
+        folder = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+        make_dflash(folder / "snapshots" / commit, target)
+        (folder / "refs").mkdir()
+        (folder / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for entry in ("qwen3-8b-dflash", "qwen3-4b-dflash"):
+        drafter = load_drafter(entry)
+        assert isinstance(drafter, DFlashDrafter) and drafter.source == entry and drafter.block_size == 8

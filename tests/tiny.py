@@ -112,20 +112,19 @@ def make_qwen3(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, head
 def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: int = 1,
                 target_layer_ids: tuple[int, ...] = (0, 1), seed: int = 0, scale: float = 1.0) -> Path:
     """A random DFlash drafter for the target saved at `target`, in the published format
-    (config.json with dflash_config, model.safetensors under no prefix; no tokenizer): Qwen3 draft
-    layers of the target's hidden size, reading its layers `target_layer_ids`; its mask token is
-    the last row of the target's head."""
-    from safetensors.torch import save_file
+    (nets.dflash.save_dflash: config.json with dflash_config, model.safetensors under no prefix; no
+    tokenizer): Qwen3 draft layers of the target's hidden size, reading its layers
+    `target_layer_ids`; its mask token is the last row of the target's head."""
     from transformers import AutoConfig, Qwen3Config
 
-    from specdiff.nets.dflash import DFlashNet
+    from specdiff.nets.dflash import DFlashNet, DFlashSpec, save_dflash
 
     config = AutoConfig.from_pretrained(str(target))
     hidden, rows = config.hidden_size, config.vocab_size
     torch.manual_seed(seed)
     draft = Qwen3Config(vocab_size=rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                        max_position_embeddings=config.max_position_embeddings if hasattr(config, "max_position_embeddings") else 128,
+                        max_position_embeddings=getattr(config, "max_position_embeddings", 128),
                         initializer_range=0.02 * scale)
     net = DFlashNet(draft, len(target_layer_ids))
     with torch.no_grad():
@@ -133,9 +132,5 @@ def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: i
             if p.dim() == 2:
                 p.normal_(0, 0.02 * scale)
     directory.mkdir(parents=True)
-    fields = {**draft.to_dict(), "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-              "block_size": block_size, "num_target_layers": config.num_hidden_layers,
-              "dflash_config": {"mask_token_id": rows - 1, "target_layer_ids": list(target_layer_ids)}}
-    (directory / "config.json").write_text(json.dumps(fields))
-    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(directory / "model.safetensors"))
+    save_dflash(directory, net, DFlashSpec(block_size, rows - 1, target_layer_ids, config.num_hidden_layers))
     return directory

@@ -155,8 +155,7 @@ def dflash_config(qwen: Qwen3Config, spec: DFlashSpec) -> dict:
 def save_dflash(directory: Path, net: DFlashNet, spec: DFlashSpec, dtype: torch.dtype = torch.float32) -> None:
     """Write a DFlash checkpoint into `directory` (config.json, model.safetensors in `dtype`), as
     published checkpoints are laid out; load_dflash reads it back."""
-    state = {k: v.detach().to(dtype).contiguous() for k, v in net.state_dict().items()
-             if not k.startswith("rotary_emb.")}
+    state = {k: v.detach().to(dtype).contiguous() for k, v in net.state_dict().items()}  # RoPE: no persistent buffer
     save_tensors(state, directory / WEIGHTS)
     config = {**dflash_config(net.config, spec), "dtype": str(dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
