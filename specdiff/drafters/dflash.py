@@ -84,12 +84,13 @@ class DFlashDrafter(nn.Module):
 
     def forward(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor | int,
                 cache: ContextCache | None = None, context_valid: torch.Tensor | None = None,
-                block_size: int | None = None) -> torch.Tensor:
+                block_size: int | None = None, slots: int | None = None) -> torch.Tensor:
         """anchor (B,) int64 the token at position start; context (B, C, n_ids * H) the features of
         positions start - C .. start - 1 (all of them without a cache; those not yet in `cache`
         with one; left-padded, padding rows False in context_valid (B, C), when rows differ);
-        start (B,) int64 or an int; block_size: S (default: the trained one)
-        -> logits (B, S - 1, vocab_rows) float32 of positions start + 1 .. start + S - 1."""
+        start (B,) int64 or an int; block_size: S (default: the trained one); slots: score only
+        the first `slots` draft slots (the whole block still runs: its slots attend to each other)
+        -> logits (B, slots or S - 1, vocab_rows) float32 of positions start + 1 .. ."""
         size = block_size or self.block_size
         batch, n = anchor.shape[0], context.shape[1]
         block = torch.full((batch, size), self.mask_id, dtype=torch.long, device=anchor.device)
@@ -97,7 +98,7 @@ class DFlashDrafter(nn.Module):
         starts = torch.as_tensor(start, device=anchor.device).expand(batch)[:, None]
         offsets = torch.arange(-n, size, device=anchor.device)
         positions = (starts + offsets).clamp(min=0)  # padding rows of a ragged context: masked, any position
-        return self.score(self.hidden(block, context, positions, cache, context_valid)[:, 1:])
+        return self.score(self.hidden(block, context, positions, cache, context_valid)[:, 1:1 + (slots or size - 1)])
 
     def hidden(self, block: torch.Tensor, context: torch.Tensor, positions: torch.Tensor,
                cache: ContextCache | None = None, context_valid: torch.Tensor | None = None,

@@ -11,7 +11,9 @@ real vocabulary; row b draws x_1..x_g_b from its own q with its own generator (g
 The slots are drawn independently, q_j not depending on x_<j, so the standard rule is exact, as
 are match and greedy (docs/lossless.md, "Diffusion drafters", case 1). gamma <= block_size - 1:
 the drafter always fills its whole trained block (so a row's q never depends on its neighbours'
-gamma) and each row keeps its first g_b slots.
+gamma), its head scores only the first max_b g_b slots, and each row keeps its first g_b. The
+drafter keeps each row's context K/V across steps (RowContexts): a step feeds it only the
+features of the positions verified since the row's last draft.
 
 May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, targets,
 drafters.
@@ -112,9 +114,10 @@ class DFlashDrafts:
         device = self.target.device
         anchor = torch.tensor([row.ids[-1] for row in rows], device=device)
         logits = self.drafter(anchor, context, cached.to(device), cache,
-                              context_valid=None if bool(valid.all()) else valid)
+                              context_valid=None if bool(valid.all()) else valid,
+                              slots=max(g[b] for b in members))  # the head scores only the slots kept
         self.contexts.write(rows, cache)
-        q = self.sampling.probs(logits[..., :self.target.vocab_size])  # (B', S - 1, V)
+        q = self.sampling.probs(logits[..., :self.target.vocab_size])  # (B', max g_b, V)
         for i, (b, row) in enumerate(zip(members, rows)):
             q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)
             drafts[b] = Draft(self.sampling.sample(q_b, row.generator), q_b, calls=1)
