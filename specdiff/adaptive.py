@@ -18,14 +18,17 @@ Probing: a run that chose G = 0 learns nothing new about its drafter, so after `
 in a row it drafts one token; each probe that does not bring drafting back doubles the wait, so a
 useless drafter costs at most a few steps.
 
-May import: contracts and the standard library (the loop's rows are read through `room()`).
+May import: torch, contracts and decoding's Row for types only (decoding imports this module).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
 
 if TYPE_CHECKING:
     from .contracts import Target
@@ -140,8 +143,8 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
     for R in sizes[::-1]:  # the most rows first, then keep fewer
         target.keep(list(range(R * copies)))
         batch = rows[:R]
-        drafts.append(tuple(_fastest(lambda g=g: draft(batch, [g] * R), target) for g in range(1, gamma_max + 1)))
-        verify.append(tuple(_fastest(lambda w=w: _extend(target, batch, w, copies), target)
+        drafts.append(tuple(_fastest(partial(draft, batch, [g] * R), target) for g in range(1, gamma_max + 1)))
+        verify.append(tuple(_fastest(partial(_extend, target, batch, w, copies), target)
                             for w in range(1, gamma_max + 2)))
     target.keep([])
     return Costs(sizes, tuple(verify[::-1]), tuple(drafts[::-1]), time.perf_counter() - start)
@@ -149,8 +152,6 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
 
 def _extend(target: Target, batch: list[Row], w: int, copies: int) -> None:
     """One verify-shaped call: w tokens for each row, then the cache rolled back."""
-    import torch
-
     ids = torch.tensor([row.ids[-w:] for row in batch for _ in range(copies)], device=target.device)  # (R * K, w)
     target.extend(ids)
     target.rollback(len(batch[0].ids))
