@@ -131,7 +131,10 @@ def test_bench_sweeps_the_recorded_settings_by_default(tiny, recorded, tmp_path)
         "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert [r["label"] for r in report["rows"]] == ["ar", "specdiff g=3 T=2 l2r"]
+    # gamma auto (the default) capped by the recorded gamma, beside that gamma fixed
+    assert [r["label"] for r in report["rows"]] == ["ar", "specdiff g=auto T=2 l2r", "specdiff g=3 T=2 l2r"]
+    auto, fixed = report["rows"][1:]
+    assert len(auto["draft_costs"]["verify_s"][0]) == 3 + 1 and fixed["draft_costs"] is None
 
 
 def test_a_drafter_the_method_does_not_use_lends_it_no_settings(recorded, tiny):
