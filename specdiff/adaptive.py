@@ -4,12 +4,15 @@ decoding), so every acceptance rule stays exact (docs/lossless.md: the rules are
 draft length fixed before the draft is drawn). G = 0 is a plain step.
 
     alpha_bk = (passed_bk + s * pool_k) / (reached_bk + s)    row b's acceptance of slot k, given
-               slots < k were accepted; pool_k = (P_k + 1) / (R_k + 2), the run's own (all rows so far)
+               slots < k were accepted; pool_k = (P_k + 3) / (R_k + 4), the run's own (all rows so
+               far), optimistic (3/4) before it has seen a step: a drafter is tried before it is judged
     E_b(g)   = 1 + sum_{k<=g} prod_{i<=k} alpha_bi            expected tokens of a step drafting g
     G*       = argmax_G  sum_b E_b(min(G, room_b - 1)) / (c_v(R, G + 1) + c_d(R, G))
 
 c_v(R, w): one target call verifying w tokens for each of R rows; c_d(R, g): drafting g tokens for R
-rows (c_d(R, 0) = 0): `Costs`, timed once before decoding (`measure`). One G for the batch, not
+rows (c_d(R, 0) = 0): `Costs`, timed once before decoding (`measure`: the fastest of REPEATS calls
+per cell, then made non-decreasing in w and g by pooling adjacent violators, since a wider call
+measured faster is noise). One G for the batch, not
 one per row: the verify call's width is max_b g_b + 1 whatever the others draft, so a row drafting
 less saves no verify time, and rows of different lengths cost one drafter call each. Rows still
 differ where their room clips them (the loop's min(G, room_b - 1)).
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 
 STRENGTH = 4.0  # pseudo-observations of the run's pooled acceptance in each row's estimate
 PROBE = 16  # plain steps in a row before a probe of one draft token (doubled after each failed probe)
-REPEATS = 2  # timed calls per cost cell; the fastest counts (the least disturbed by other processes)
+REPEATS = 3  # timed calls per cost cell; the fastest counts (the least disturbed by other processes)
+PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Controller:
         """G for this step of `batch`: the best expected tokens per second, or a probe."""
         present = {id(row) for row in batch}
         self.rows = {key: kept for key, kept in self.rows.items() if key in present}
-        pool = [(p + 1) / (r + 2) for p, r in zip(self.passed, self.reached)]
+        pool = [(p + PRIOR[0]) / (r + PRIOR[1]) for p, r in zip(self.passed, self.reached)]
         tokens = [0.0] * (self.gamma_max + 1)  # tokens[G] = sum_b E_b(min(G, room_b - 1))
         for row in batch:
             e = self._expected(row, pool)
@@ -143,9 +147,9 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
     for R in sizes[::-1]:  # the most rows first, then keep fewer
         target.keep(list(range(R * copies)))
         batch = rows[:R]
-        drafts.append(tuple(_fastest(partial(draft, batch, [g] * R), target) for g in range(1, gamma_max + 1)))
-        verify.append(tuple(_fastest(partial(_extend, target, batch, w, copies), target)
-                            for w in range(1, gamma_max + 2)))
+        drafts.append(monotone([_fastest(partial(draft, batch, [g] * R), target) for g in range(1, gamma_max + 1)]))
+        verify.append(monotone([_fastest(partial(_extend, target, batch, w, copies), target)
+                                for w in range(1, gamma_max + 2)]))
     target.keep([])
     return Costs(sizes, tuple(verify[::-1]), tuple(drafts[::-1]), time.perf_counter() - start)
 
@@ -155,6 +159,18 @@ def _extend(target: Target, batch: list[Row], w: int, copies: int) -> None:
     ids = torch.tensor([row.ids[-w:] for row in batch for _ in range(copies)], device=target.device)  # (R * K, w)
     target.extend(ids)
     target.rollback(len(batch[0].ids))
+
+
+def monotone(xs: list[float]) -> tuple[float, ...]:
+    """The non-decreasing sequence closest to xs in squared error (pool adjacent violators)."""
+    blocks: list[tuple[float, int]] = []  # (mean, size)
+    for x in xs:
+        mean, size = x, 1
+        while blocks and blocks[-1][0] > mean:
+            m, n = blocks.pop()
+            mean, size = (m * n + mean * size) / (n + size), n + size
+        blocks.append((mean, size))
+    return tuple(mean for mean, size in blocks for _ in range(size))
 
 
 def _fastest(call: Callable[[], Any], target: Target) -> float:

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.adaptive import PROBE, Controller, Costs
+from specdiff.adaptive import PROBE, Controller, Costs, monotone
 from specdiff.acceptance import greedy
 from specdiff.contracts import Draft
 from specdiff.decoding import Row, decode_ar, decode_speculative, measure_costs, proposer_step
@@ -161,6 +161,12 @@ def test_costs_interpolate_between_the_measured_row_counts():
     assert table.step(1, 0) == 1.0 and table.step(9, 1) == 6.0 + 2.5
     assert table.step(5, 1) == pytest.approx(4.0 + 1.5) and table.step(12, 0) == 3.0
     assert table.to_dict()["verify_s"] == [[1.0, 2.0], [3.0, 6.0]] and table.gamma_max == 1
+
+
+def test_measured_costs_are_made_non_decreasing():
+    """A wider call timed faster than a narrower one is noise: adjacent violators are pooled."""
+    assert monotone([9.0, 11.0, 16.0, 11.0, 12.0]) == pytest.approx((9.0, 11.0, 13.0, 13.0, 13.0))
+    assert monotone([1.0, 2.0, 3.0]) == (1.0, 2.0, 3.0) and monotone([3.0, 1.0]) == (2.0, 2.0)
 
 
 def test_measuring_costs_leaves_the_cache_empty(models):
