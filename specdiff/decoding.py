@@ -160,15 +160,21 @@ def decode_ar(target: Target, rows: Iterable[Row], sampling: Sampling,
     """Plain decoding, one target call per token and batch: the reference every method must match."""
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
-        x = torch.tensor([[row.ids[-1]] for row in batch], device=target.device)  # (B, 1)
-        with parts.timed("verify"):
-            logits = target.extend(x)  # (B, 1, V)
-        for row in batch:
-            row.metrics.record(0, 0)
-        return [row.push([int(sampling.sample(_next_p(sampling, logits[b:b + 1], row), row.generator))])
-                for b, row in enumerate(batch)]
+        return _plain_step(target, batch, sampling, parts)
 
     return _decode(target, rows, sampling, batch_size, step)
+
+
+def _plain_step(target: Target, batch: list[Row], sampling: Sampling, parts: _Parts) -> list[list[int]]:
+    """One token per row from one target call: decode_ar's step, and a speculative step that
+    drafts nothing (G = 0), which is the same draw from the same p without the verify machinery."""
+    x = torch.tensor([[row.ids[-1]] for row in batch], device=target.device)  # (B, 1)
+    with parts.timed("verify"):
+        logits = target.extend(x)  # (B, 1, V)
+    for row in batch:
+        row.metrics.record(0, 0)
+    return [row.push([int(sampling.sample(_next_p(sampling, logits[b:b + 1], row), row.generator))])
+            for b, row in enumerate(batch)]
 
 
 def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], sampling: Sampling,
@@ -201,10 +207,16 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
     controller = Controller(costs) if costs is not None else None
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
-        G = gamma
-        if controller is not None:
-            with parts.timed("control"):
-                G = controller.width(batch)
+        if controller is None:
+            return speculate(batch, parts, gamma)
+        with parts.timed("control"):
+            G = controller.width(batch)
+            for row in batch:
+                row.metrics.costs = controller.costs
+        # between steps the cache holds one copy per row (K drafts too): a plain step needs no more
+        return speculate(batch, parts, G) if G else _plain_step(target, batch, sampling, parts)
+
+    def speculate(batch: list[Row], parts: _Parts, G: int) -> list[list[int]]:
         g = [min(G, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
         with parts.timed("draft"):
             drafts = draft(batch, g)
@@ -221,7 +233,6 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
             with parts.timed("control"):
                 for row, g_b, (x, _) in zip(batch, g, accepted):
                     controller.record(row, g_b, len(x))
-                    row.metrics.costs = controller.costs
         return pushed
 
     return _decode(target, rows, sampling, batch_size, step, K)

@@ -67,6 +67,7 @@ def test_greedy_with_gamma_auto_equals_ar(models, target, batch_size):
     mostly plain steps and probes; the next test makes every length occur)."""
     reference = _run(models, target, 1, method="ar")
     for got, what in ((_run(models, target, batch_size, method="specdiff", gamma="auto", steps=2), "specdiff"),
+                      (_run(models, target, batch_size, method="specdiff", gamma="auto", drafts=2), "specdiff K=2"),
                       (_run(models, target, batch_size, method="spec-ar", gamma="auto"), "spec-ar")):
         _assert_identical(got, reference, f"{what} auto, batch {batch_size}")
         assert all(o.metrics.costs is not None and o.metrics.costs.rows == tuple(dict.fromkeys((1, batch_size)))
