@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
+from operator import add
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -85,6 +86,7 @@ class Controller:
         self.rows: dict[int, tuple[Row, list[int], list[int]]] = {}  # id -> (row, reached_k, passed_k)
         self.reached, self.passed = [0] * self.gamma_max, [0] * self.gamma_max  # pooled over the run
         self.plain, self.wait = 0, probe  # plain steps in a row; plain steps before the next probe
+        self.steps: dict[int, list[float]] = {}  # rows -> costs.step(rows, G) for G = 0..gamma_max
 
     def width(self, batch: Sequence[Row]) -> int:
         """G for this step of `batch`: the best expected tokens per second, or a probe."""
@@ -93,22 +95,21 @@ class Controller:
         pool = [(p + PRIOR[0]) / (r + PRIOR[1]) for p, r in zip(self.passed, self.reached)]
         tokens = [0.0] * (self.gamma_max + 1)  # tokens[G] = sum_b E_b(min(G, room_b - 1))
         for row in batch:
-            e = self._expected(row, pool)
-            top = min(self.gamma_max, row.room() - 1)
-            for G in range(self.gamma_max + 1):
-                tokens[G] += e[min(G, top)]
+            tokens = list(map(add, tokens, self._expected(row, pool, min(self.gamma_max, row.room() - 1))))
         R = len(batch)
-        best = max(range(self.gamma_max + 1), key=lambda G: (tokens[G] / self.costs.step(R, G), -G))
-        return self._probed(best)
+        if R not in self.steps:
+            self.steps[R] = [self.costs.step(R, G) for G in range(self.gamma_max + 1)]
+        rates = [t / c for t, c in zip(tokens, self.steps[R])]
+        return self._probed(rates.index(max(rates)))  # the shortest of equally good lengths
 
-    def _expected(self, row: Row, pool: list[float]) -> list[float]:
-        """[E_b(0), .., E_b(gamma_max)] from the row's counts, smoothed towards the pool."""
+    def _expected(self, row: Row, pool: list[float], top: int) -> list[float]:
+        """[E_b(min(G, top)) for G = 0..gamma_max] from the row's counts, smoothed towards the pool."""
         _, reached, passed = self.rows.get(id(row)) or (row, (0,) * self.gamma_max, (0,) * self.gamma_max)
         e, prefix = [1.0], 1.0
-        for k in range(self.gamma_max):
+        for k in range(top):
             prefix *= (passed[k] + STRENGTH * pool[k]) / (reached[k] + STRENGTH)
             e.append(e[-1] + prefix)
-        return e
+        return e + [e[-1]] * (self.gamma_max - top)
 
     def _probed(self, G: int) -> int:
         if G:

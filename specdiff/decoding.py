@@ -99,8 +99,9 @@ class _Parts:
     def __init__(self, sync: Callable[[], None]):
         self.sync, self.m = sync, Metrics()
 
-    def timed(self, part: str) -> AbstractContextManager[None]:
-        return self.m.timed(part, self.sync)
+    def timed(self, part: str, sync: bool = True) -> AbstractContextManager[None]:
+        """sync=False: host work only (the controller), no device to wait for (nor its cost)."""
+        return self.m.timed(part, self.sync if sync else None)
 
     def charge(self, rows: list[Row], wall_s: float) -> None:
         """Each row's share of the step: a prompt's wall_s sums to the decoding time it used."""
@@ -209,7 +210,7 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
         if controller is None:
             return speculate(batch, parts, gamma)
-        with parts.timed("control"):
+        with parts.timed("control", sync=False):
             G = controller.width(batch)
             for row in batch:
                 row.metrics.costs = controller.costs
@@ -230,7 +231,7 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
             row.metrics.record(len(x), g_b)
             pushed.append(row.push(x + [y]))
         if controller is not None:
-            with parts.timed("control"):
+            with parts.timed("control", sync=False):
                 for row, g_b, (x, _) in zip(batch, g, accepted):
                     controller.record(row, g_b, len(x))
         return pushed
