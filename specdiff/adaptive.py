@@ -18,8 +18,8 @@ less saves no verify time, and rows of different lengths cost one drafter call e
 differ where their room clips them (the loop's min(G, room_b - 1)).
 
 Probing: a run that chose G = 0 learns nothing new about its drafter, so after `probe` plain steps
-in a row it drafts one token; each probe that does not bring drafting back doubles the wait, so a
-useless drafter costs at most a few steps.
+in a row it drafts (the best length above 0); each probe that does not bring drafting back
+doubles the wait, so a useless drafter costs at most a few steps.
 
 May import: torch, contracts and decoding's Row for types only (decoding imports this module).
 """
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from .contracts import Target
     from .decoding import Row
 
-STRENGTH = 4.0  # pseudo-observations of the run's pooled acceptance in each row's estimate
+STRENGTH = 16.0  # pseudo-observations of the run's pooled acceptance in each row's estimate: a row's
+# first rejections do not turn it plain (it would then learn nothing more of its own until a probe)
 PROBE = 16  # plain steps in a row before a probe of one draft token (doubled after each failed probe)
 REPEATS = 3  # timed calls per cost cell; the fastest counts (the least disturbed by other processes)
 PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
@@ -100,7 +101,11 @@ class Controller:
         if R not in self.steps:
             self.steps[R] = [self.costs.step(R, G) for G in range(self.gamma_max + 1)]
         rates = [t / c for t, c in zip(tokens, self.steps[R])]
-        return self._probed(rates.index(max(rates)))  # the shortest of equally good lengths
+        best = rates.index(max(rates))  # the shortest of equally good lengths
+        if best:
+            self.plain, self.wait = 0, self.probe  # drafting pays: probes start over
+            return best
+        return self._probed(rates.index(max(rates[1:]), 1))
 
     def _expected(self, row: Row, pool: list[float], top: int) -> list[float]:
         """[E_b(min(G, top)) for G = 0..gamma_max] from the row's counts, smoothed towards the pool."""
@@ -111,15 +116,13 @@ class Controller:
             e.append(e[-1] + prefix)
         return e + [e[-1]] * (self.gamma_max - top)
 
-    def _probed(self, G: int) -> int:
-        if G:
-            self.plain, self.wait = 0, self.probe
-            return G
+    def _probed(self, drafting: int) -> int:
+        """A plain step (0), or after `wait` of them in a row the best length that drafts."""
         self.plain += 1
         if self.plain < self.wait:
             return 0
         self.plain, self.wait = 0, self.wait * 2
-        return 1
+        return drafting
 
     def record(self, row: Row, drafted: int, accepted: int) -> None:
         """A step of `row` drafted `drafted` tokens, the first `accepted` of them accepted: slot k
