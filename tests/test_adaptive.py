@@ -230,3 +230,16 @@ def test_cli_reports_the_chosen_lengths_and_the_cost_table(tiny):
 def test_cli_refuses_a_bad_gamma_in_one_line(tiny, args, message):
     result = _cli("--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--prompt", "x", *args)
     assert result.exit_code == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_gamma_auto_on_the_static_cache(models):
+    """--compile's static cache (run eagerly here: the same shapes, seconds): timing every width
+    pads to the widths it holds, and the output is still ar's."""
+    from specdiff.compiled import compile_models
+
+    target, drafter = compile_models(models["gpt2"], models["diffusion"], compile=False)
+    reference = generate(PROMPTS, target=models["gpt2"], method="ar", max_new_tokens=MAX_NEW).outputs
+    got = generate(PROMPTS, target=target, drafter=drafter, method="specdiff", gamma="auto", steps=2, batch_size=3,
+                   max_new_tokens=MAX_NEW).outputs
+    _assert_identical(got, reference, "specdiff auto on the static cache, batch 3")
+    assert got[0].metrics.costs is not None and target.rows == 0
