@@ -19,8 +19,10 @@ Speculative step (cache invariant: the target has cached every token of a row bu
     accept  n, y = rule(draft, q, p)            n draft tokens kept, then y (K drafts: the rule
                                                  also picks the candidate k whose copy is kept)
     roll back the row to len(row) + n, append x_1..x_n, y
-g = gamma, clipped per row so that neither max_new_tokens nor the context window is overshot;
-rows drafting the same g share a proposer call.
+g = gamma, or with `costs` (gamma auto) the G that specdiff.adaptive.Controller chooses from the
+steps before this one, clipped per row so that neither max_new_tokens nor the context window is
+overshot; rows drafting the same g share a proposer call. The choice reads no draw of this step,
+so every rule stays exact; its seconds are the step's `control` time (Metrics.control_s).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Callable, Iterable, Iterator, cast
 import torch
 
 from . import selection
+from .adaptive import Controller, Costs, measure
 from .contracts import Draft, Proposer, Rule, Target
 from .errors import UsageError
 from .metrics import Metrics
@@ -90,14 +93,15 @@ DraftStep = Callable[[list[Row], list[int]], list[Draft]]  # (batch, g per row) 
 
 
 class _Parts:
-    """Seconds of one batched step spent drafting and verifying (a Metrics' draft_s / verify_s),
-    shared out among its rows."""
+    """Seconds of one batched step spent drafting, verifying and choosing the draft length (a
+    Metrics' draft_s / verify_s / control_s), shared out among its rows."""
 
     def __init__(self, sync: Callable[[], None]):
         self.sync, self.m = sync, Metrics()
 
-    def timed(self, part: str) -> AbstractContextManager[None]:
-        return self.m.timed(part, self.sync)
+    def timed(self, part: str, sync: bool = True) -> AbstractContextManager[None]:
+        """sync=False: host work only (the controller), no device to wait for (nor its cost)."""
+        return self.m.timed(part, self.sync if sync else None)
 
     def charge(self, rows: list[Row], wall_s: float) -> None:
         """Each row's share of the step: a prompt's wall_s sums to the decoding time it used."""
@@ -106,6 +110,7 @@ class _Parts:
             m.wall_s += wall_s / len(rows)
             m.draft_s += self.m.draft_s / len(rows)
             m.verify_s += self.m.verify_s / len(rows)
+            m.control_s += self.m.control_s / len(rows)
             m.target_calls += 1
             m.new_tokens, m.stop_reason = len(row.new_tokens), row.stop_reason
 
@@ -156,39 +161,64 @@ def decode_ar(target: Target, rows: Iterable[Row], sampling: Sampling,
     """Plain decoding, one target call per token and batch: the reference every method must match."""
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
-        x = torch.tensor([[row.ids[-1]] for row in batch], device=target.device)  # (B, 1)
-        with parts.timed("verify"):
-            logits = target.extend(x)  # (B, 1, V)
-        for row in batch:
-            row.metrics.record(0, 0)
-        return [row.push([int(sampling.sample(_next_p(sampling, logits[b:b + 1], row), row.generator))])
-                for b, row in enumerate(batch)]
+        return _plain_step(target, batch, sampling, parts)
 
     return _decode(target, rows, sampling, batch_size, step)
 
 
+def _plain_step(target: Target, batch: list[Row], sampling: Sampling, parts: _Parts) -> list[list[int]]:
+    """One token per row from one target call: decode_ar's step, and a speculative step that
+    drafts nothing (G = 0), which is the same draw from the same p without the verify machinery."""
+    x = torch.tensor([[row.ids[-1]] for row in batch], device=target.device)  # (B, 1)
+    with parts.timed("verify"):
+        logits = target.extend(x)  # (B, 1, V)
+    for row in batch:
+        row.metrics.record(0, 0)
+    return [row.push([int(sampling.sample(_next_p(sampling, logits[b:b + 1], row), row.generator))])
+            for b, row in enumerate(batch)]
+
+
 def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], sampling: Sampling,
                        rule: Rule | selection.SelectRule, gamma: int,
-                       batch_size: int = 1, K: int = 1) -> Iterator[tuple[Row, list[int]]]:
+                       batch_size: int = 1, K: int = 1, costs: Costs | None = None) -> Iterator[tuple[Row, list[int]]]:
     """Speculative decoding with any proposer and acceptance rule (see the module docstring). K > 1
     candidate drafts per row: the proposer drafts selection.Candidates (a SelfSelection) and the
-    rule is a selection rule (specdiff.selection.RULES)."""
+    rule is a selection rule (specdiff.selection.RULES). costs: gamma auto (decode_drafted)."""
+    return decode_drafted(target, proposer_step(proposer, sampling, target), rows, sampling, rule, gamma,
+                          batch_size, K, costs)
+
+
+def proposer_step(proposer: Proposer, sampling: Sampling, target: Target) -> DraftStep:
+    """The draft step of a proposer (decode_speculative's, and what measure_costs times)."""
 
     def draft(batch: list[Row], g: list[int]) -> list[Draft]:
         return _draft(proposer, batch, g, sampling, target)
 
-    return decode_drafted(target, draft, rows, sampling, rule, gamma, batch_size, K)
+    return draft
 
 
 def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampling: Sampling,
-                   rule: Rule | selection.SelectRule, gamma: int,
-                   batch_size: int = 1, K: int = 1) -> Iterator[tuple[Row, list[int]]]:
+                   rule: Rule | selection.SelectRule, gamma: int, batch_size: int = 1, K: int = 1,
+                   costs: Costs | None = None) -> Iterator[tuple[Row, list[int]]]:
     """The speculative loop around any draft step: draft(batch, g) -> one Draft (1, g_b) per row
     of the batch (batch row b is the target's cache row b). decode_speculative drafts with a
-    proposer; methods.dflash reads the target's cached hidden states."""
+    proposer; methods.dflash reads the target's cached hidden states. costs (measure_costs):
+    gamma auto, each step's length chosen by an adaptive.Controller, at most costs.gamma_max;
+    None: gamma every step."""
+    controller = Controller(costs) if costs is not None else None
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
-        g = [min(gamma, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
+        if controller is None:
+            return speculate(batch, parts, gamma)
+        with parts.timed("control", sync=False):
+            G = controller.width(batch)
+            for row in batch:
+                row.metrics.costs = controller.costs
+        # between steps the cache holds one copy per row (K drafts too): a plain step needs no more
+        return speculate(batch, parts, G) if G else _plain_step(target, batch, sampling, parts)
+
+    def speculate(batch: list[Row], parts: _Parts, G: int) -> list[list[int]]:
+        g = [min(G, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
         with parts.timed("draft"):
             drafts = draft(batch, g)
         with parts.timed("verify"):
@@ -200,9 +230,26 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
             row.metrics.drafter_calls += d.calls
             row.metrics.record(len(x), g_b)
             pushed.append(row.push(x + [y]))
+        if controller is not None:
+            with parts.timed("control", sync=False):
+                for row, g_b, (x, _) in zip(batch, g, accepted):
+                    controller.record(row, g_b, len(x))
         return pushed
 
     return _decode(target, rows, sampling, batch_size, step, K)
+
+
+def measure_costs(target: Target, draft: DraftStep, gamma_max: int, batch_size: int, K: int = 1,
+                  context: int = 32) -> Costs:
+    """adaptive.measure on dummy rows of `context` tokens (fewer where the target's window is
+    short), as many as a step of `batch_size` rows holds; the target's cache is left empty."""
+    rows = min(batch_size, target.max_rows // K) if target.max_rows else batch_size
+    n = max(1, min(context, target.max_length - gamma_max - 1))
+    ids = [(7 * i + 1) % target.vocab_size for i in range(n)]
+    dummies = [Row(ids, gamma_max + 1, target.max_length, None, target.device,
+                   torch.Generator(target.device).manual_seed(b))
+               for b in range(rows)]
+    return measure(target, draft, dummies, gamma_max, K)
 
 
 def _verify(target: Target, batch: list[Row], drafts: list[Draft], g: list[int], sampling: Sampling,

@@ -5,6 +5,8 @@
     per-position acceptance[j]  of the iterations that drafted slot j+1, the fraction whose draft
                                 was accepted up to it
     histogram[k]  iterations that accepted exactly k draft tokens
+    lengths[g]    iterations that drafted exactly g tokens (gamma auto: the lengths chosen)
+    costs         the cost table `gamma` auto chose by (specdiff.adaptive.Costs; None: fixed gamma)
 The prefill call counts as a target call but not as an iteration.
 """
 
@@ -13,7 +15,10 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from .adaptive import Costs
 
 
 def _grow(xs: list[int], n: int) -> None:
@@ -32,8 +37,11 @@ class Metrics:
     accepted_at: list[int] = field(default_factory=list)  # iterations accepting >= j+1 tokens
     drafted_at: list[int] = field(default_factory=list)  # iterations drafting >= j+1 tokens
     histogram: list[int] = field(default_factory=list)  # iterations accepting exactly k tokens
+    lengths: list[int] = field(default_factory=list)  # iterations drafting exactly g tokens
     draft_s: float = 0.0
     verify_s: float = 0.0
+    control_s: float = 0.0  # choosing draft lengths (gamma auto)
+    costs: Costs | None = None
     prompts: int = 0
     stop_reason: str = ""
 
@@ -45,6 +53,8 @@ class Metrics:
         _grow(self.accepted_at, drafted)
         _grow(self.drafted_at, drafted)
         _grow(self.histogram, accepted + 1)
+        _grow(self.lengths, drafted + 1)
+        self.lengths[drafted] += 1
         for j in range(drafted):
             self.drafted_at[j] += 1
             self.accepted_at[j] += j < accepted
@@ -52,7 +62,7 @@ class Metrics:
 
     @contextmanager
     def timed(self, part: str, sync: Callable[[], None] | None = None) -> Iterator[None]:
-        """Add the time spent in the block to `draft_s` or `verify_s`."""
+        """Add the time spent in the block to `draft_s`, `verify_s` or `control_s`."""
         start = time.perf_counter()
         yield
         if sync:
@@ -72,12 +82,12 @@ class Metrics:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     def merge(self, other: "Metrics") -> "Metrics":
-        """Sum of two runs (counts, times and histograms add)."""
-        out = Metrics(prompts=self.prompts + other.prompts)
+        """Sum of two runs (counts, times and histograms add; the first cost table is kept)."""
+        out = Metrics(prompts=self.prompts + other.prompts, costs=self.costs or other.costs)
         for name in ("new_tokens", "wall_s", "target_calls", "drafter_calls", "iterations",
-                     "drafted", "accepted", "draft_s", "verify_s"):
+                     "drafted", "accepted", "draft_s", "verify_s", "control_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
-        for name in ("accepted_at", "drafted_at", "histogram"):
+        for name in ("accepted_at", "drafted_at", "histogram", "lengths"):
             a, b = list(getattr(self, name)), list(getattr(other, name))
             _grow(a, len(b))
             _grow(b, len(a))
@@ -96,9 +106,13 @@ class Metrics:
             "alpha": None if self.alpha is None else round(self.alpha, 4),
             "per_position_acceptance": [round(a / n, 4) for a, n in zip(self.accepted_at, self.drafted_at)],
             "accepted_length_histogram": list(self.histogram),
+            "draft_length_histogram": list(self.lengths),
             "time_s": {"draft": round(self.draft_s, 6), "verify": round(self.verify_s, 6),
-                       "other": round(max(self.wall_s - self.draft_s - self.verify_s, 0.0), 6)},
+                       "control": round(self.control_s, 6),
+                       "other": round(max(self.wall_s - self.draft_s - self.verify_s - self.control_s, 0.0), 6)},
         }
+        if self.costs is not None:
+            d["draft_costs"] = self.costs.to_dict()
         if self.stop_reason:
             d["stop_reason"] = self.stop_reason
         if self.prompts:

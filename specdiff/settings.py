@@ -73,9 +73,22 @@ class RunSettings:
                          "Put each prompt through the target's chat template")
 
 
+AUTO = "auto"  # `gamma` auto: the draft length is chosen each step (specdiff.adaptive), capped by an integer gamma
+
+
+def _gamma(x: object) -> bool:
+    return _count(x) or x == AUTO
+
+
 @dataclass(frozen=True)
 class DraftSettings:
-    gamma: int = setting(8, *COUNT, "Draft length")
+    """gamma: the draft length when `adaptive` is False; the most a step drafts when it is True.
+    An integer `gamma` option fixes the length; `gamma` auto (or no option: the default) chooses it
+    each step, capped by the pair's, else the drafter's, else the default integer gamma
+    (generation.choosing.choose). The value "auto" never reaches this class: gamma is an int."""
+
+    gamma: int = setting(8, (int, str), _gamma, f"be an integer >= 1 or {AUTO}",
+                         f"Draft length; {AUTO}: chosen each step up to the pair's or drafter's gamma")
     steps: int = setting(4, *COUNT, "Denoising steps T per draft (block-diffusion targets: per block)")
     schedule: str = setting("l2r", str, lambda x: x in SCHEDULES, f"be one of {', '.join(SCHEDULES)}",
                             "Order in which draft slots are committed")
@@ -83,6 +96,9 @@ class DraftSettings:
     draft_temperature: float | None = setting(
         None, (int, float), lambda x: _real(x) and 0 < x < math.inf, "be a finite number > 0",
         "Temperature candidates 2..K are sampled at")
+    adaptive: bool = setting(True, bool, lambda x: isinstance(x, bool), "be True or False",
+                             "Choose each step's draft length in 0..gamma from the acceptance so far and "
+                             "measured costs (what `gamma` auto sets; an integer `gamma` option clears it)")
 
 
 @dataclass(frozen=True)

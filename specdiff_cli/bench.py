@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar, cast
 
 import click
 
 from specdiff import names
 
-from .flags import to_flags
+from .flags import gamma, to_flags
 from .prompts import read_prompts
 from .threads import default_threads, threads_option
 
@@ -34,15 +34,18 @@ def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: 
         return load_models(runtime, artifacts, device, sources=sources)
 
 
-def _list(kind: Callable[[str], T]) -> Callable[[click.Context, click.Parameter, str | None], tuple[T, ...] | None]:
-    """A click callback: 'a,b' -> (kind('a'), kind('b')); None stays None."""
+def _list(kind: Callable[[str], T], what: str = "") -> Callable[[click.Context, click.Parameter, str | None],
+                                                                tuple[T, ...] | None]:
+    """A click callback: 'a,b' -> (kind('a'), kind('b')); None stays None. what: the items, as
+    the error names them (default: kind's name, plural)."""
     def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[T, ...] | None:
         if value is None:
             return None
         try:
             items = tuple(kind(x.strip()) for x in value.split(",") if x.strip())
         except ValueError:
-            raise click.BadParameter(f"expected a comma-separated list of {kind.__name__}s, got {value!r}") from None
+            raise click.BadParameter(f"expected a comma-separated list of {what or kind.__name__ + 's'}, "
+                                     f"got {value!r}") from None
         if not items:
             raise click.BadParameter("empty list")
         return items
@@ -76,8 +79,9 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed passes per method.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed passes first.")
-@click.option("--gamma", "gammas", callback=_list(int), metavar="LIST",
-              help="Draft lengths to sweep [default: the pair's, else the drafter's, else 8].")
+@click.option("--gamma", "gammas", callback=_list(gamma, "integers or auto"), metavar="LIST",
+              help="Draft lengths to sweep: integers (fixed) and auto (chosen each step, up to the pair's, else "
+                   "the drafter's, else 8) [default: auto and that gamma].")
 @click.option("--steps", callback=_list(int), metavar="LIST",
               help="Denoising steps T to sweep (specdiff) [default: the pair's, else the drafter's, else 4].")
 @click.option("--schedule", "schedules", callback=_list(str), metavar="LIST",
@@ -118,7 +122,7 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter: str | None,
           methods: tuple[str, ...] | None, prompt_file: str | None, input_format: str, num_prompts: int | None,
-          max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int, ...] | None,
+          max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int | str, ...] | None,
           steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
           draft_temperature: float | None, rules: tuple[str, ...] | None, temperatures: tuple[float, ...] | None,
           top_k: int, top_p: float, batch_sizes: tuple[int, ...] | None, compiled: bool, artifacts: str | None,
@@ -134,6 +138,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
       specdiff bench --pair demo --methods ar,specdiff --drafts 1,4 --acceptance select,multi \
           --temperature 0,0.8 --top-p 0.95
       specdiff bench --pair demo --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
+      specdiff bench --pair demo --methods ar,specdiff --gamma auto,2,4,8 --batch-size 1,4,8,16 --temperature 0,0.7,1
       specdiff bench --pair demo --methods ar,specdiff --compile --artifacts demo-onnx --threads 1
       specdiff bench --target gpt2-xl --drafter mdlm-owt --ar-drafter gpt2 --check   # hub models: network
     Each row decodes every prompt (default: all the pair's held-out ones) --warmup + --repeats times.
@@ -161,7 +166,8 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
         temperature=temperatures[0] if temperatures else pick["temperature"],
         acceptance=pick.get("acceptance"), top_k=top_k, top_p=top_p, draft_temperature=draft_temperature,
         seed=seed, threads=threads or default_threads(), truncate_prompt=truncate_prompt,
-        chat=pick["chat"] if chat is None else chat)
+        chat=pick["chat"] if chat is None else chat, gamma_cap=pick["gamma"])
+    swept = gammas or (("auto",) if pick["adaptive"] else ()) + (pick["gamma"],)  # auto beside its cap, fixed
     if check and 0 not in (temperatures or (settings.temperature,)):
         raise UsageError("--check compares greedy outputs token by token; it needs 0 among --temperature")
     if getattr(models.target, "kind", None) == "block-diffusion":
@@ -173,10 +179,12 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
         if unread:
             raise UsageError(f"{', '.join(unread)}: not read on a block-diffusion target (bench sweeps --steps and "
                              "--gamma there)")
-        _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],), gammas or (pick["gamma"],),
-                     pick, out, check)
+        if "auto" in (gammas or ()):
+            raise UsageError("--gamma auto: block-diffusion methods take integer gammas")
+        _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],),
+                     cast(tuple[int, ...], gammas or (pick["gamma"],)), pick, out, check)
         return
-    rows = lib.variants(methods or lib.available_methods(models), gammas or (pick["gamma"],),
+    rows = lib.variants(methods or lib.available_methods(models), swept,
                         steps or (pick["steps"],), schedules or (pick["schedule"],), drafts or (None,),
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),
                         batch_sizes or (1,), ("torch",) + ("compiled",) * compiled + (runtime,) * bool(artifacts))

@@ -12,6 +12,7 @@ import click
 from specdiff import names
 from specdiff.settings import help_text
 
+from .flags import Gamma
 from .output import check_output, check_stdout, open_output
 from .prompts import Layout, read_prompts, unescape
 from .prompts import PromptRecord
@@ -39,7 +40,9 @@ PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else 
 @click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
 @click.option("--method", type=click.Choice(names.METHODS),
               help="Decoding method [default: the pair's, else from the drafter, else ar].")
-@click.option("--gamma", type=int, help=help_text("gamma", PAIR_DRAFTER))
+@click.option("--gamma", type=Gamma(), help="Draft length, fixed (an integer), or auto: chosen each step from the "
+              "acceptance so far and measured costs, 0 (a plain step) to the pair's, else the drafter's, else "
+              "8 [default: auto].")
 @click.option("--steps", type=int, help=help_text("steps", PAIR_DRAFTER) + " Block-diffusion targets: the block size. oneshot: 1.")
 @click.option("--schedule", type=click.Choice(names.SCHEDULES), help=help_text("schedule", PAIR_DRAFTER))
 @click.option("--remasking", type=click.Choice(names.REMASKING), help=help_text("remasking"))

@@ -102,7 +102,8 @@ def expand(args: str, models: dict[str, str]) -> list[str]:
 
 
 USAGE = {  # the request itself is wrong: options, names, combinations
-    "gamma < 1": ("--drafter {drafter} --gamma 0", "--gamma must be an integer >= 1, got 0"),
+    "gamma < 1": ("--drafter {drafter} --gamma 0", "--gamma must be an integer >= 1 or auto, got 0"),
+    "gamma auto for ar": ("--method ar --gamma auto", "method 'ar' does not choose its draft length: --gamma auto"),
     "steps < 1": ("--drafter {drafter} --steps 0", "--steps must be an integer >= 1, got 0"),
     "max-new-tokens < 1": ("--max-new-tokens 0", "--max-new-tokens must be an integer >= 1, got 0"),
     "temperature < 0": ("--temperature -0.5", "--temperature must be a finite number >= 0 (0 = greedy), got -0.5"),

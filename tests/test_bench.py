@@ -163,7 +163,7 @@ def test_cli_check_exits_1_on_a_mismatch(tiny, tmp_path, broken_rule):
 @pytest.mark.parametrize("extra, message", [
     (("--methods", "ar,spec-ar"), "method 'spec-ar' needs an autoregressive drafter (--ar-drafter)"),
     (("--methods", "ar,nope"), "unknown method 'nope'"),
-    (("--gamma", "2,x"), "comma-separated list of ints"),
+    (("--gamma", "2,x"), "comma-separated list of integers or auto, got '2,x'"),
     (("--acceptance", "bogus"), "unknown acceptance rule 'bogus' (choose from "),  # once dropped silently
     (("--methods", "ar,specdiff", "--acceptance", "multi"), "acceptance rule 'multi' fits none of the rows"),
     (("--methods", "ar", "--acceptance", "greedy"), "acceptance rule 'greedy' fits none of the rows"),
@@ -318,6 +318,26 @@ def test_cli_sweeps_drafts_rules_and_temperatures_into_one_report(tiny, tmp_path
     assert all(rows[f"specdiff g=3 T=1 l2r K=2 {r} t=0"]["matches_ar"] for r in ("select", "multi"))
     assert rows["specdiff g=3 T=1 l2r K=2 multi t=1"]["matches_ar"] is None
     assert report["config"]["top_p"] == 0.9 and all(r["tau"] >= 1 for r in rows.values())
+
+
+def test_cli_sweeps_gamma_auto_beside_fixed_gammas_over_batch_sizes_and_temperatures(tiny, tmp_path):
+    """Issue 24: --gamma auto,2 --batch-size 1,2 --temperature 0,1: auto and each fixed gamma at
+    every batch size and temperature (dflash and the peers take no auto), the greedy check on the
+    auto rows too, the chosen lengths and cost table in bench.json, the tokens/s by batch size plot."""
+    result = _cli(tiny, tmp_path, "--methods", "spec-ar,specdiff", "--gamma", "auto,2", "--steps", "1",
+                  "--batch-size", "1,2", "--temperature", "0,1", "--check")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    rows = {r["label"]: r for r in report["rows"]}
+    expected = [f"{m} t={t}{b}" for t in (0, 1) for m in ("ar", *(f"{method} g={g}{tail}" for method, tail in
+                (("spec-ar", ""), ("specdiff", " T=1 l2r")) for g in ("auto", 2))) for b in ("", " b=2")]
+    assert sorted(rows) == sorted(expected) and report["check"]["passed"] is True
+    for label, r in rows.items():
+        assert sum(r["draft_length_histogram"]) == r["iterations"]
+        assert (r["draft_costs"] is not None) == ("g=auto" in label)  # the table auto chose by, nowhere else
+        if "g=auto" in label:  # the cap: the drafter's gamma, else 8 (w = 1..9)
+            assert len(r["draft_costs"]["verify_s"][0]) == 9 and r["draft_costs"]["rows"][-1] == r["batch_size"]
+    assert (tmp_path / "out" / "tokens_per_s_vs_batch_size.png").read_bytes().startswith(PNG)
 
 
 def test_drafts_and_batch_sizes_combine():

@@ -48,6 +48,14 @@ def test_choose_takes_option_then_pair_then_drafter_then_default():
         "gamma": (5, "option"), "steps": (1, "pair"), "schedule": ("confidence", "drafter"),
         "max_new_tokens": (9, "pair"), "top_p": (DEFAULTS["top_p"], "default")}
     assert values(choose({}))["steps"] == DEFAULT_STEPS and choose({}, {}, "a-name")["gamma"].source == "default"
+    auto = choose({"gamma": "auto"}, {"gamma": 6}, Drafter())  # auto: a mode, capped by the next integer gamma
+    assert {k: (auto[k].value, auto[k].source) for k in ("gamma", "adaptive")} == \
+        {"gamma": (6, "pair"), "adaptive": (True, "option")}
+    fixed = choose({}, {"gamma": 6, "adaptive": False}, Drafter())  # a pair may fix its gamma
+    assert {k: (fixed[k].value, fixed[k].source) for k in ("gamma", "adaptive")} == \
+        {"gamma": (6, "pair"), "adaptive": (False, "pair")}
+    assert {k: (s.value, s.source) for k, s in choose({}, {}, Drafter()).items() if k in ("gamma", "adaptive")} == \
+        {"gamma": (3, "drafter"), "adaptive": (True, "default")}
     oneshot = choose({"schedule": "oneshot"}, {}, Drafter())  # a fixed step count beats recorded steps
     assert (oneshot["steps"].value, oneshot["steps"].source) == (1, "option")
 
@@ -59,11 +67,12 @@ def test_recorded_settings_run_when_none_are_given(tiny, recorded):
 
 
 def test_an_option_and_a_pair_default_win_over_recorded_settings(tiny, recorded, tmp_path):
-    p = plan(target=str(tiny.gpt2), drafter=recorded, gamma=5)
-    assert p.draft == DraftSettings(5, 2, "l2r") and (p.sources["gamma"], p.sources["steps"]) == ("option", "drafter")
+    p = plan(target=str(tiny.gpt2), drafter=recorded, gamma=5)  # an integer option: a fixed length
+    assert p.draft == DraftSettings(5, 2, "l2r", adaptive=False) and \
+        (p.sources["gamma"], p.sources["steps"], p.sources["adaptive"]) == ("option", "drafter", "option")
     reg = load_registry(registry(tmp_path, tiny, recorded, "gamma: 4, steps: 1"))
-    p = plan(pair="t+d", registry=reg)
-    assert p.draft == DraftSettings(4, 1, "l2r") and p.sources["schedule"] == "drafter"
+    p = plan(pair="t+d", registry=reg)  # a pair's gamma: the cap of gamma auto, the default
+    assert p.draft == DraftSettings(4, 1, "l2r", adaptive=True) and p.sources["schedule"] == "drafter"
     assert plan(pair="t+d", registry=reg, steps=3).draft == DraftSettings(4, 3, "l2r")
 
 
@@ -105,7 +114,7 @@ def test_stats_say_which_settings_ran_and_where_each_came_from(tiny, recorded, t
     assert stats["method"] == "specdiff" and stats["exact"] is True and stats["new_tokens"] == 5
     assert stats["settings"] == {
         "method": {"value": "specdiff", "from": "drafter"}, "gamma": {"value": 3, "from": "drafter"},
-        "steps": {"value": 1, "from": "pair"}, "schedule": {"value": "l2r", "from": "drafter"},
+        "adaptive": {"value": True, "from": "default"}, "steps": {"value": 1, "from": "pair"}, "schedule": {"value": "l2r", "from": "drafter"},
         "drafts": {"value": 1, "from": "default"},
         "acceptance": {"value": "standard", "from": "default"}, "temperature": {"value": 0.5, "from": "option"},
         "top_k": {"value": 0, "from": "default"}, "top_p": {"value": 1.0, "from": "default"},
@@ -122,7 +131,10 @@ def test_bench_sweeps_the_recorded_settings_by_default(tiny, recorded, tmp_path)
         "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert [r["label"] for r in report["rows"]] == ["ar", "specdiff g=3 T=2 l2r"]
+    # gamma auto (the default) capped by the recorded gamma, beside that gamma fixed
+    assert [r["label"] for r in report["rows"]] == ["ar", "specdiff g=auto T=2 l2r", "specdiff g=3 T=2 l2r"]
+    auto, fixed = report["rows"][1:]
+    assert len(auto["draft_costs"]["verify_s"][0]) == 3 + 1 and fixed["draft_costs"] is None
 
 
 def test_a_drafter_the_method_does_not_use_lends_it_no_settings(recorded, tiny):

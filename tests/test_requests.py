@@ -35,7 +35,9 @@ BAD = {  # generate() keyword arguments -> the start of the error
     "top_p str": ({"top_p": "0.9"}, "`top_p` must be a number in (0, 1], got '0.9'"),
     "max_new_tokens str": ({"max_new_tokens": "8"}, "`max_new_tokens` must be an integer >= 1, got '8'"),
     "max_new_tokens 0": ({"max_new_tokens": 0}, "`max_new_tokens` must be an integer >= 1, got 0"),
-    "gamma float": ({"gamma": 2.0}, "`gamma` must be an integer >= 1, got 2.0"),
+    "gamma float": ({"gamma": 2.0}, "`gamma` must be an integer >= 1 or auto, got 2.0"),
+    "gamma word": ({"gamma": "banana"}, "`gamma` must be an integer >= 1 or auto, got 'banana'"),
+    "adaptive not a flag": ({"adaptive": "yes"}, "`adaptive` must be True or False, got 'yes'"),
     "device int": ({"device": 3}, "`device` must be a string such as 'cpu' or 'cuda:1', got int"),
     "device None": ({"device": None}, "`device` must be a string such as 'cpu' or 'cuda:1', got None"),
     "target int": ({"target": 5}, "`target` must be a models.yaml name, a directory, a hub id or a loaded target"),
@@ -94,7 +96,7 @@ def test_paths_are_accepted_wherever_a_path_is(tiny, tmp_path):
 
 @pytest.mark.parametrize("typo, hint", [("temprature", "did you mean `temperature`?"),
                                          ("max_tokens", "did you mean `max_new_tokens`?"),
-                                         ("xyzzy", "known: batch_size, draft_temperature")])
+                                         ("xyzzy", "known: adaptive, batch_size, draft_temperature")])
 def test_unknown_keywords_are_refused_by_plan_and_stream(nothing_loads, typo, hint):
     """plan() and stream() take settings as **options: a misspelt one used to be ignored (greedy
     output where sampling was asked for)."""

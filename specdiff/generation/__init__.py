@@ -11,7 +11,9 @@ block-diffusion targets `block`, their reference, and `simsd-exact`). Prompts ar
 `batch_size` at a time (rows leave the batch as they finish and the next prompts take their
 place; block-diffusion methods decode one prompt at a time), each with its own generator seeded
 from `seed` and the prompt's index, so a prompt's output depends neither on the prompts around it
-nor on the batch size. A setting not
+nor on the batch size (greedy always; sampled with an integer gamma: `gamma` auto chooses each
+step's draft length from the batch's rows and costs, which changes a seed's draws, never the
+distribution). A setting not
 given comes from the models.yaml pair's defaults, else from the drafter (the settings it records
 it was trained for), else its declared default (specdiff.settings; generation.choosing). Every option is validated, and every prompt
 tokenized and checked, before the first token is generated.
@@ -39,7 +41,8 @@ __all__ = ["DEFAULTS", "DEFAULT_STEPS", "SOURCES", "Event", "GenerationResult", 
 
 
 def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = None, pair: str | None = None,
-             method: str | None = None, gamma: int | None = None, steps: int | None = None,
+             method: str | None = None, gamma: int | str | None = None, adaptive: bool | None = None,
+             steps: int | None = None,
              schedule: str | None = None, drafts: int | None = None, draft_temperature: float | None = None,
              acceptance: str | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
@@ -55,7 +58,13 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     chat / system: prompts go through the target tokenizer's chat template. stop: strings that
     end a continuation (the text ends before the first one; as vLLM / OpenAI).
     repetition_penalty: Hugging Face's, applied to the target's p exactly as plain decoding does.
-    batch_size: prompts decoded together (default 8); the output does not depend on it.
+    gamma: the draft length, fixed (an integer), or "auto" (the default: adaptive): chosen each step
+    (0 = a plain step) up to the pair's, else the drafter's, else 8 (specdiff.adaptive). adaptive:
+    True with an integer gamma chooses up to that gamma. With auto, sampled output is exactly
+    distributed but what a seed gives depends on the batch and on the costs measured before
+    decoding; an integer gamma keeps it independent of both.
+    batch_size: prompts decoded together (default 8); the output does not depend on it (sampled
+    output with gamma auto may: see gamma).
     remasking / threshold / steps: for block-diffusion targets (block_decoding.py), the rule that
     picks the slots each denoising step commits, dynamic's confidence threshold, steps per block.
     drafts: K > 1 candidate drafts per step, one kept by the target (specdiff.selection;
@@ -70,7 +79,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     prompts = check_prompts(prompts)
     with torch_threads(threads):
         p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
-                 seed=seed, acceptance=acceptance, gamma=gamma, steps=steps, schedule=schedule, drafts=drafts,
+                 seed=seed, acceptance=acceptance, gamma=gamma, adaptive=adaptive, steps=steps, schedule=schedule, drafts=drafts,
                  draft_temperature=draft_temperature,
                  temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                  max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,

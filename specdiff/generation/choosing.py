@@ -14,7 +14,7 @@ from ..drafters.diffusion import get_schedule
 from ..errors import UsageError
 from ..methods import Method, get_method
 from ..requests import check_settings
-from ..settings import DEFAULTS, METHOD_SETTINGS, family_default
+from ..settings import AUTO, DEFAULTS, METHOD_SETTINGS, family_default
 
 DEFAULT_STEPS = DEFAULTS["steps"]
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
@@ -35,10 +35,28 @@ def choose(options: dict[str, Any], pair: dict[str, Any] | None = None, drafter:
     chosen = {key: next((Setting(layer[key], source) for source, layer in layers if layer.get(key) is not None),
                         Setting(default, "default"))
               for key, default in {"method": None, "acceptance": None, **DEFAULTS}.items()}
+    chosen["gamma"], chosen["adaptive"] = _gamma(layers)
     fixed = get_schedule(chosen["schedule"].value).fixed_steps
     if fixed and chosen["steps"].source != "option":
         chosen["steps"] = Setting(fixed, chosen["schedule"].source)
     return chosen
+
+
+def _gamma(layers: list[tuple[str, dict[str, Any]]]) -> tuple[Setting, Setting]:
+    """(gamma, adaptive). gamma: the first integer gamma (`auto` is skipped: it sets no number);
+    adaptive: the first `adaptive` given, else False where the gamma option is an integer (a
+    fixed length, as before `auto` existed), else True where a layer says `auto`, else the default
+    (True). So a pair's or drafter's gamma is the cap of `auto` unless an option fixes it."""
+    gamma = next((Setting(layer["gamma"], source) for source, layer in layers
+                  if layer.get("gamma") is not None and layer["gamma"] != AUTO), Setting(DEFAULTS["gamma"], "default"))
+    adaptive = next((Setting(layer["adaptive"], source) for source, layer in layers
+                     if layer.get("adaptive") is not None), None)
+    if adaptive is None:
+        option = layers[0][1].get("gamma")
+        auto = next((source for source, layer in layers if layer.get("gamma") == AUTO), None)
+        adaptive = (Setting(False, "option") if option is not None and option != AUTO
+                    else Setting(True, auto) if auto else Setting(DEFAULTS["adaptive"], "default"))
+    return gamma, adaptive
 
 
 def values(chosen: dict[str, Setting]) -> dict[str, Any]:
@@ -66,8 +84,11 @@ def check_used(chosen: dict[str, Setting], method: Method) -> None:
     """A draft setting given as an option that the method does not read would do nothing (a
     `threshold` for ar, a `schedule` for spec-ar): refuse it. Pair and drafter defaults are not
     options: they apply where they are read."""
+    if chosen["adaptive"].value and chosen["adaptive"].source == "option" and "adaptive" not in method.settings:
+        raise UsageError(f"method '{method.name}' does not choose its draft length: `gamma` {AUTO} needs "
+                         "spec-ar or specdiff; give an integer `gamma`")
     for key in METHOD_SETTINGS:
-        if chosen[key].source == "option" and key not in method.settings:
+        if key != "adaptive" and chosen[key].source == "option" and key not in method.settings:
             reads = ", ".join(f"`{k}`" for k in method.settings) or "none of the draft settings"
             raise UsageError(f"method '{method.name}' does not use `{key}`; it reads {reads}")
     if chosen["threshold"].source == "option" and chosen["remasking"].value != "dynamic":

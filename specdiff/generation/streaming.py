@@ -84,7 +84,8 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
                    torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)
                for i, ids in enumerate(encoded))
     with tqdm(total=len(prompts), disable=not progress, unit="prompt", leave=False) as bar:
-        for row, tokens in p.decoder(pending, p.batch_size):
+        # no more rows than prompts: what gamma auto times its costs at (specdiff.adaptive)
+        for row, tokens in p.decoder(pending, min(p.batch_size, max(len(prompts), 1))):
             yield Event(row.index, tokens)
             if row.stop_reason:
                 text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)

@@ -2,20 +2,24 @@
 (decoding.decode_speculative). Preparing one builds the method's proposer around the drafter,
 wraps it in self-selection for K > 1 candidate drafts (specdiff.selection), and chooses the
 acceptance rule: exactness is the proposer's own declaration (contracts.Proposer.exact_rules),
-which a rule asked for when sampling must be in (docs/lossless.md).
+which a rule asked for when sampling must be in (docs/lossless.md). With `adaptive` (gamma auto)
+the decoder times the target and the draft step once per batch size, before its first run at it
+(decoding.measure_costs, kept for its later runs), and the loop chooses each step's length from
+that table and the acceptance so far (specdiff.adaptive), settings.gamma its cap.
 
 May import: methods.base, decoding, acceptance, selection, drafters, compiled.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol, cast
 
 from .. import acceptance as single, selection
 from ..compiled import warm_up
 from ..contracts import Proposer, Rule, Target
-from ..decoding import Row, decode_speculative
+from ..adaptive import Costs
+from ..decoding import Row, decode_speculative, measure_costs, proposer_step
 from ..drafters.diffusion import DiffusionProposer, block_sizes
 from ..errors import UsageError
 from ..sampling import Sampling
@@ -34,10 +38,21 @@ class SpeculativeDecoder:
     settings: DraftSettings
     sampling: Sampling
     reads: tuple[str, ...]  # the settings its method reads (methods.Method.settings)
+    measured: dict[int, Costs] = field(default_factory=dict)  # batch size -> its cost table (gamma auto)
 
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
         return decode_speculative(self.target, self.proposer, rows, self.sampling, self.verify, self.settings.gamma,
-                                  batch_size, self.settings.drafts)
+                                  batch_size, self.settings.drafts, self.costs(batch_size))
+
+    def costs(self, batch_size: int) -> Costs | None:
+        """The cost table of gamma auto at this batch size, measured at its first use (None: fixed gamma)."""
+        if not self.settings.adaptive:
+            return None
+        if batch_size not in self.measured:
+            step = proposer_step(self.proposer, self.sampling, self.target)
+            self.measured[batch_size] = measure_costs(self.target, step, self.settings.gamma, batch_size,
+                                                      self.settings.drafts)
+        return self.measured[batch_size]
 
     def warm_up(self, rows: int, length: int) -> None:
         warm_up(cast(StaticTarget, self.target), self.drafter, rows, self.settings.gamma, self.settings.drafts,

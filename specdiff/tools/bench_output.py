@@ -26,7 +26,7 @@ PLOTS = ("speedup.png", "accepted_lengths.png", "acceptance_by_position.png",
          "tokens_per_s_vs_gamma.png", "tokens_per_s_vs_steps.png", "tokens_per_s_vs_batch_size.png")
 
 
-SHORT = {"gamma": "g={}", "steps": "T={}", "batch_size": "b={}"}  # how a swept setting reads in a legend
+SHORT = {"gamma": "g={}", "steps": "T={}", "batch_size": "b={}", "temperature": "t={:g}"}  # in a legend
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -196,8 +196,9 @@ def _positions(ax: Axes, rows: list[Row]) -> bool:
 
 
 def _series(ax: Axes, rows: list[Row], x_key: str, group_keys: tuple[str, ...], xlabel: str,
-            title: str) -> bool:
-    """Median tokens/s (min-max bars) against x_key, one line per group; ar as a dashed line."""
+            title: str, ar_line: bool = True) -> bool:
+    """Median tokens/s (min-max bars) against x_key, one line per group; ar as a dashed line
+    (ar_line) or, where ar itself is swept, as its own line."""
     swept = [r for r in rows if r[x_key] is not None]
     if len({r[x_key] for r in swept}) < 2:
         return False
@@ -210,8 +211,9 @@ def _series(ax: Axes, rows: list[Row], x_key: str, group_keys: tuple[str, ...], 
         ax.errorbar([r[x_key] for r in members], [x["median"] for x in t], capsize=3, marker="o",
                     yerr=[[x["median"] - x["min"] for x in t], [x["max"] - x["median"] for x in t]],
                     label=" ".join(SHORT.get(k, "{}").format(v) for k, v in zip(group_keys, key) if v is not None))
-    ar = next(r for r in rows if r["method"] == "ar")
-    ax.axhline(ar["tokens_per_s"]["median"], color="gray", ls="--", label="ar")
+    if ar_line:
+        ar = next(r for r in rows if r["method"] == "ar")
+        ax.axhline(ar["tokens_per_s"]["median"], color="gray", ls="--", label="ar")
     ax.set_xticks(sorted({r[x_key] for r in swept}))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("tokens/s (median, min-max)")
@@ -225,8 +227,10 @@ def _batch_1(rows: list[Row]) -> list[Row]:
 
 
 def _vs_gamma(ax: Axes, rows: list[Row]) -> bool:
-    return _series(ax, _batch_1(rows), "gamma", ("method", "steps", "schedule"),
-                   "gamma (draft length)", "Tokens/s against gamma")
+    """Fixed gammas only: a gamma auto row has no place on the axis (it is in the batch-size plot)."""
+    fixed = [r for r in _batch_1(rows) if r["method"] == "ar" or isinstance(r["gamma"], int)]
+    return _series(ax, fixed, "gamma", ("method", "steps", "schedule"), "gamma (draft length)",
+                   "Tokens/s against gamma")
 
 
 def _vs_steps(ax: Axes, rows: list[Row]) -> bool:
@@ -235,5 +239,6 @@ def _vs_steps(ax: Axes, rows: list[Row]) -> bool:
 
 
 def _vs_batch_size(ax: Axes, rows: list[Row]) -> bool:
-    return _series(ax, rows, "batch_size", ("method", "gamma", "steps", "schedule"), "prompts per forward pass",
-                   "Tokens/s (all rows) against batch size")
+    """One line per method, gamma (auto and each fixed one), T and temperature; ar's own line."""
+    return _series(ax, rows, "batch_size", ("method", "gamma", "steps", "schedule", "temperature"),
+                   "prompts per forward pass", "Tokens/s (all rows) against batch size", ar_line=False)

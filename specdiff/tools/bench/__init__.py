@@ -70,7 +70,7 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
 def _check_room(target: CausalLMTarget | BlockDiffusionTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:
     """transformers' prompt lookup does not cap its draft at the context window, so near the end a
     verify call would run past the position embeddings: refuse such settings up front."""
-    gamma = max((v.gamma or 0 for v in rows if v.method == "hf-prompt-lookup"), default=0)
+    gamma = max((v.gamma for v in rows if v.method == "hf-prompt-lookup" and isinstance(v.gamma, int)), default=0)
     longest = max(map(len, encoded))
     if gamma and longest + max_new_tokens + gamma > target.max_length:
         raise UsageError(

@@ -50,7 +50,7 @@ class Models:
 @dataclass(frozen=True)
 class Variant:
     method: str
-    gamma: int | None = None
+    gamma: int | str | None = None  # an integer: fixed; "auto": chosen each step, up to Settings.gamma_cap
     steps: int | None = None
     schedule: str | None = None
     drafts: int | None = None  # K candidate drafts (None: the plan's default, 1)
@@ -98,6 +98,7 @@ class Settings:
     threads: int | None = None  # torch threads while timing; None: leave as is
     truncate_prompt: bool = False
     chat: bool = False  # prompts go through the target's chat template (every row alike)
+    gamma_cap: int | None = None  # the most a `gamma` auto row drafts (None: the drafter's, else 8)
 
 
 def default_prompts(pair: str | None, target: Any, registry: Registry | None = None) -> Path:

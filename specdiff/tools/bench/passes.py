@@ -16,6 +16,7 @@ from transformers.utils import logging as hf_logging
 from ...generation import Plan, iter_generate, plan
 from ...metrics import Metrics
 from ...names import PEERS
+from ...settings import AUTO
 from .config import NEEDS, REGISTRY, Models, Settings, Variant
 from .sweep import fits
 
@@ -45,7 +46,9 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
         target, drafter = models.graphs[v.runtime]["target"], models.graphs[v.runtime].get("drafter")
     k, temperature = v.drafts or 1, _temperature(v, s)
     default = s.acceptance if s.acceptance and fits(s.acceptance, k, temperature) else None  # e.g. a pair's
-    p = plan(target=target, drafter=drafter, method=v.method, gamma=v.gamma, steps=v.steps,
+    auto = v.gamma == AUTO  # the pair's or drafter's gamma is its cap, not an option that would fix it
+    p = plan(target=target, drafter=drafter, method=v.method, gamma=s.gamma_cap if auto else v.gamma,
+             adaptive=True if auto else None, steps=v.steps,
              schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
              acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
              top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size,

@@ -30,7 +30,9 @@ class Measured:
     alpha: float | None
     per_position_acceptance: list[float]
     accepted_length_histogram: list[int]  # k = 0..gamma accepted draft tokens
-    time_s: dict[str, float]  # draft, verify, other
+    draft_length_histogram: list[int]  # g = 0..gamma drafted tokens per verification (gamma auto: chosen)
+    draft_costs: dict[str, Any] | None  # the cost table gamma auto chose by (adaptive.Costs; None: fixed)
+    time_s: dict[str, float]  # draft, verify, control, other
     calls: dict[str, Any]  # target, target_prefill, drafter, drafter_per_iteration
     call_cost_s: dict[str, float | None]  # prefill, verify, drafter
     memory: dict[str, float | None]
@@ -94,6 +96,8 @@ def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: 
     wall, verify, draft = sum(mid.seconds), sum(c.seconds for c in target), sum(c.seconds for c in drafter)
     if not v.logged:  # no call log: the loop's own split
         verify, draft = m["time_s"]["verify"], m["time_s"]["draft"]
+    control = sum(own.control_s for own in mid.metrics if own is not None)  # the loop's own, every runtime
+    costs = next((own.costs.to_dict() for own in mid.metrics if own is not None and own.costs is not None), None)
     cost = {key: _median_of([mean_seconds(r.role_calls(role), prefill) for r in repeats])
             for key, role, prefill in (("prefill", "target", True), ("verify", "target", False),
                                        ("drafter", "drafter", False))}
@@ -101,8 +105,9 @@ def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: 
              "drafter_per_iteration": len(drafter) / m["iterations"] if m["iterations"] else 0.0}
     return Measured(v, spread([r.tokens_per_s for r in repeats]), sum(map(len, mid.tokens)),
                     statistics.median([r.tokens_per_s for r in repeats]) / v.batch_size, wall, m["iterations"],
-                    m["tau"], m["alpha"], m["per_position_acceptance"], histogram,
-                    {"draft": draft, "verify": verify, "other": max(wall - draft - verify, 0.0)}, calls, cost,
+                    m["tau"], m["alpha"], m["per_position_acceptance"], histogram, m["draft_length_histogram"], costs,
+                    {"draft": draft, "verify": verify, "control": control,
+                     "other": max(wall - draft - verify - control, 0.0)}, calls, cost,
                     memory, compile_s)
 
 

@@ -13,23 +13,28 @@ from ...acceptance import RULES
 from ...drafters.diffusion import get_schedule
 from ...errors import IncompatibleModelsError, UsageError
 from ...generation import DEFAULT_STEPS, DEFAULTS
+from ...settings import AUTO
 from .config import METHODS, NEEDS, REGISTRY, Models, Variant
 
-def variants(methods: Sequence[str], gammas: Sequence[int] = (DEFAULTS["gamma"],),
+def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["gamma"],),
              steps: Sequence[int | None] = (None,), schedules: Sequence[str] = (DEFAULTS["schedule"],),
              drafts: Sequence[int | None] = (None,), rules: Sequence[str | None] = (None,),
              temperatures: Sequence[float | None] = (None,), batch_sizes: Sequence[int] = (1,),
              runtimes: Sequence[str] = ("torch",)) -> list[Variant]:
     """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
-    only that) x drafts; the other drafting methods sweep gamma. Drafting rows sweep the rules
+    only that) x drafts; the other drafting methods sweep gamma. A gamma "auto" (specdiff.adaptive)
+    runs for the methods that choose their draft length (spec-ar, specdiff). Drafting rows sweep the rules
     that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
     each batch size and on each of `runtimes` ("torch": eager; "compiled"; a graph runtime, which
     runs ar and specdiff: exports hold a target and a diffusion drafter)."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHODS)})")
-    for name, values in (("gamma", gammas), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
+    if any(g != AUTO and not isinstance(g, int) for g in gammas):
+        raise UsageError(f"gamma values must be integers or {AUTO}, got {', '.join(map(str, gammas))}")
+    fixed: list[int] = [g for g in gammas if isinstance(g, int)]
+    for name, values in (("gamma", fixed), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
     check_rules(rules)
@@ -56,17 +61,22 @@ def _runs(v: Variant) -> bool:
     return not v.on_graphs or v.method in ("ar", "specdiff")
 
 
-def _drafting(methods: Sequence[str], gammas: Sequence[int], steps: Sequence[int | None],
+def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequence[int | None],
               schedules: Sequence[str]) -> Iterator[Variant]:
     for method in [m for m in METHODS if m in methods and m != "ar"]:
-        for g in gammas:
+        for g in [g for g in gammas if g != AUTO or "adaptive" in _settings(method)]:
             if "steps" not in _settings(method):
                 yield Variant(method, g)
                 continue
             for s in schedules:
                 fixed = get_schedule(s).fixed_steps
-                for t in dict.fromkeys([fixed] if fixed else [min(t or DEFAULT_STEPS, g) for t in steps]):
+                for t in dict.fromkeys([fixed] if fixed else [_at_most(t or DEFAULT_STEPS, g) for t in steps]):
                     yield Variant(method, g, t, s)
+
+
+def _at_most(steps: int, gamma: int | str) -> int:
+    """T is at most gamma (auto: at most its cap, which the plan knows; T as given)."""
+    return steps if gamma == AUTO else min(steps, int(gamma))
 
 
 def check_rules(rules: Iterable[str | None]) -> None:

@@ -1,0 +1,187 @@
+"""Adaptive draft length (`gamma` auto): each step of the speculative loop drafts G tokens per row,
+G in 0..gamma_max chosen from the PAST only (the rows' acceptance so far, the costs measured before
+decoding), so every acceptance rule stays exact (docs/lossless.md: the rules are exact for any
+draft length fixed before the draft is drawn). G = 0 is a plain step.
+
+    alpha_bk = (passed_bk + s * pool_k) / (reached_bk + s)    row b's acceptance of slot k, given
+               slots < k were accepted; pool_k = (P_k + 3) / (R_k + 4), the run's own (all rows so
+               far), optimistic (3/4) before it has seen a step: a drafter is tried before it is judged
+    E_b(g)   = 1 + sum_{k<=g} prod_{i<=k} alpha_bi            expected tokens of a step drafting g
+    G*       = argmax_G  sum_b E_b(min(G, room_b - 1)) / (c_v(R, G + 1) + c_d(R, G))
+
+c_v(R, w): one target call verifying w tokens for each of R rows; c_d(R, g): drafting g tokens for R
+rows (c_d(R, 0) = 0): `Costs`, timed once before decoding (`measure`: the fastest of REPEATS calls
+per cell, then made non-decreasing in w and g by pooling adjacent violators, since a wider call
+measured faster is noise). One G for the batch, not
+one per row: the verify call's width is max_b g_b + 1 whatever the others draft, so a row drafting
+less saves no verify time, and rows of different lengths cost one drafter call each. Rows still
+differ where their room clips them (the loop's min(G, room_b - 1)).
+
+Probing: a run that chose G = 0 learns nothing new about its drafter, so after `probe` plain steps
+in a row it drafts (the best length above 0); each probe that does not bring drafting back
+doubles the wait, so a useless drafter costs at most a few steps.
+
+May import: torch, contracts and decoding's Row for types only (decoding imports this module).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from operator import add
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from .contracts import Target
+    from .decoding import Row
+
+STRENGTH = 16.0  # pseudo-observations of the run's pooled acceptance in each row's estimate: a row's
+# first rejections do not turn it plain (it would then learn nothing more of its own until a probe)
+PROBE = 16  # plain steps in a row before a probe of one draft token (doubled after each failed probe)
+REPEATS = 3  # timed calls per cost cell; the fastest counts (the least disturbed by other processes)
+PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds of one verify call and one draft call, measured at `rows` = (1, R_max) rows, linear
+    in between: verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row, draft[i][g - 1] for
+    g = 1..gamma_max draft tokens per row."""
+
+    rows: tuple[int, ...]
+    verify: tuple[tuple[float, ...], ...]
+    draft: tuple[tuple[float, ...], ...]
+    measured_s: float = 0.0  # what measuring them took
+
+    @property
+    def gamma_max(self) -> int:
+        return len(self.draft[0])
+
+    def step(self, rows: int, G: int) -> float:
+        """c_v(rows, G + 1) + c_d(rows, G): a step of `rows` rows drafting G tokens each."""
+        return self._at(self.verify, rows, G) + (self._at(self.draft, rows, G - 1) if G else 0.0)
+
+    def _at(self, table: tuple[tuple[float, ...], ...], rows: int, i: int) -> float:
+        if len(self.rows) == 1 or rows <= self.rows[0]:
+            return table[0][i]
+        f = min((rows - self.rows[0]) / (self.rows[-1] - self.rows[0]), 1.0)
+        return table[0][i] + f * (table[-1][i] - table[0][i])
+
+    def to_dict(self) -> dict[str, Any]:
+        """As metrics report it: seconds per call by rows, widths w = 1..gamma_max + 1 (verify)
+        and draft lengths g = 1..gamma_max (draft)."""
+        return {"rows": list(self.rows), "verify_s": [[round(c, 6) for c in r] for r in self.verify],
+                "draft_s": [[round(c, 6) for c in r] for r in self.draft], "measured_s": round(self.measured_s, 3)}
+
+
+class Controller:
+    """Chooses each step's draft length G (`width`) from what earlier steps recorded (`record`).
+    Rows are keyed by the Row object, held while it decodes (its id cannot be reused); rows
+    that have left the batch are dropped at the next `width`."""
+
+    def __init__(self, costs: Costs, probe: int = PROBE):
+        self.costs, self.gamma_max, self.probe = costs, costs.gamma_max, probe
+        self.rows: dict[int, tuple[Row, list[int], list[int]]] = {}  # id -> (row, reached_k, passed_k)
+        self.reached, self.passed = [0] * self.gamma_max, [0] * self.gamma_max  # pooled over the run
+        self.plain, self.wait = 0, probe  # plain steps in a row; plain steps before the next probe
+        self.steps: dict[int, list[float]] = {}  # rows -> costs.step(rows, G) for G = 0..gamma_max
+
+    def width(self, batch: Sequence[Row]) -> int:
+        """G for this step of `batch`: the best expected tokens per second, or a probe."""
+        present = {id(row) for row in batch}
+        self.rows = {key: kept for key, kept in self.rows.items() if key in present}
+        pool = [(p + PRIOR[0]) / (r + PRIOR[1]) for p, r in zip(self.passed, self.reached)]
+        tokens = [0.0] * (self.gamma_max + 1)  # tokens[G] = sum_b E_b(min(G, room_b - 1))
+        for row in batch:
+            tokens = list(map(add, tokens, self._expected(row, pool, min(self.gamma_max, row.room() - 1))))
+        R = len(batch)
+        if R not in self.steps:
+            self.steps[R] = [self.costs.step(R, G) for G in range(self.gamma_max + 1)]
+        rates = [t / c for t, c in zip(tokens, self.steps[R])]
+        best = rates.index(max(rates))  # the shortest of equally good lengths
+        if best:
+            self.plain, self.wait = 0, self.probe  # drafting pays: probes start over
+            return best
+        return self._probed(rates.index(max(rates[1:]), 1))
+
+    def _expected(self, row: Row, pool: list[float], top: int) -> list[float]:
+        """[E_b(min(G, top)) for G = 0..gamma_max] from the row's counts, smoothed towards the pool."""
+        _, reached, passed = self.rows.get(id(row)) or (row, (0,) * self.gamma_max, (0,) * self.gamma_max)
+        e, prefix = [1.0], 1.0
+        for k in range(top):
+            prefix *= (passed[k] + STRENGTH * pool[k]) / (reached[k] + STRENGTH)
+            e.append(e[-1] + prefix)
+        return e + [e[-1]] * (self.gamma_max - top)
+
+    def _probed(self, drafting: int) -> int:
+        """A plain step (0), or after `wait` of them in a row the best length that drafts."""
+        self.plain += 1
+        if self.plain < self.wait:
+            return 0
+        self.plain, self.wait = 0, self.wait * 2
+        return drafting
+
+    def record(self, row: Row, drafted: int, accepted: int) -> None:
+        """A step of `row` drafted `drafted` tokens, the first `accepted` of them accepted: slot k
+        (0-based) was reached if accepted >= k, and passed if accepted > k."""
+        if id(row) not in self.rows:
+            self.rows[id(row)] = (row, [0] * self.gamma_max, [0] * self.gamma_max)
+        _, reached, passed = self.rows[id(row)]
+        for k in range(min(drafted, accepted + 1)):
+            reached[k] += 1
+            self.reached[k] += 1
+            passed[k] += k < accepted
+            self.passed[k] += k < accepted
+
+
+def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: list[Row], gamma_max: int,
+            copies: int = 1) -> Costs:
+    """Time c_v and c_d at 1 and len(rows) rows (each call REPEATS times, the fastest kept), on
+    `rows` (dummy rows of a short context, all of one length) joined to an emptied target cache,
+    which is emptied again after. copies: cached rows per row in a verify call (K drafts)."""
+    start, verify, drafts = time.perf_counter(), [], []
+    sizes = tuple(dict.fromkeys((1, len(rows))))
+    target.keep([])
+    for row in rows:
+        for _ in range(copies):
+            target.join(row.tensor())
+    for R in sizes[::-1]:  # the most rows first, then keep fewer
+        target.keep(list(range(R * copies)))
+        batch = rows[:R]
+        drafts.append(monotone([_fastest(partial(draft, batch, [g] * R), target) for g in range(1, gamma_max + 1)]))
+        verify.append(monotone([_fastest(partial(_extend, target, batch, w, copies), target)
+                                for w in range(1, gamma_max + 2)]))
+    target.keep([])
+    return Costs(sizes, tuple(verify[::-1]), tuple(drafts[::-1]), time.perf_counter() - start)
+
+
+def _extend(target: Target, batch: list[Row], w: int, copies: int) -> None:
+    """One verify-shaped call: w tokens for each row, then the cache rolled back."""
+    ids = torch.tensor([row.ids[-w:] for row in batch for _ in range(copies)], device=target.device)  # (R * K, w)
+    target.extend(ids)
+    target.rollback(len(batch[0].ids))
+
+
+def monotone(xs: list[float]) -> tuple[float, ...]:
+    """The non-decreasing sequence closest to xs in squared error (pool adjacent violators)."""
+    blocks: list[tuple[float, int]] = []  # (mean, size)
+    for x in xs:
+        mean, size = x, 1
+        while blocks and blocks[-1][0] > mean:
+            m, n = blocks.pop()
+            mean, size = (m * n + mean * size) / (n + size), n + size
+        blocks.append((mean, size))
+    return tuple(mean for mean, size in blocks for _ in range(size))
+
+
+def _fastest(call: Callable[[], Any], target: Target) -> float:
+    best = float("inf")
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        call()
+        target.sync()
+        best = min(best, time.perf_counter() - t)
+    return best
