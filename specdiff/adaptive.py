@@ -147,7 +147,7 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
     target.keep([])
     for row in rows:
         for _ in range(copies):
-            target.join(row.tensor())
+            target.join(row.tensor()[:, :-1])  # the loop's invariant: all but the last token cached
     for R in sizes[::-1]:  # the most rows first, then keep fewer
         target.keep(list(range(R * copies)))
         batch = rows[:R]
@@ -162,7 +162,7 @@ def _extend(target: Target, batch: list[Row], w: int, copies: int) -> None:
     """One verify-shaped call: w tokens for each row, then the cache rolled back."""
     ids = torch.tensor([row.ids[-w:] for row in batch for _ in range(copies)], device=target.device)  # (R * K, w)
     target.extend(ids)
-    target.rollback(len(batch[0].ids))
+    target.rollback(len(batch[0].ids) - 1)
 
 
 def monotone(xs: list[float]) -> tuple[float, ...]:

@@ -86,7 +86,7 @@ def check_used(chosen: dict[str, Setting], method: Method) -> None:
     options: they apply where they are read."""
     if chosen["adaptive"].value and chosen["adaptive"].source == "option" and "adaptive" not in method.settings:
         raise UsageError(f"method '{method.name}' does not choose its draft length: `gamma` {AUTO} needs "
-                         "spec-ar or specdiff; give an integer `gamma`")
+                         "spec-ar, specdiff or dflash; give an integer `gamma`")
     for key in METHOD_SETTINGS:
         if key != "adaptive" and chosen[key].source == "option" and key not in method.settings:
             reads = ", ".join(f"`{k}`" for k in method.settings) or "none of the draft settings"

@@ -21,14 +21,15 @@ drafters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from .. import acceptance as single
 from ..contracts import Draft, Rule
-from ..decoding import Row, decode_drafted, empty_draft
+from ..adaptive import Costs
+from ..decoding import Row, decode_drafted, empty_draft, measure_costs
 from ..drafters.dflash import DFlashDrafter
 from ..nets.dflash import ContextCache
 from ..errors import UsageError
@@ -133,17 +134,31 @@ class DFlashDecoder:
     settings: DraftSettings
     sampling: Sampling
     reads: tuple[str, ...]  # the settings its method reads (methods.Method.settings)
+    measured: dict[int, Costs] = field(default_factory=dict)  # batch size -> its cost table (gamma auto)
 
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
-        """Capture the drafter's layers for this run (a fresh cache), stop capturing after it."""
+        """Capture the drafter's layers for this run (a fresh cache), stop capturing after it;
+        with `adaptive`, time the target and the draft step first (decoding.measure_costs, once
+        per batch size, kept for later runs)."""
         self.target.capture(self.drafts.layers)
         self.drafts.contexts = RowContexts()
         try:
+            costs = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
-                                      self.settings.gamma, batch_size)
+                                      self.settings.gamma, batch_size, costs=costs)
         finally:
             self.target.capture(())
             self.drafts.contexts = RowContexts()
+
+    def costs(self, batch_size: int) -> Costs | None:
+        """gamma auto's cost table at this batch size (None: fixed gamma), measured on dummy rows
+        with the capture on, then the cache and the drafter's contexts emptied."""
+        if not self.settings.adaptive:
+            return None
+        if batch_size not in self.measured:
+            self.measured[batch_size] = measure_costs(self.target, self.drafts, self.settings.gamma, batch_size)
+            self.drafts.contexts = RowContexts()
+        return self.measured[batch_size]
 
     def warm_up(self, rows: int, length: int) -> None:
         raise UsageError("method 'dflash' runs the eager torch target; it does not `compile`")
