@@ -40,7 +40,7 @@ from .errors import DefaultPairWarning, RegistryError, UsageError
 from .gguf import GGUFSource, gguf_directory
 from .reading import read_small_text
 from .resources import data_path
-from .settings import TYPES
+from .settings import DECLARED, TYPES, problem
 
 DEFAULT_FILE = data_path("models.yaml")
 KINDS = ("target", "drafter", "pair")
@@ -273,6 +273,9 @@ def _pair(raw: dict, where: str, path: Path) -> PairEntry:
             raise RegistryError(f"{where}: unknown default '{key}' (allowed: {', '.join(DEFAULT_TYPES)})")
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise RegistryError(f"{where}: default '{key}' has the wrong type: {value!r}")
+        wrong = problem(key, value) if key in DECLARED else None
+        if wrong:  # of the right type, but not a value the setting takes (gamma "5": only auto is a string)
+            raise RegistryError(f"{where}: default {wrong}, got {value!r}")
     prompts = (path.resolve().parent / raw["prompts"]).resolve() if "prompts" in raw else None
     return PairEntry(name=raw["name"], target=raw["target"], drafter=raw["drafter"], defaults=defaults,
                      description=raw.get("description", ""), ar_drafter=raw.get("ar_drafter"), prompts=prompts)

@@ -346,7 +346,8 @@ WRITERS = {  # command -> the directory it writes (under tmp)
 }
 
 
-@pytest.mark.parametrize("command", WRITERS)
+@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if c == "export" else c
+                                     for c in WRITERS])  # export: 11 s, CI's slow step
 def test_written_files_and_directories_have_ordinary_modes(tiny, tmp_path, command, mask=0o027):
     """What the CLI writes is as any file or directory the user makes: mode 0o666 / 0o777 less
     the umask. safetensors wrote weights 0o600 beside 0o644 configs, and directories written

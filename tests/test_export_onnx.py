@@ -60,7 +60,7 @@ def test_manifest_records_sources_tokenizer_io_tools_and_validation(tiny, onnx_p
     assert any("batch 3" in c and "19" in c for c in target["validation"]["cases"])
 
 
-@pytest.mark.parametrize("which", ["onnx_pair", "onnx_neo"])
+@pytest.mark.parametrize("which", ["onnx_pair", pytest.param("onnx_neo", marks=pytest.mark.slow)])  # 9 s: slow step
 def test_graphs_are_what_tensorrt_needs(which, request):
     directory = request.getfixturevalue(which)
     m = manifest(directory)

@@ -191,8 +191,19 @@ ENTRY_ERRORS = {
             kind: pair
             target: a
             drafter: a
+            defaults: {steps: "5"}
+     """, 5, "entry 'a+a': default 'steps' has the wrong type: '5'"),
+    "default out of bounds": ("""
+        models:
+          - name: a
+            kind: target
+            hub: x/a
+          - name: a+a
+            kind: pair
+            target: a
+            drafter: a
             defaults: {gamma: "5"}
-     """, 5, "entry 'a+a': default 'gamma' has the wrong type: '5'"),
+     """, 5, "entry 'a+a': default `gamma` must be an integer >= 1 or auto, got '5'"),
     "boolean default": ("""
         models:
           - name: a
@@ -304,8 +315,10 @@ def test_cli_generate_uses_registry_names_and_pair_defaults(tmp_path, tiny):
     record = json.loads(by_pair.stdout)
     assert escape_line(record["text"]) == by_name.stdout.rstrip("\n")  # greedy: the drafter changes nothing
     assert record["metrics"]["new_tokens"] == 7  # the pair's max_new_tokens
-    assert len(record["metrics"]["per_position_acceptance"]) == 3  # the pair's gamma
-    assert json.loads(by_pair.stderr)["method"] == "specdiff"  # the drafter's method
+    settings = json.loads(by_pair.stderr)["settings"]
+    assert settings["gamma"] == {"value": 3, "from": "pair"}  # the pair's gamma: auto's cap
+    assert len(record["metrics"]["draft_costs"]["draft_s"][0]) == 3  # auto timed draft lengths 1..3
+    assert settings["method"] == {"value": "specdiff", "from": "drafter"}  # the drafter's method
     overridden = CliRunner().invoke(cli, ["generate", "--pair", "tiny+drafter", "--prompt", "The sea", "--jsonl",
                                           "--max-new-tokens", "2"], env=env)
     assert json.loads(overridden.stdout)["metrics"]["new_tokens"] == 2  # options beat pair defaults
