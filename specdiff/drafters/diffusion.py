@@ -5,9 +5,11 @@ denoising steps. A schedule decides which slots a step commits:
                 each slot drawn from the x0 distribution computed at that step. Exact under the
                 standard rule: given x_<j, x_j was drawn from the q_j recorded for it.
     oneshot     l2r with T = 1: every slot from its marginal in one forward pass. Exact.
-    confidence  step s commits the still-masked slots whose distribution is most peaked, as the
-                MDLM/SEDD samplers do. q_j is then not the conditional of x_j given x_<j, so only
-                greedy, match or select (point-mass) acceptance is exact with it.
+    confidence  step s commits the still-masked slots whose x0 distribution is most peaked
+                (largest max of the untempered softmax, whatever the sampling warps: the
+                "low_confidence" order of the MDLM / LLaDA / dllm samplers). q_j is then not the
+                conditional of x_j given x_<j, so only greedy, match or select (point-mass)
+                acceptance is exact with it.
 
 The x0 distribution at a masked slot is a softmax of the raw logits over the target's real
 vocabulary (the mask id and any padding rows are never proposed): both the MDLM (SUBS) and SEDD
@@ -145,15 +147,16 @@ def block_sizes(gamma: int, steps: int) -> list[int]:
     return [gamma // steps + (i < gamma % steps) for i in range(steps)]
 
 
-def _pick_l2r(probs: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
+def _pick_l2r(logits: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
     """The first k still-masked slots of each row -> (B, k) slot indices."""
     first = (~masked).sum(dim=1, keepdim=True)  # committed slots form a prefix
     return first + torch.arange(k, device=masked.device)
 
 
-def _pick_confidence(probs: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
-    """The k still-masked slots with the highest max-probability -> (B, k)."""
-    score = probs.max(dim=-1).values.masked_fill(~masked, -math.inf)  # (B, gamma)
+def _pick_confidence(logits: torch.Tensor, masked: torch.Tensor, k: int) -> torch.Tensor:
+    """The k still-masked slots with the highest untempered max-probability -> (B, k). (The warped
+    probabilities are one-hot at temperature 0: every slot would tie.)"""
+    score = logits.softmax(dim=-1).max(dim=-1).values.masked_fill(~masked, -math.inf)  # (B, gamma)
     return score.topk(k, dim=1).indices
 
 
@@ -163,7 +166,7 @@ ORDER_FREE = ALL_RULES - {"standard", "multi"}  # exact whatever order the slots
 
 @dataclass(frozen=True)
 class Schedule:
-    """pick(probs (B, gamma, V), masked (B, gamma) bool, k) -> (B, k) slots to commit.
+    """pick(x0 logits (B, gamma, V), masked (B, gamma) bool, k) -> (B, k) slots to commit.
     exact_rules: the acceptance rules exact with its drafts (see the module docstring)."""
 
     name: str
@@ -224,7 +227,7 @@ class DiffusionProposer:
         for k in sizes:
             logits = d.x0_logits(x, gamma, pad)  # (B, gamma, V)
             probs = sampling.probs(logits)
-            slots = self.schedule.pick(probs, x[:, n:] == d.mask_id, k)  # (B, k)
+            slots = self.schedule.pick(logits, x[:, n:] == d.mask_id, k)  # (B, k)
             chosen = probs[rows, slots]  # (B, k, V)
             x[rows, n + slots] = sampling.sample(chosen, generator)
             q[rows, slots] = record.probs(logits[rows, slots]) if record else chosen
