@@ -4,7 +4,7 @@ A model is named by a models.yaml entry, a local directory, a GGUF file (convert
 user cache, specdiff.gguf), or a hub id ("owner/name"); only the last touches the network, and only because the user named it. Drafter formats are detected from
 the files (a models.yaml `format:` names one instead): a diffusion checkpoint in the project's own,
 the SEDD hub or the MDLM HF format (nets/formats.py), a DFlash draft as published (nets/dflash.py),
-else any Hugging Face causal LM (an AR drafter for `spec-ar`). Of a hub drafter only config.json,
+a masked-diffusion Qwen3 of dllm (model_type a2d-qwen3, nets/a2d.py), else any Hugging Face causal LM (an AR drafter for `spec-ar`). Of a hub drafter only config.json,
 the weights file of its format and any tokenizer files are downloaded.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -25,11 +26,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3F
 from transformers.utils import logging as hf_logging
 
 from .contracts import Target
+from .drafters.a2d import A2DDrafter
 from .drafters.autoregressive import ARDrafter
 from .drafters.dflash import DFlashDrafter
 from .drafters.diffusion import DiffusionDrafter
 from .gguf import GGUFSource, gguf_directory
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
+from .nets.a2d import is_a2d, mask_token_id, read_a2d_config
 from .nets.checkpoint import read_json
 from .nets.dflash import MASK_OVERRIDE, WEIGHTS as DFLASH_WEIGHTS, is_dflash, load_dflash
 from .nets.formats import FORMATS, Format, detect, get_format, load_checkpoint
@@ -208,9 +211,12 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
     source, entry = resolve(name_or_path, ("target",), registry)
     if _is_block(source):
         return _load_block(source, entry, device, dtype, registry)
-    if is_dflash(_config(source)):
-        raise LoadError(f"{source}: a DFlash draft (config.json architectures DFlashDraftModel), not a target: "
-                        "load it with load_drafter, beside the causal LM it drafts for")
+    config = _config(source)
+    for kind, found in (("a DFlash draft (config.json architectures DFlashDraftModel)", is_dflash(config)),
+                        ("a masked-diffusion drafter (config.json model_type a2d-qwen3)", is_a2d(config))):
+        if found:
+            raise LoadError(f"{source}: {kind}, not a target: load it with load_drafter, beside the causal LM "
+                            "it drafts for")
     model, tokenizer, name = _load_causal_lm(name_or_path, ("target",), device, dtype, registry)
     return CausalLMTarget(model, tokenizer, name)
 
@@ -242,14 +248,22 @@ def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
                                 dtype=resolve_dtype(dtype, device), trust_remote_code=False,
                                 output_loading_info=True)
     _check_loading_info(source, info)
-    verbosity = hf_logging.get_verbosity()  # AutoTokenizer warns that it does not know model_type sdar
-    hf_logging.set_verbosity_error()
-    try:
-        tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or str(directory))
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    tokenizer = _quiet_tokenizer(_tokenizer_source(entry, registry) or str(directory))
     return BlockDiffusionTarget(model.to(device), tokenizer, entry.name if entry else source,
                                 block_size=block_size, mask_id=mask_id)
+
+
+def _quiet_tokenizer(source: str) -> Any:
+    """load_tokenizer beside a config.json whose model_type transformers does not know (sdar,
+    a2d-qwen3), of which AutoTokenizer would warn (and of the config's transformers-4 fields)."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return load_tokenizer(source)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _tokenizer_source(entry: ModelEntry | None, registry: Registry) -> str | None:
@@ -268,8 +282,9 @@ def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype:
                  registry: Registry | None = None) -> nn.Module | BlockDiffusionTarget:
     """A drafter: a DiffusionDrafter (forward(input_ids (B, L), sigma (B,)) -> raw logits
     (B, L, V_drafter)) for diffusion checkpoints, an ARDrafter for a causal LM, a
-    BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact), or a
-    DFlashDrafter for a DFlash draft (config.json architectures DFlashDraftModel)."""
+    BlockDiffusionTarget for an SDAR checkpoint (the draft model of simsd-exact), a DFlashDrafter
+    for a DFlash draft (config.json architectures DFlashDraftModel), or an A2DDrafter (the
+    DiffusionDrafter interface) for dllm's masked-diffusion Qwen3 (model_type a2d-qwen3)."""
     check_device(device)
     resolve_dtype(dtype, device)
     registry = as_registry(registry)
@@ -278,6 +293,8 @@ def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype:
         return _load_block(source, entry, device, dtype, registry)
     if not (entry and entry.format) and is_dflash(_config(source)):
         return _load_dflash(source, entry, device, dtype, registry)
+    if not (entry and entry.format) and is_a2d(_config(source)):
+        return _load_a2d(source, entry, device, dtype, registry)
     fmt = _drafter_format(source, entry)
     if fmt is None:
         if Path(source).is_dir():
@@ -294,6 +311,9 @@ def load_diffusion_drafter(name_or_path: str, *, registry: Registry | None = Non
     registry = as_registry(registry)
     source, entry = resolve(name_or_path, ("drafter", "target"), registry)
     fmt = _drafter_format(source, entry)
+    if fmt is None and is_a2d(_config(source)):
+        raise UsageError(f"'{name_or_path}' is a masked-diffusion Qwen3 of dllm (model_type a2d-qwen3): it drafts "
+                         "as published; `drafter convert` rewrites DDiT drafters only")
     if fmt is None:
         raise UsageError(f"'{name_or_path}' is not a diffusion drafter (formats: {', '.join(FORMATS)})")
     return _load_diffusion(source, entry, fmt, registry).eval()
@@ -316,6 +336,24 @@ def _load_dflash(source: str, entry: ModelEntry | None, device: str, dtype: str,
     return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
 
 
+def _load_a2d(source: str, entry: ModelEntry | None, device: str, dtype: str, registry: Registry) -> A2DDrafter:
+    """dllm's masked-diffusion Qwen3 in transformers' own Qwen3 class (nets/a2d.py), strictly
+    loaded; the mask id is its tokenizer's, and the real vocabulary the tokenizer's tokens less that
+    mask when it was added last (as dllm adds `<|mask|>`)."""
+    directory = _fetch(source, BLOCK_FILES)
+    tokenizer = _drafter_tokenizer(directory, entry, registry)
+    mask = mask_token_id(tokenizer, directory)
+    config = read_a2d_config(directory, mask)
+    with _no_loading_bars():
+        model, info = _hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
+                                dtype=resolve_dtype(dtype, device), trust_remote_code=False,
+                                output_loading_info=True)
+    _check_loading_info(source, info)
+    vocab = len(tokenizer) - (mask == len(tokenizer) - 1)
+    return A2DDrafter(model.to(device).eval(), mask_id=mask, vocab_size=vocab, tokenizer=tokenizer,
+                      source=entry.name if entry else source)
+
+
 def _load_diffusion(source: str, entry: ModelEntry | None, fmt: Format, registry: Registry) -> DiffusionDrafter:
     directory = _fetch(source, ("config.json", fmt.weights, *TOKENIZER_FILES))
     backbone, fields = load_checkpoint(directory, fmt)
@@ -327,7 +365,7 @@ def _drafter_tokenizer(directory: Path, entry: ModelEntry | None, registry: Regi
     """The tokenizer beside the weights, else the entry's `tokenizer:`, else None (the SEDD and
     MDLM repositories carry none; check_pair then compares vocabulary sizes only)."""
     if any((directory / name).is_file() for name in TOKENIZER_FILES):
-        return load_tokenizer(str(directory))
+        return _quiet_tokenizer(str(directory))
     source = _tokenizer_source(entry, registry)
     return load_tokenizer(source) if source else None
 
@@ -370,6 +408,8 @@ def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     if drafter.tokenizer is None:
         return
     ours, theirs = target.tokenizer.get_vocab(), drafter.tokenizer.get_vocab()
+    if isinstance(drafter, A2DDrafter) and drafter.mask_id >= drafter.vocab_size:  # dllm's added <|mask|>
+        theirs = {token: i for token, i in theirs.items() if i != drafter.mask_id}
     if ours != theirs:
         differ = sorted((t for t in ours.keys() | theirs.keys() if ours.get(t) != theirs.get(t)),
                         key=lambda t: ours.get(t, len(ours)))

@@ -329,15 +329,11 @@ def test_the_published_drafters_models_yaml_names_load_from_the_hub_cache(tmp_pa
 
     from specdiff.drafters.dflash import DFlashDrafter
     from specdiff.loading import load_drafter
-    from tiny import make_dflash, make_qwen3, make_tokenizer
+    from tiny import hub_snapshot, make_dflash, make_qwen3, make_tokenizer
 
     target = make_qwen3(tmp_path / "qwen3", make_tokenizer(tmp_path / "tok", vocab_size=300))
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    for entry, repo in (("qwen3-8b-dflash", "z-lab/Qwen3-8B-DFlash-b16"), ("qwen3-4b-dflash", "z-lab/Qwen3-4B-DFlash-b16")):
-        folder = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
-        make_dflash(folder / "snapshots" / commit, target)
-        (folder / "refs").mkdir()
-        (folder / "refs" / "main").write_text(commit)
+    for repo in ("z-lab/Qwen3-8B-DFlash-b16", "z-lab/Qwen3-4B-DFlash-b16"):
+        make_dflash(hub_snapshot(tmp_path / "hub", repo), target)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     for entry in ("qwen3-8b-dflash", "qwen3-4b-dflash"):

@@ -17,12 +17,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from tokenizers import Tokenizer, models
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from specdiff.acceptance import leading_true, match, standard
 from specdiff.adaptive import Controller, Costs
 from specdiff.decoding import Row
+from specdiff.drafters.a2d import A2DDrafter
 from specdiff.drafters.autoregressive import ARDrafter, ARProposer
 from specdiff.drafters.diffusion import DiffusionDrafter, DiffusionProposer
 from specdiff.nets.dit import DDiT, DiTConfig
@@ -56,8 +57,13 @@ def target():
 def drafters():
     diffusion = DDiT(DiTConfig(vocab_size=V + 1, hidden_size=16, n_heads=2, n_blocks=1, cond_dim=8,
                                time_conditioning=False)).init_random(torch.Generator().manual_seed(3), std=0.3)
+    torch.manual_seed(4)
+    a2d = Qwen3ForCausalLM(Qwen3Config(vocab_size=V + 1, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                       max_position_embeddings=32, initializer_range=0.3)).eval()
     return {"diffusion": DiffusionDrafter(diffusion, vocab_size=V, mask_id=V, context_length=8).eval(),
-            "ar": ARDrafter(_gpt2(9, 10.0), _tokenizer())}
+            "ar": ARDrafter(_gpt2(9, 10.0), _tokenizer()),
+            "a2d": A2DDrafter(a2d, mask_id=V, vocab_size=V)}
 
 
 @torch.no_grad()
@@ -157,13 +163,15 @@ CASES = [  # (drafter, schedule, steps, rule, sampling)
     ("ar", None, None, match, "top-p0.8"),
     ("diffusion", "l2r", 2, standard, "t1-rep3"),
     ("ar", None, None, standard, "t1-rep3"),
+    ("a2d", "l2r", 2, standard, "t1"),
+    ("a2d", "confidence", 2, match, "t0.7-top3"),
 ]
 
 
 def _proposer(drafters, kind, schedule, steps):
     if kind == "ar":
         return ARProposer(drafters["ar"])
-    return DiffusionProposer(drafters["diffusion"], schedule, steps)
+    return DiffusionProposer(drafters[kind], schedule, steps)
 
 
 @pytest.mark.parametrize("kind,schedule,steps,rule,sampling", CASES,
@@ -179,7 +187,7 @@ def test_speculative_step_has_the_target_distribution(target, drafters, kind, sc
 
 
 @pytest.mark.parametrize("broken", [broken_residual, always_accept])
-@pytest.mark.parametrize("kind,schedule", [("diffusion", "l2r"), ("ar", None)])
+@pytest.mark.parametrize("kind,schedule", [("diffusion", "l2r"), ("ar", None), ("a2d", "l2r")])
 def test_a_broken_rule_fails_the_same_test(target, drafters, broken, kind, schedule):
     s = SAMPLINGS["t1"]
     cells, _ = speculative_samples(target, _proposer(drafters, kind, schedule, 2), broken, s, seed=11)

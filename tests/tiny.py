@@ -3,6 +3,7 @@ them through the same code path as real checkpoints."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -134,3 +135,34 @@ def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: i
     directory.mkdir(parents=True)
     save_dflash(directory, net, DFlashSpec(block_size, rows - 1, target_layer_ids, config.num_hidden_layers))
     return directory
+
+
+def make_a2d(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, heads: int = 4, layers: int = 2,
+             n_positions: int = 128, scale: float = 1.0) -> Path:
+    """A random A2D masked-diffusion Qwen3 laid out as dllm publishes one (nets.a2d.save_a2d): a
+    tied head, a copy of `tokenizer` with `<|mask|>` added past its tokens, and embedding rows
+    rounded up to a multiple of 8 (Qwen3: 151,936 rows for 151,670 tokens)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from specdiff.nets.a2d import save_a2d
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"mask_token": "<|mask|>"})
+    torch.manual_seed(seed)
+    eos = tok.eos_token_id
+    cfg = Qwen3Config(vocab_size=-(-len(tok) // 8) * 8, hidden_size=dim, intermediate_size=2 * dim,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2, head_dim=dim // heads,
+                      max_position_embeddings=n_positions, bos_token_id=eos, eos_token_id=eos,
+                      initializer_range=0.02 * scale, tie_word_embeddings=True)
+    save_a2d(directory, Qwen3ForCausalLM(cfg))
+    tok.save_pretrained(str(directory))
+    return directory
+
+
+def hub_snapshot(hub: Path, repo: str, commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """The snapshot folder of `repo` in a Hugging Face cache rooted at `hub`, its refs/main set
+    (the caller fills the folder)."""
+    folder = hub / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    return folder / "snapshots" / commit

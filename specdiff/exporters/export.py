@@ -19,6 +19,8 @@ from specdiff.extras import require
 from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
 from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
+from specdiff.drafters.a2d import A2DDrafter
+from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.loading import is_block_checkpoint, load_drafter, load_target, pair_models
@@ -136,13 +138,21 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
     if d is not None and not isinstance(d, DiffusionDrafter):
-        raise UsageError(f"'{drafter}' is a causal LM, not a diffusion drafter: export it with `target`")
+        raise UsageError(f"'{drafter}' is {_unexported_kind(d)}")
     if t is not None and d is not None:
         pair_models(t, d)
     tokenizer = t.tokenizer if t is not None else d.tokenizer if d is not None else None  # _names: one is given
     if tokenizer is None:
         raise UsageError(f"drafter '{drafter}' carries no tokenizer: export it together with its `target`")
     return t, d, tokenizer
+
+
+def _unexported_kind(drafter: Any) -> str:
+    """Why a loaded drafter that is not a DDiT has no drafter graph here."""
+    if isinstance(drafter, (A2DDrafter, DFlashDrafter)):
+        kind = "a masked-diffusion Qwen3 of dllm" if isinstance(drafter, A2DDrafter) else "a DFlash drafter"
+        return f"{kind}: `specdiff export` writes DDiT drafter graphs only; run it with the torch runtime"
+    return "a causal LM, not a diffusion drafter: export it with `target`"
 
 
 def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str, opset: int, max_batch: int,

@@ -4,6 +4,7 @@
     parameterization.py  raw network output -> x0 logits (subs, sedd)
     checkpoint.py        the project's drafter directory: config.json, safetensors, shared rows
     formats.py           reading MDLM / SEDD checkpoints as published
+    a2d.py               dllm's masked-diffusion Qwen3 (A2D) checkpoints, checked, in transformers' Qwen3
     sdar.py              the SDAR block-diffusion LM's config, checked, in transformers' Qwen3
     dflash.py            the DFlash draft network (target-conditioned, Qwen3 layers) and its
                          published checkpoint format, read strictly

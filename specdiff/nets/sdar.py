@@ -75,6 +75,8 @@ def qwen3_config(config: dict, where: Path, what: str, own: tuple[str, ...] = OW
     """The Qwen3 fields of a config.json (all but the format's `own` fields) as transformers' own
     Qwen3Config; one LoadError naming the file for a malformed one (SDAR, nets/dflash.py)."""
     fields = {k: v for k, v in config.items() if k not in own}
+    if fields.get("rope_scaling", 0) is None:  # written by transformers 4 as null; 5 deprecates the key
+        del fields["rope_scaling"]
     try:
         return Qwen3Config(**fields)
     except (TypeError, ValueError, StrictDataclassError) as e:
