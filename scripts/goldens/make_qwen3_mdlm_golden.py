@@ -4,7 +4,8 @@ a tiny random masked-diffusion Qwen3 in the published layout of dllm-hub/Qwen3-0
 (config.json + model.safetensors) and the reference's logits and greedy drafts on fixed inputs, which
 tests/test_a2d.py compares with specdiff's drafter. Not run by CI; nothing of specdiff is imported.
 
-    git clone https://github.com/ZHZisZZ/dllm /tmp/dllm && git -C /tmp/dllm checkout ca17675
+    git clone --no-checkout https://github.com/ZHZisZZ/dllm /tmp/dllm
+    git -C /tmp/dllm sparse-checkout set dllm && git -C /tmp/dllm checkout --detach ca17675
     python -m venv /tmp/ref4570 --system-site-packages
     /tmp/ref4570/bin/pip install transformers==4.57.0          # the version the reference pins
     /tmp/ref4570/bin/python scripts/goldens/make_qwen3_mdlm_golden.py --reference /tmp/dllm \
@@ -17,10 +18,10 @@ and `dllm.core` packages over the checkout's folders, so `dllm.core.samplers` im
 What it does (weights random, from fixed seeds; MASK = 250 past a 250-token vocabulary, 256 rows,
 as `<|mask|>` 151669 lies past Qwen3's 151669 tokens in 151936 rows):
 1. A2DQwen3LMHeadModel (2 layers, hidden 32, 4 heads / 2 KV heads, head_dim 16, tied embedding
-   and head as in Qwen3-0.6B; the recipe of make_dflash_golden.py with the embedding scaled by
-   1/4, else its logits reach 26 and every draft is one token) saved in bf16 under the stock Qwen3 keys, `lm_head.weight` included
-   (equal to the embedding), then loaded back with from_pretrained in fp32, which must report no
-   missing or unexpected key.
+   and head as in Qwen3-0.6B; the random recipe of make_dflash_golden.py with the embedding
+   scaled by 1/4, else its logits reach 26 and every draft is one token) saved in bf16 under the
+   stock Qwen3 keys, `lm_head.weight` included (equal to the embedding), then loaded back with
+   from_pretrained in fp32, which must report no missing or unexpected key.
 2. Its logits on two rows of 20: 12 random ids + 8 masks; 4 padding ids (attention mask 0, the
    reference's default positions 0..19) + 8 random ids + 8 masks.
 3. MDLMSampler's greedy drafts (temperature 0, low_confidence remasking, one block of 8, 4 steps,
