@@ -13,35 +13,26 @@ import click
 from .threads import MAX_THREADS
 
 
-class FiniteList(click.ParamType):
-    """Comma-separated finite numbers -> a tuple (ranges are checked by the library)."""
+class NumberList(click.ParamType):
+    """Comma-separated numbers of one kind -> a tuple (ranges are checked by the library):
+    NumberList(float) refuses nan and inf, NumberList(int) anything not an integer."""
 
     name = "LIST"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[float, ...]:
+    def __init__(self, kind: type[int] | type[float]):
+        self.kind = kind
+        self.what = "integers" if kind is int else "numbers"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Any, ...]:
         if isinstance(value, tuple):
             return value
         try:
-            numbers = tuple(float(v) for v in str(value).split(","))
+            numbers = tuple(self.kind(v) for v in str(value).split(","))
         except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+            self.fail(f"{value!r} is not a comma-separated list of {self.what}", param, ctx)
         if not all(math.isfinite(n) for n in numbers):
             self.fail(f"{value!r} is not a list of finite numbers", param, ctx)
         return numbers
-
-
-class IntList(click.ParamType):
-    """Comma-separated integers -> a tuple (ranges are checked by the library)."""
-
-    name = "LIST"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
-        if isinstance(value, tuple):
-            return value
-        try:
-            return tuple(int(v) for v in str(value).split(","))
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
 
 
 class Finite(click.FloatRange):
@@ -80,7 +71,7 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--method", type=click.Choice(["specdiff", "dflash"]), default="specdiff", show_default=True,
               help="The drafter trained: a masked-diffusion drafter (specdiff) or a DFlash drafter reading the "
                    "target's hidden states (dflash: the target's width, a block of gamma + 1).")
-@click.option("--target-layers", type=IntList(), metavar="LIST",
+@click.option("--target-layers", type=NumberList(int), metavar="LIST",
               help="dflash: the target layers (0-based) whose outputs the drafter reads [default: the DFlash rule].")
 @click.option("--anchors", type=int, default=4, show_default=True,
               help="dflash: blocks drawn from each sequence of a batch.")
@@ -108,9 +99,9 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
 @click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
-@click.option("--teacher-temperature", type=FiniteList(), default="0", show_default=True,
+@click.option("--teacher-temperature", type=NumberList(float), default="0", show_default=True,
               help="Target sampling for the continuations, 0 = greedy; a list (1,0.8) alternates settings by chunk.")
-@click.option("--teacher-top-p", type=FiniteList(), default="1", show_default=True,
+@click.option("--teacher-top-p", type=NumberList(float), default="1", show_default=True,
               help="Target top-p: one value, or one per --teacher-temperature.")
 @click.option("--samples-per-prompt", type=int, default=1, show_default=True, help="Continuations of each prompt.")
 @click.option("--soft-labels", type=int, default=0, show_default=True, metavar="K",

@@ -8,6 +8,7 @@ tests/test_sampling_exact.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -50,8 +51,8 @@ def _run(models, target, batch_size, table=None, *, method, **options):
     drafter = {"spec-ar": models["ar"], "specdiff": models["diffusion"]}.get(method)
     p = plan(target=models[target], drafter=drafter, method=method, max_new_tokens=MAX_NEW, batch_size=batch_size,
              **options)
-    if table is not None:
-        p.decoder.measured[batch_size] = table
+    if table is not None:  # a decoder of its own: the models' kept tables stay as timed
+        p = replace(p, decoder=replace(p.decoder, measured={batch_size: table}))
     return list(iter_generate(PROMPTS, p))
 
 
@@ -243,3 +244,19 @@ def test_gamma_auto_on_the_static_cache(models):
                    max_new_tokens=MAX_NEW).outputs
     _assert_identical(got, reference, "specdiff auto on the static cache, batch 3")
     assert got[0].metrics.costs is not None and target.rows == 0
+
+
+def test_cost_tables_are_timed_once_per_loaded_models_and_settings(models, monkeypatch):
+    """generate() called again with the same loaded models and settings (a library user's
+    per-request calls) times nothing; a new batch size or other settings are timed afresh."""
+    from specdiff.methods import speculative
+
+    timed = []
+    measure = speculative.measure_costs
+    monkeypatch.setattr(speculative, "measure_costs", lambda *a, **k: timed.append(a[3]) or measure(*a, **k))
+    run = dict(target=models["gpt2"], drafter=models["ar"], method="spec-ar", gamma="auto", max_new_tokens=4,
+               temperature=0.9, top_k=5)  # settings no other test here uses: nothing timed yet
+    for batch_size in (2, 2, 1, 2):
+        generate(PROMPTS[:2], batch_size=batch_size, **run)
+    generate(PROMPTS[:2], batch_size=2, **{**run, "top_k": 6})
+    assert timed == [2, 1, 2]

@@ -1,15 +1,17 @@
 """What a method is: its declaration (Method), the models it decodes with (Models), the kinds of
 drafter and target it may need, and the step-size check every causal decoder shares.
 
-May import: specdiff's contracts, settings, budget, errors and the drafters' and targets' kinds;
+May import: specdiff's contracts, settings, budget, adaptive, errors and the drafters' and targets' kinds;
 not generation (which imports this).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
+from ..adaptive import Costs
 from ..budget import check_step
 from ..contracts import Decoder, Proposer, Target
 from ..drafters.autoregressive import ARDrafter
@@ -109,3 +111,27 @@ def check_sizes(target: Target, *, gamma: int | None, copies: int, batch_size: i
              **({"gamma": gamma} if gamma is not None else {})}
     tokens = min(gamma + 1, max_new_tokens) if gamma is not None else 1
     check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
+
+
+# target -> drafter -> (draft settings, sampling) -> {batch size: Costs}; gone with either model
+_KEPT: "weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[Hashable, dict[int, Costs]]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def kept_costs(target: Any, drafter: Any, key: Hashable) -> dict[int, Costs]:
+    """The cost tables (batch size -> Costs) that every decoder of these two loaded models under
+    `key` (its draft settings and sampling) shares in this process: a library user calling
+    generate() per request times them once, not on every call (seconds each)."""
+    by_drafter = _KEPT.setdefault(target, weakref.WeakKeyDictionary())
+    return by_drafter.setdefault(drafter, {}).setdefault(key, {})
+
+
+def cost_table(measured: dict[int, Costs], adaptive: bool, batch_size: int,
+               measure: Callable[[], Costs]) -> Costs | None:
+    """gamma auto's cost table at this batch size: `measure()` at its first use, then kept in
+    `measured` (kept_costs' tables, by batch size); None for a fixed gamma (not adaptive)."""
+    if not adaptive:
+        return None
+    if batch_size not in measured:
+        measured[batch_size] = measure()
+    return measured[batch_size]

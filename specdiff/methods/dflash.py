@@ -21,7 +21,7 @@ drafters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -36,7 +36,7 @@ from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
 from ..targets.causal import CausalLMTarget
-from .base import Method, Models, check_sizes
+from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import rule_name
 
 
@@ -134,12 +134,12 @@ class DFlashDecoder:
     settings: DraftSettings
     sampling: Sampling
     reads: tuple[str, ...]  # the settings its method reads (methods.Method.settings)
-    measured: dict[int, Costs] = field(default_factory=dict)  # batch size -> its cost table (gamma auto)
+    measured: dict[int, Costs]  # batch size -> its cost table (gamma auto; base.kept_costs)
 
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
         """Capture the drafter's layers for this run (a fresh cache), stop capturing after it;
         with `adaptive`, time the target and the draft step first (decoding.measure_costs, once
-        per batch size, kept for later runs)."""
+        per batch size, kept for later runs of these models: base.kept_costs)."""
         self.target.capture(self.drafts.layers)
         self.drafts.contexts = RowContexts()
         try:
@@ -153,12 +153,11 @@ class DFlashDecoder:
     def costs(self, batch_size: int) -> Costs | None:
         """gamma auto's cost table at this batch size (None: fixed gamma), measured on dummy rows
         with the capture on, then the cache and the drafter's contexts emptied."""
-        if not self.settings.adaptive:
-            return None
-        if batch_size not in self.measured:
-            self.measured[batch_size] = measure_costs(self.target, self.drafts, self.settings.gamma, batch_size)
+        def measure() -> Costs:
+            costs = measure_costs(self.target, self.drafts, self.settings.gamma, batch_size)
             self.drafts.contexts = RowContexts()
-        return self.measured[batch_size]
+            return costs
+        return cost_table(self.measured, self.settings.adaptive, batch_size, measure)
 
     def warm_up(self, rows: int, length: int) -> None:
         raise UsageError("method 'dflash' runs the eager torch target; it does not `compile`")
@@ -192,4 +191,5 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
                          f"({drafter.block_size - 1} draft slots after the anchor)")
     drafts = DFlashDrafts(target, drafter, sampling)
     rule = rule_name(acceptance, sampling, method, drafts, settings)
-    return DFlashDecoder(target, drafts, single.get_rule(rule), rule, settings, sampling, method.settings)
+    return DFlashDecoder(target, drafts, single.get_rule(rule), rule, settings, sampling, method.settings,
+                         kept_costs(target, drafter, (settings, sampling)))

@@ -4,7 +4,8 @@ wraps it in self-selection for K > 1 candidate drafts (specdiff.selection), and 
 acceptance rule: exactness is the proposer's own declaration (contracts.Proposer.exact_rules),
 which a rule asked for when sampling must be in (docs/lossless.md). With `adaptive` (gamma auto)
 the decoder times the target and the draft step once per batch size, before its first run at it
-(decoding.measure_costs, kept for its later runs), and the loop chooses each step's length from
+(decoding.measure_costs, kept for every later run of the same loaded models and settings:
+base.kept_costs), and the loop chooses each step's length from
 that table and the acceptance so far (specdiff.adaptive), settings.gamma its cap.
 
 May import: methods.base, decoding, acceptance, selection, drafters, compiled.
@@ -12,7 +13,7 @@ May import: methods.base, decoding, acceptance, selection, drafters, compiled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol, cast
 
 from .. import acceptance as single, selection
@@ -25,7 +26,7 @@ from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
 from ..targets.static import StaticTarget
-from .base import Method, Models, check_sizes
+from .base import Method, Models, check_sizes, cost_table, kept_costs
 
 
 @dataclass(frozen=True)
@@ -38,21 +39,17 @@ class SpeculativeDecoder:
     settings: DraftSettings
     sampling: Sampling
     reads: tuple[str, ...]  # the settings its method reads (methods.Method.settings)
-    measured: dict[int, Costs] = field(default_factory=dict)  # batch size -> its cost table (gamma auto)
+    measured: dict[int, Costs]  # batch size -> its cost table (gamma auto; base.kept_costs)
 
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
         return decode_speculative(self.target, self.proposer, rows, self.sampling, self.verify, self.settings.gamma,
                                   batch_size, self.settings.drafts, self.costs(batch_size))
 
     def costs(self, batch_size: int) -> Costs | None:
-        """The cost table of gamma auto at this batch size, measured at its first use (None: fixed gamma)."""
-        if not self.settings.adaptive:
-            return None
-        if batch_size not in self.measured:
-            step = proposer_step(self.proposer, self.sampling, self.target)
-            self.measured[batch_size] = measure_costs(self.target, step, self.settings.gamma, batch_size,
-                                                      self.settings.drafts)
-        return self.measured[batch_size]
+        """The cost table of gamma auto at this batch size (None: fixed gamma)."""
+        return cost_table(self.measured, self.settings.adaptive, batch_size, lambda: measure_costs(
+            self.target, proposer_step(self.proposer, self.sampling, self.target), self.settings.gamma, batch_size,
+            self.settings.drafts))
 
     def warm_up(self, rows: int, length: int) -> None:
         warm_up(cast(StaticTarget, self.target), self.drafter, rows, self.settings.gamma, self.settings.drafts,
@@ -84,7 +81,7 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
         proposer = selection.SelfSelection(cast(DiffusionProposer, proposer), settings.drafts,
                                            settings.draft_temperature, iid=rule == "multi")
     return SpeculativeDecoder(models.target, models.drafter, proposer, verify, rule, settings, sampling,
-                              method.settings)
+                              method.settings, kept_costs(models.target, models.drafter, (settings, sampling)))
 
 
 class Declares(Protocol):
