@@ -81,6 +81,7 @@ def _prompt_file(path, n):
     return path
 
 
+@pytest.mark.slow  # a Ray cluster, a subprocess or an export: 12-30 s; .ci/run runs it
 def test_output_dir_shards_hold_the_local_records_in_order(tiny, local_ray, tmp_path, monkeypatch):
     monkeypatch.setattr(ray_run, "SHARD", 8)
     prompts = _prompt_file(tmp_path / "in.jsonl", 20)

@@ -38,8 +38,11 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo"),
-                                         pytest.param("onnx_llama", "llama", marks=pytest.mark.slow)])  # 16 s: CI's slow step
+SLOW_EXPORTS = [pytest.param("onnx_neo", "neo", marks=pytest.mark.slow),  # an export each (12-16 s): CI's slow step
+                pytest.param("onnx_llama", "llama", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), *SLOW_EXPORTS])
 def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
     """prefill / extend (verify 5, single steps) / rollback / length, batch 1 and 3, against
     specdiff.contracts.Target."""
@@ -94,7 +97,7 @@ def test_drafts_match_the_pytorch_drafter(tiny, onnx_pair):
 
 
 @pytest.mark.parametrize("method", ["ar", "specdiff --gamma 5", "specdiff --gamma 5 --drafts 3"])  # 3 rows forked
-@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), ("onnx_neo", "neo"), ("onnx_llama", "llama")])
+@pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), *SLOW_EXPORTS])
 def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, method, which, model):
     artifacts = request.getfixturevalue(which)
     common = ["generate", "--method", *method.split(), "--max-new-tokens", "24", "--jsonl",
