@@ -125,13 +125,20 @@ def draft_round(ref, draft, target, tokens, features, start, cache):
     return logits
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, required=True, help="a checkout of z-lab/dflash")
-    parser.add_argument("--out", type=Path, default=Path("tests/data/dflash_tiny"))
+def reference_arguments(description: str, repository: str, out: str) -> tuple[argparse.Namespace, str]:
+    """A golden script's options (--reference: a checkout of `repository`, --out) and the
+    checkout's commit."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--reference", type=Path, required=True, help=f"a checkout of {repository}")
+    parser.add_argument("--out", type=Path, default=Path(out))
     args = parser.parse_args()
     commit = subprocess.run(["git", "-C", str(args.reference), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
+    return args, commit
+
+
+def main() -> None:
+    args, commit = reference_arguments(__doc__.splitlines()[0], "z-lab/dflash", "tests/data/dflash_tiny")
     ref = load_reference(args.reference)
     torch.manual_seed(0)
 

@@ -31,11 +31,9 @@ as `<|mask|>` 151669 lies past Qwen3's 151669 tokens in 151936 rows):
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import json
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -44,7 +42,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from make_dflash_golden import randomize  # the same random-weight recipe as the DFlash golden
+from make_dflash_golden import randomize, reference_arguments  # the DFlash golden's recipe and options
 
 VOCAB, MASK, ROWS, EOS = 250, 250, 256, 249  # real tokens 0..249 (EOS last), the mask, embedding rows
 PROMPT, PADDING, GAMMA, STEPS = 12, 4, 8, 4
@@ -115,12 +113,7 @@ def sampler_case(model: torch.nn.Module, mdlm: types.ModuleType, g: torch.Genera
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", type=Path, required=True, help="a checkout of ZHZisZZ/dllm")
-    parser.add_argument("--out", type=Path, default=Path("tests/data/qwen3_mdlm_tiny"))
-    args = parser.parse_args()
-    commit = subprocess.run(["git", "-C", str(args.reference), "rev-parse", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
+    args, commit = reference_arguments(__doc__.splitlines()[0], "ZHZisZZ/dllm", "tests/data/qwen3_mdlm_tiny")
     modeling, mdlm = load_reference(args.reference)
     torch.manual_seed(0)
     (args.out / "draft").mkdir(parents=True, exist_ok=True)
