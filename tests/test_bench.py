@@ -381,6 +381,12 @@ def test_dflash_is_benched_with_a_dflash_drafter_and_refused_with_another(tiny, 
     report = run(models, PROMPTS[:2], variants(["dflash"], gammas=(3,)), Settings(max_new_tokens=8, repeats=1,
                                                                                    warmup=0, threads=1))
     assert [r["label"] for r in report["rows"]] == ["ar", "dflash g=3"] and report["check"]["passed"]
+    auto = run(models, PROMPTS[:2], variants(["dflash"], gammas=("auto",)), Settings(max_new_tokens=8, repeats=1,
+                                                                                     warmup=0, threads=1))
+    row = auto["rows"][1]  # its cost table timed before the pass: its dummy calls are not read as steps
+    assert row["label"] == "dflash g=auto" and row["draft_costs"] is not None and auto["check"]["passed"]
+    assert row["calls"]["target_prefill"] == 2 and len(row["accepted_length_histogram"]) <= 8  # gamma <= 7
+    assert sum(row["draft_length_histogram"]) == row["iterations"]
     diffusion, _ = load_models(target=str(tiny.gpt2), drafter=str(tiny.drafter))
     assert "dflash" not in available_methods(diffusion)
     with pytest.raises(UsageError, match="method 'dflash' needs a DFlash drafter"):

@@ -152,11 +152,16 @@ class DFlashDecoder:
 
     def costs(self, batch_size: int) -> Costs | None:
         """gamma auto's cost table at this batch size (None: fixed gamma), measured on dummy rows
-        with the capture on, then the cache and the drafter's contexts emptied."""
+        with the capture on (as a run has it; bench times the table before its passes), then the
+        cache and the drafter's contexts emptied and the capture as it was."""
         def measure() -> Costs:
-            costs = measure_costs(self.target, self.drafts, self.settings.gamma, batch_size)
-            self.drafts.contexts = RowContexts()
-            return costs
+            captured = self.target.captured
+            self.target.capture(self.drafts.layers)
+            try:
+                return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size)
+            finally:
+                self.target.capture(captured)
+                self.drafts.contexts = RowContexts()
         return cost_table(self.measured, self.settings.adaptive, batch_size, measure)
 
     def warm_up(self, rows: int, length: int) -> None:

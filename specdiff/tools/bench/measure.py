@@ -72,6 +72,7 @@ def time_variants(models: Models, rows: list[Variant], s: Settings, prompts: lis
     passes = [PASSES[v.method](models, v, s) for v in rows]
     for v, one_pass in zip(rows, passes):
         log(f"bench: warm-up {v.label}")
+        one_pass.prime(len(prompts))
         for _ in range(s.warmup):
             for _ in one_pass(prompts, encoded):
                 pass
