@@ -44,4 +44,4 @@ def test_greedy_dflash_is_plain_decoding_on_the_smol_dflash_pair(questions):
         out = generate(questions, target=p.target, drafter=p.drafter, pair="smol-dflash", max_new_tokens=48,
                        batch_size=batch_size, gamma=4)  # fixed (auto mostly takes plain steps here); chat
         assert [o.tokens for o in out.outputs] == [o.tokens for o in ar.outputs]
-        assert out.metrics.tau > 1.3  # the trained drafter is accepted (measured: 1.49, its card)
+        assert out.metrics.tau > 1.3  # the trained drafter is accepted (measured: 1.59 at gamma 4, its card)

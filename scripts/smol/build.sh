@@ -27,7 +27,9 @@
 #                 (WORK/data/features-1-14-27, cached a chunk at a time), then DFLASH_STEPS steps of
 #                 32 answers x 2 blocks (448 scored slots a step; 550 steps: 246k, the DDiT's 1,000
 #                 x 32 x 8 = 256k draft slots), ce + kl per slot weighted exp(-(k - 1) / 3.5);
-#                 MODELS/dflash-drafter in fp16 (pair `smol-dflash`)
+#                 MODELS/dflash-drafter in fp16 (pair `smol-dflash`). The shipped one:
+#                 DFLASH_STEPS=550 (the DDiT's budget), then DFLASH_STEPS=1400, which resumes it (the
+#                 cosine learning rate then restarts at 0.78 x its peak at step 550)
 #
 # Resumable: every step is skipped when its output exists; the teacher data is written a chunk at
 # a time and training checkpoints every 100 steps (every 2 minutes for the AR drafter), so a rerun
@@ -37,7 +39,7 @@ cd "$(dirname "$0")/../.."
 work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${SMOL_STEPS:-1000}
-dflash_steps=${DFLASH_STEPS:-550}
+dflash_steps=${DFLASH_STEPS:-1400}
 target=smollm2-135m-instruct
 mkdir -p "$work"
 
