@@ -1,8 +1,9 @@
 """A masked-diffusion Qwen3 (dllm's A2D MDLM, nets/a2d.py) as a diffusion drafter.
 
 A2DDrafter has the drafting interface of DiffusionDrafter that DiffusionProposer and planning read
-(x0_logits, mask_id, vocab_size, context_length, length, tokenizer, defaults), so the specdiff
-method drafts with it under any schedule, T steps and K drafts, as with a DDiT:
+(x0_logits, mask_id, vocab_size, context_length, length, tokenizer; it records no draft settings,
+which planning reads as none), so the specdiff method drafts with it under any schedule, T steps
+and K drafts, as with a DDiT:
 
     x0 = drafter.x0_logits(ids (B, L), last, pad (B,))   (B, last, V) float32
 
@@ -37,8 +38,6 @@ class A2DDrafter(nn.Module):
         self.source = source
         self.length = min(length, model.config.max_position_embeddings)
         self.context_length = self.length - min(DRAFT_ROOM, self.length // 2)
-        self.defaults: dict = {}  # no draft settings are recorded with a published checkpoint
-        self.untrained = False
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
                   pad: torch.Tensor | None = None) -> torch.Tensor:
