@@ -22,7 +22,7 @@ import torch
 from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.utils import get_session
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from .contracts import Target
@@ -243,14 +243,21 @@ def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
     """An SDAR checkpoint in transformers' own Qwen3 class (nets/sdar.py), strictly loaded."""
     directory = _fetch(source, BLOCK_FILES)
     config, block_size, mask_id = read_sdar_config(directory)
+    model = _qwen3_model(source, directory, config, device, dtype)
+    tokenizer = _quiet_tokenizer(_tokenizer_source(entry, registry) or str(directory))
+    return BlockDiffusionTarget(model, tokenizer, entry.name if entry else source,
+                                block_size=block_size, mask_id=mask_id)
+
+
+def _qwen3_model(source: str, directory: Path, config: Qwen3Config, device: str, dtype: str) -> Any:
+    """transformers' own Qwen3ForCausalLM over a checkpoint whose model_type it does not know
+    (SDAR, A2D: `config` read and checked by nets/), strictly loaded, on `device`."""
     with _no_loading_bars():
         model, info = _hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
                                 dtype=resolve_dtype(dtype, device), trust_remote_code=False,
                                 output_loading_info=True)
     _check_loading_info(source, info)
-    tokenizer = _quiet_tokenizer(_tokenizer_source(entry, registry) or str(directory))
-    return BlockDiffusionTarget(model.to(device), tokenizer, entry.name if entry else source,
-                                block_size=block_size, mask_id=mask_id)
+    return model.to(device)
 
 
 def _quiet_tokenizer(source: str) -> Any:
@@ -343,14 +350,9 @@ def _load_a2d(source: str, entry: ModelEntry | None, device: str, dtype: str, re
     directory = _fetch(source, BLOCK_FILES)
     tokenizer = _drafter_tokenizer(directory, entry, registry)
     mask = mask_token_id(tokenizer, directory)
-    config = read_a2d_config(directory, mask)
-    with _no_loading_bars():
-        model, info = _hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
-                                dtype=resolve_dtype(dtype, device), trust_remote_code=False,
-                                output_loading_info=True)
-    _check_loading_info(source, info)
+    model = _qwen3_model(source, directory, read_a2d_config(directory, mask), device, dtype)
     vocab = len(tokenizer) - (mask == len(tokenizer) - 1)
-    return A2DDrafter(model.to(device).eval(), mask_id=mask, vocab_size=vocab, tokenizer=tokenizer,
+    return A2DDrafter(model.eval(), mask_id=mask, vocab_size=vocab, tokenizer=tokenizer,
                       source=entry.name if entry else source)
 
 
