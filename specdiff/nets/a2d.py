@@ -11,15 +11,14 @@ mask (drafters/a2d.py). No time conditioning; logits are not shifted: position i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ..errors import LoadError
-from .checkpoint import read_json, save_tensors
-from .sdar import check_ranges, qwen3_config
+from .checkpoint import read_json
+from .sdar import check_ranges, qwen3_config, save_qwen3
 
 MODEL_TYPE = "a2d-qwen3"
 OWN_FIELDS = ("model_type", "architectures", "auto_map")
@@ -42,14 +41,7 @@ def read_a2d_config(directory: Path, mask_id: int) -> Qwen3Config:
 def save_a2d(directory: Path, model: Qwen3ForCausalLM, dtype: torch.dtype | None = None) -> None:
     """Write `model` as an A2D checkpoint (config.json + model.safetensors, `lm_head.weight`
     stored as the published files store it); the tokenizer, with its mask token, is the caller's."""
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype or v.dtype).clone() for k, v in model.state_dict().items()}  # tied: 2 copies
-    save_tensors(state, directory / "model.safetensors")
-    fields = model.config.to_diff_dict()
-    fields.pop("transformers_version", None)
-    config = {**fields, "model_type": MODEL_TYPE, "architectures": ["A2DQwen3LMHeadModel"],
-              "dtype": str(dtype or model.dtype).removeprefix("torch.")}
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_qwen3(directory, model, {"model_type": MODEL_TYPE, "architectures": ["A2DQwen3LMHeadModel"]}, dtype)
 
 
 def mask_token_id(tokenizer: object, directory: Path) -> int:

@@ -84,14 +84,6 @@ def qwen3_config(config: dict, where: Path, what: str, own: tuple[str, ...] = OW
         raise LoadError(f"{where}: not a Qwen3-shaped {what} config ({reason})") from e
 
 
-def sdar_config(config: Qwen3Config, block_size: int, mask_token_id: int) -> dict:
-    """A Qwen3Config -> the config.json of an SDAR checkpoint (no auto_map: no code ships)."""
-    fields = config.to_diff_dict()
-    fields.pop("transformers_version", None)
-    return {**fields, "model_type": MODEL_TYPE, "architectures": ["SDARForCausalLM"],
-            "block_size": block_size, "mask_token_id": mask_token_id}
-
-
 def read_sdar_config(directory: Path) -> tuple[Qwen3Config, int, int]:
     """config.json of an SDAR checkpoint -> (its Qwen3 fields as a Qwen3Config, block_size,
     mask_token_id); one LoadError for a malformed one."""
@@ -106,9 +98,19 @@ def read_sdar_config(directory: Path) -> tuple[Qwen3Config, int, int]:
 def save_sdar(directory: Path, model: Qwen3ForCausalLM, block_size: int, mask_token_id: int,
               dtype: torch.dtype | None = None) -> None:
     """Write model as an SDAR checkpoint: config.json + model.safetensors (tokenizer: the caller's)."""
+    save_qwen3(directory, model, {"model_type": MODEL_TYPE, "architectures": ["SDARForCausalLM"],
+                                  "block_size": block_size, "mask_token_id": mask_token_id}, dtype)
+
+
+def save_qwen3(directory: Path, model: Qwen3ForCausalLM, own: dict, dtype: torch.dtype | None = None) -> None:
+    """Write a Qwen3ForCausalLM in a format transformers does not know (SDAR, nets/a2d.py):
+    model.safetensors (every tensor, a tied head's as its own copy) and config.json (its Qwen3
+    fields, then the format's `own` ones and the dtype; no auto_map: no code ships). The tokenizer
+    is the caller's."""
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(dtype or v.dtype).clone() for k, v in model.state_dict().items()}
     save_tensors(state, directory / "model.safetensors")
-    config = sdar_config(model.config, block_size, mask_token_id)
-    config["dtype"] = str(dtype or model.dtype).removeprefix("torch.")
+    fields = model.config.to_diff_dict()
+    fields.pop("transformers_version", None)
+    config = {**fields, **own, "dtype": str(dtype or model.dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
