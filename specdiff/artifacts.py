@@ -65,14 +65,19 @@ COMPONENT = {"graph": (str, NULL), "engine": (dict, NULL),
              "io": {"inputs": [{"name": str}], "outputs": [{"name": str}]}}
 MODEL = {
     "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
-               "layers": int, "kv_heads": int, "head_dim": int, "head_rows": Maybe(int)},
+               "layers": int, "kv_heads": int, "head_dim": int, "head_rows": Maybe(int),
+               "feature_layers": Maybe([int]), "features": Maybe(int)},  # beside a DFlash drafter
     "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
                 "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
                 "defaults": Maybe(dict)},  # the draft settings it was trained for (check_recorded)
+    "dflash": {"kind": str, "name": str, "vocab_size": int, "mask_id": int, "block_size": int,
+               "target_layer_ids": [int], "head_rows": int, "layers": int, "kv_heads": int, "head_dim": int,
+               "features": int, "defaults": Maybe(dict)},  # a DFlash drafter (graphs.dflash_spec)
 }
 DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)
 SIZES = {"target": ("vocab_size", "max_length", "layers", "kv_heads", "head_dim"),
-         "drafter": ("vocab_size", "context_length")}  # integers >= 1
+         "drafter": ("vocab_size", "context_length"),
+         "dflash": ("vocab_size", "block_size", "layers", "kv_heads", "head_dim", "features")}  # integers >= 1
 
 
 def sha256_file(path: Path) -> str:
@@ -235,17 +240,38 @@ def _check_manifest(manifest: dict) -> None:
             raise ValueError(f"files: {rel!r} is not a path inside the export directory")
     if manifest["dtype"] not in DTYPES:
         raise ValueError(f"dtype: unknown dtype {manifest['dtype']!r} (known: {', '.join(DTYPES)})")
+    from .graphs import graph_kind
+
     for kind, component in manifest["components"].items():
-        if kind not in MODEL:
-            raise ValueError(f"components: unknown component {kind!r} (known: {', '.join(MODEL)})")
-        _check(component, {**COMPONENT, "model": MODEL[kind]}, f"components.{kind}")
+        if kind not in ("target", "drafter"):
+            raise ValueError(f"components: unknown component {kind!r} (known: target, drafter)")
+        _check(component, COMPONENT, f"components.{kind}")
+        graph = graph_kind(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
+        _check(component, {**COMPONENT, "model": MODEL[graph]}, f"components.{kind}")
         if "defaults" in component["model"]:
             _recorded(component["model"]["defaults"], f"components.{kind}.model")
         if component["engine"] is not None:
             _check(component["engine"], {"file": str}, f"components.{kind}.engine")
         _check_hashed(component, manifest["files"], f"components.{kind}")
-        _check_ids(kind, component["model"], f"components.{kind}.model")
+        _check_ids(graph, component["model"], f"components.{kind}.model")
         _check_io(kind, component, manifest["dtype"], f"components.{kind}.io")
+    _check_features(manifest["components"])
+
+
+def _check_features(components: dict) -> None:
+    """A DFlash drafter's graph reads the features the target's graph outputs: both are in the
+    export, of the same layers and size."""
+    drafter, target = components.get("drafter"), components.get("target")
+    if drafter is None or drafter["model"].get("kind") != "dflash":
+        return
+    model = drafter["model"]
+    if model["block_size"] < 2:
+        raise ValueError(f"components.drafter.model.block_size must be >= 2, got {model['block_size']}")
+    layers = [i + 1 for i in model["target_layer_ids"]]
+    if target is None or target["model"].get("feature_layers") != layers or \
+            target["model"].get("features") != model["features"]:
+        raise ValueError(f"components.target.model: a DFlash drafter reads the target's hidden states {layers} "
+                         f"({model['features']} features): the export's target graph does not output them")
 
 
 def _check_hashed(component: dict, files: dict, where: str) -> None:

@@ -82,6 +82,27 @@ class Target(Protocol):
 
 
 @runtime_checkable
+class CapturingTarget(Target, Protocol):
+    """A Target whose cache can also hold hidden states of its layers, for every cached token
+    (targets.rows.CapturingRows: CausalLMTarget, GraphTarget; a DFlash run reads them).
+
+        can_capture(layers) -> None, or why these HF hidden_states indices cannot be captured
+        capture(layers)                          keep them from now on (() stops); an empty cache
+        features(rows (B',), newest (B',) = all) -> (features (B', C, F), valid (B', C) bool)
+    """
+
+    captured: tuple[int, ...]
+    lengths: torch.Tensor  # (B,) tokens cached per row
+
+    def can_capture(self, layers: tuple[int, ...]) -> str | None: ...
+
+    def capture(self, layers: tuple[int, ...]) -> None: ...
+
+    def features(self, rows: list[int] | torch.Tensor,
+                 newest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
 class Proposer(Protocol):
     """Drafts gamma tokens after a context.
 

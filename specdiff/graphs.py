@@ -9,9 +9,21 @@ Target step graph (L layers, H key/value heads of size D, V_head rows of the out
     past_key_values.{i}.key|value  (batch, H, past_len, D)     dtype   i < L; past_len may be 0
  -> logits                         (batch, seq_len, V_head)    dtype
     present.{i}.key|value          (batch, H, total_len, D)    dtype
+ [-> features                      (batch, seq_len, F)         dtype   exported beside a DFlash drafter:
+                                   the hidden states of the layers it reads, concatenated]
 Drafter denoiser graph (V_drafter rows, mask id included):
     input_ids (batch, seq_len) int64 [, sigma (batch,) float32] -> logits (batch, seq_len, V_drafter)
 `sigma` exists only for time-conditioned drafters.
+DFlash drafter step graph (L' draft layers, H' KV heads of size D'; S the block; the target's
+embedding and head inside; the axes read as the target's, over context rows instead of tokens):
+    block_ids                      (batch, S)                  int64   the anchor, then S - 1 mask ids
+    start                          (batch,)                    int64   the anchor's position
+    context                        (batch, seq_len, F)         dtype   features of the new context rows,
+                                                                       positions start - seq_len .. start - 1
+    context_mask                   (batch, total_len)          int64   0: a padding row (held or new)
+    past_context.{i}.key|value     (batch, H', past_len, D')   dtype   the rows' K/V held so far
+ -> logits                         (batch, S - 1, V_head)      dtype   positions start + 1 .. start + S - 1
+    present_context.{i}.key|value  (batch, H', total_len, D')  dtype
 """
 
 from __future__ import annotations
@@ -90,6 +102,8 @@ def _dummy(t: TensorSpec, sizes: dict[str, int], dtype: str, id_range: int,
     if t.fill == "positions":
         start = sizes["past_len"]
         return torch.arange(start, start + shape[1]).expand(shape).contiguous()
+    if t.fill == "start":  # the anchor follows every context row
+        return torch.full(shape, sizes["total_len"])
     if t.fill == "sigma":
         return torch.rand(shape, generator=generator) * 3
     return torch.randn(shape, generator=generator).to(TORCH_DTYPES[dtype])
@@ -108,22 +122,40 @@ def check_step_inputs(inputs: dict) -> None:
                          f"new ({inputs['input_ids'].shape[1]}) tokens make {past.shape[2] + inputs['input_ids'].shape[1]}")
 
 
-def past_names(layers: int) -> list[str]:
-    return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+def past_names(layers: int, prefix: str = "past_key_values") -> list[str]:
+    return [f"{prefix}.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
 
 
-def present_names(layers: int) -> list[str]:
-    return [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+def present_names(layers: int, prefix: str = "present") -> list[str]:
+    return [f"{prefix}.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
 
 
-def target_spec(layers: int, heads: int, head_dim: int, head_rows: int) -> GraphSpec:
-    kv_in = tuple(TensorSpec(n, ("batch", heads, "past_len", head_dim)) for n in past_names(layers))
-    kv_out = tuple(TensorSpec(n, ("batch", heads, "total_len", head_dim)) for n in present_names(layers))
+def _kv(names: list[str], heads: int, length: str, head_dim: int) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(n, ("batch", heads, length, head_dim)) for n in names)
+
+
+def target_spec(layers: int, heads: int, head_dim: int, head_rows: int, features: int = 0) -> GraphSpec:
+    """features: F, the size of the `features` output (0: none)."""
     inputs = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"),
               TensorSpec("attention_mask", ("batch", "total_len"), "int64", "mask"),
-              TensorSpec("position_ids", ("batch", "seq_len"), "int64", "positions")) + kv_in
-    outputs = (TensorSpec("logits", ("batch", "seq_len", head_rows)),) + kv_out
-    return GraphSpec("target", inputs, outputs, id_range=head_rows)
+              TensorSpec("position_ids", ("batch", "seq_len"), "int64", "positions"))
+    outputs = (TensorSpec("logits", ("batch", "seq_len", head_rows)),
+               *_kv(present_names(layers), heads, "total_len", head_dim))
+    if features:
+        outputs += (TensorSpec("features", ("batch", "seq_len", features)),)
+    return GraphSpec("target", inputs + _kv(past_names(layers), heads, "past_len", head_dim), outputs,
+                     id_range=head_rows)
+
+
+def dflash_spec(layers: int, heads: int, head_dim: int, block_size: int, features: int, head_rows: int) -> GraphSpec:
+    inputs = (TensorSpec("block_ids", ("batch", block_size), "int64", "ids"),
+              TensorSpec("start", ("batch",), "int64", "start"),
+              TensorSpec("context", ("batch", "seq_len", features)),
+              TensorSpec("context_mask", ("batch", "total_len"), "int64", "mask"),
+              *_kv(past_names(layers, "past_context"), heads, "past_len", head_dim))
+    outputs = (TensorSpec("logits", ("batch", block_size - 1, head_rows)),
+               *_kv(present_names(layers, "present_context"), heads, "total_len", head_dim))
+    return GraphSpec("dflash", inputs, outputs, id_range=head_rows)
 
 
 def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
@@ -133,10 +165,20 @@ def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
     return GraphSpec("drafter", inputs, (TensorSpec("logits", ("batch", "seq_len", head_rows)),), id_range=head_rows)
 
 
+def graph_kind(kind: str, model: dict) -> str:
+    """The graph a manifest component holds: "target", "drafter" (a denoiser) or "dflash"."""
+    return "dflash" if kind == "drafter" and model.get("kind") == "dflash" else kind
+
+
 def spec_from_model(kind: str, model: dict) -> GraphSpec:
     """The spec of a component from its manifest `model` record (see exporters.onnx)."""
+    kind = graph_kind(kind, model)
     if kind == "target":
-        return target_spec(model["layers"], model["kv_heads"], model["head_dim"], model["head_rows"])
+        return target_spec(model["layers"], model["kv_heads"], model["head_dim"], model["head_rows"],
+                           model.get("features", 0))
+    if kind == "dflash":
+        return dflash_spec(model["layers"], model["kv_heads"], model["head_dim"], model["block_size"],
+                           model["features"], model["head_rows"])
     return drafter_spec(model["head_rows"], model["time_conditioning"])
 
 

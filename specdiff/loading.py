@@ -28,7 +28,7 @@ from transformers.utils import logging as hf_logging
 from .contracts import Target
 from .drafters.a2d import A2DDrafter
 from .drafters.autoregressive import ARDrafter
-from .drafters.dflash import DFlashDrafter
+from .drafters.dflash import DFlashDrafter, is_dflash_drafter
 from .drafters.diffusion import DiffusionDrafter
 from .gguf import GGUFSource, gguf_directory
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
@@ -384,7 +384,7 @@ def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     (a diffusion drafter with `target_embeddings`, a DFlash drafter) gets them from this one (a
     torch model)."""
     check_pair(target, drafter)
-    dflash = isinstance(drafter, DFlashDrafter)
+    dflash = isinstance(drafter, DFlashDrafter)  # not an exported one: its graph holds the target's tables
     if not (dflash or isinstance(drafter, DiffusionDrafter) and drafter.target_embeddings):
         return
     model = getattr(target, "model", None)
@@ -400,7 +400,7 @@ def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
 def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's. A DFlash
     drafter scores with its target's head: the target's vocabulary must fit the rows it was made for."""
-    if isinstance(drafter, DFlashDrafter):
+    if is_dflash_drafter(drafter):
         if target.vocab_size > drafter.vocab_rows:
             raise IncompatibleModelsError(f"DFlash drafter '{drafter.source}' was made for a target head of "
                                           f"{drafter.vocab_rows} rows; the target's tokenizer has {target.vocab_size} tokens")

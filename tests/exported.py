@@ -42,3 +42,14 @@ def onnx_llama(tiny) -> Path:
     llama = make_llama(tiny.root / "llama-tied", tiny.tokenizer, scale=10, seed=3, tied=True)
     tiny.llama = llama
     return _export(tiny.root / "export-llama", ["--target", str(llama), "--drafter", str(tiny.drafter)])
+
+
+@pytest.fixture(scope="session")
+def onnx_dflash(tiny) -> Path:
+    """tiny.gpt2 (a 320-row head for 300 tokens) + a random DFlash drafter over it (block 8, reading
+    layers 0 and 1), fp32, batch up to 3; the drafter's directory is tiny.dflash."""
+    from tiny import make_dflash
+
+    tiny.dflash = make_dflash(tiny.root / "export-dflash-drafter", tiny.gpt2, scale=10, seed=6)
+    return _export(tiny.root / "export-dflash", ["--target", str(tiny.gpt2), "--drafter", str(tiny.dflash),
+                                                 "--max-batch", "3"])

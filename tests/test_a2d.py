@@ -133,7 +133,7 @@ def test_refusals(published, tmp_path):
 
 def test_export_and_convert_refuse_it_in_one_line(published, tmp_path):
     for args, says in ((["export", "--drafter", str(published), "--out", str(tmp_path / "out")],
-                        "`specdiff export` writes DDiT drafter graphs only"),
+                        "`specdiff export` writes DDiT and DFlash drafter graphs only"),
                        (["drafter", "convert", str(published), "--out", str(tmp_path / "out")],
                         "`drafter convert` rewrites DDiT drafters only")):
         result = CliRunner().invoke(cli, args)

@@ -27,11 +27,22 @@ from ..errors import IncompatibleModelsError
 from ..nets.dflash import ContextCache, DFlashNet, DFlashSpec, context_features
 
 
+KIND = "dflash"
+
+
+def is_dflash_drafter(drafter: Any) -> bool:
+    """A DFlash drafter: this module's, or one with its drafting call over an exported graph
+    (runtimes.models.GraphDFlashDrafter)."""
+    return getattr(drafter, "kind", None) == KIND
+
+
 class DFlashDrafter(nn.Module):
     """A DFlashNet plus what it reads from its config: block_size (S), mask_id, the target layers
     it reads (target_layer_ids, 0-based), the target's layer count if given (num_target_layers) and
     vocab_rows (the rows of the target's embedding and head it was made for). tokenizer: the one
     shipped beside it, if any (published DFlash repositories ship none)."""
+
+    kind = KIND
 
     def __init__(self, net: DFlashNet, spec: DFlashSpec, *, tokenizer: Any = None, source: str = ""):
         super().__init__()
@@ -105,15 +116,16 @@ class DFlashDrafter(nn.Module):
                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """block (B, Q) ids embedded with the target's embedding, through the net (DFlashNet.forward
         reads the other arguments) -> (B, Q, H)."""
-        embed, _ = self._bound()
+        embed, _ = self.bound()
         return self.net(embed(block).to(self.net.fc.weight.dtype), context, positions, cache, context_valid, attn_mask)
 
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> the target's head's logits (..., vocab_rows) float32."""
-        _, head = self._bound()
+        _, head = self.bound()
         return head(hidden.to(cast(torch.Tensor, head.weight).dtype)).float()
 
-    def _bound(self) -> tuple[nn.Module, nn.Module]:
+    def bound(self) -> tuple[nn.Module, nn.Module]:
+        """(the target's input embedding, its output head) as bind() got them."""
         if self._target is None:
             raise IncompatibleModelsError(f"DFlash drafter '{self.source}' has no target to read its embedding "
                                           "and head from: bind it first (pairing does)")

@@ -1,4 +1,6 @@
-"""`specdiff export`: a target and/or a diffusion drafter -> a checked export directory.
+"""`specdiff export`: a target and/or a diffusion drafter -> a checked export directory. A DFlash
+drafter is exported with its target only: the target's graph then also outputs the hidden states
+the drafter reads, and the drafter's graph holds the target's embedding and head.
 
     export("out", target="gpt2", drafter="./drafter", fmt="onnx", dtype="fp32")
 
@@ -30,7 +32,7 @@ from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
 
 from .manifest import source_record, tool_versions
-from .onnx import Graph, check_graph, drafter_graph, export_graph, target_graph
+from .onnx import Graph, check_graph, dflash_graph, drafter_graph, export_graph, target_graph
 from .tensorrt import MAX_OPSET, build_engines
 from .validate import validate
 
@@ -132,12 +134,16 @@ def _check_causal(target: str | None, drafter: str | None, registry: Registry) -
 
 
 def _load(target: str | None, drafter: str | None, device: str, dtype: str,
-          registry: Registry) -> tuple[CausalLMTarget | BlockDiffusionTarget | None, DiffusionDrafter | None, Any]:
+          registry: Registry) -> tuple[CausalLMTarget | BlockDiffusionTarget | None,
+                                       DiffusionDrafter | DFlashDrafter | None, Any]:
     """-> (target, drafter, the tokenizer of the export)."""
     _check_causal(target, drafter, registry)
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
-    if d is not None and not isinstance(d, DiffusionDrafter):
+    if isinstance(d, DFlashDrafter) and t is None:
+        raise UsageError(f"DFlash drafter '{drafter}' drafts from its target's hidden states: export it together "
+                         "with its `target` (or the `pair`)")
+    if d is not None and not isinstance(d, (DiffusionDrafter, DFlashDrafter)):
         raise UsageError(f"'{drafter}' is {_unexported_kind(d)}")
     if t is not None and d is not None:
         pair_models(t, d)
@@ -148,10 +154,10 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
 
 
 def _unexported_kind(drafter: Any) -> str:
-    """Why a loaded drafter that is not a DDiT has no drafter graph here."""
-    if isinstance(drafter, (A2DDrafter, DFlashDrafter)):
-        kind = "a masked-diffusion Qwen3 of dllm" if isinstance(drafter, A2DDrafter) else "a DFlash drafter"
-        return f"{kind}: `specdiff export` writes DDiT drafter graphs only; run it with the torch runtime"
+    """Why a loaded drafter that is neither a DDiT nor a DFlash drafter has no drafter graph here."""
+    if isinstance(drafter, A2DDrafter):
+        return ("a masked-diffusion Qwen3 of dllm: `specdiff export` writes DDiT and DFlash drafter graphs only; "
+                "run it with the torch runtime")
     return "a causal LM, not a diffusion drafter: export it with `target`"
 
 
@@ -165,12 +171,17 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
     module: Graph
     if t is not None:
         assert target is not None  # what t was loaded from
-        module, spec, record = target_graph(t)
+        layers = tuple(i + 1 for i in d.target_layer_ids) if isinstance(d, DFlashDrafter) else ()
+        module, spec, record = target_graph(t, layers)
         components["target"] = _component(tmp, "target", module, spec, record, dtype, opset)
         components["target"]["source"] = source_record(target, ("target",), registry)
     if d is not None:
         assert drafter is not None  # what d was loaded from
-        module, spec, record = drafter_graph(d)
+        if isinstance(d, DFlashDrafter):
+            assert t is not None  # _load: a DFlash drafter comes with its target
+            module, spec, record = dflash_graph(d, t.vocab_size)
+        else:
+            module, spec, record = drafter_graph(d)
         components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset, d.mask_id)
         components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
     return {"dtype": dtype, "opset": opset, "limits": limits.to_json(), "tools": tool_versions(),

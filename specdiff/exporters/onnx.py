@@ -1,5 +1,6 @@
-"""Graphs to ONNX: a target as a step function with explicit KV state, a diffusion drafter as a
-denoiser (the IO contract is specdiff/graphs.py).
+"""Graphs to ONNX: a target as a step function with explicit KV state (and, beside a DFlash
+drafter, the hidden states that drafter reads), a diffusion drafter as a denoiser, a DFlash
+drafter as a step function over its context K/V (the IO contract is specdiff/graphs.py).
 
 Recipe (docs/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
 inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and
@@ -21,9 +22,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.drafters.diffusion import DiffusionDrafter
-from specdiff.graphs import GraphSpec, TensorSpec, axis_sizes, drafter_spec, target_spec
+from specdiff.graphs import GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, target_spec
 from specdiff.hf_cache import returned_cache, with_cache
+from specdiff.nets.dflash import ContextCache
 from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
 
@@ -33,11 +36,13 @@ TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
 
 class TargetStep(nn.Module):
     """forward(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past [2L x (B, H, P, D)])
-    -> (logits (B, S, V_head), present k0, v0, k1, ... each (B, H, P+S, D))."""
+    -> (logits (B, S, V_head), present k0, v0, k1, ... each (B, H, P+S, D)[, features (B, S, F)]).
+    layers: the HF hidden_states indices whose concatenation is `features` (none: no such output)."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, layers: tuple[int, ...] = ()):
         super().__init__()
         self.model = model
+        self.layers = layers
 
     @staticmethod
     def pack(spec: GraphSpec, values: dict) -> tuple:
@@ -50,9 +55,12 @@ class TargetStep(nn.Module):
         cache = DynamicCache()  # full layers: the mask, not the cache, enforces any attention window
         for i in range(0, len(past), 2):
             cache.update(past[i], past[i + 1], i // 2)
+        hidden = {"output_hidden_states": True} if self.layers else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, **with_cache(self.model, cache))
-        return (out.logits, *[t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)])
+                         use_cache=True, **with_cache(self.model, cache), **hidden)
+        present = [t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)]
+        features = [torch.cat([out.hidden_states[i] for i in self.layers], dim=-1)] if self.layers else []
+        return (out.logits, *present, *features)
 
 
 class Denoiser(nn.Module):
@@ -73,7 +81,35 @@ class Denoiser(nn.Module):
         return (self.drafter(input_ids, sigma),)
 
 
-Graph = Union[TargetStep, Denoiser]  # a module to export: forward(*pack(spec, {input name: value}))
+class DFlashStep(nn.Module):
+    """forward(block_ids (B, S), start (B,), context (B, C, F), context_mask (B, P+C), past
+    [2L' x (B, H', P, D')]) -> (logits (B, S - 1, V_head), present k0, v0, ... each (B, H', P+C, D')):
+    DFlashDrafter.forward over a ContextCache holding `past`, the target's embedding and head
+    inside."""
+
+    def __init__(self, drafter: DFlashDrafter):
+        super().__init__()
+        self.drafter = drafter
+        self.embed, self.head = drafter.bound()  # registered here, so that the graph holds them
+
+    @staticmethod
+    def pack(spec: GraphSpec, values: dict) -> tuple:
+        names = spec.input_names
+        return (*(values[n] for n in names[:4]), [values[n] for n in names[4:]])
+
+    def forward(self, block_ids: torch.Tensor, start: torch.Tensor, context: torch.Tensor,
+                context_mask: torch.Tensor, past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        cache, held = ContextCache(), past[0].shape[2]
+        cache.kv = [(past[i], past[i + 1]) for i in range(0, len(past), 2)]
+        cache.valid = context_mask[:, :held].bool()
+        n = context.shape[1]
+        positions = (start[:, None] + torch.arange(-n, block_ids.shape[1], device=start.device)).clamp(min=0)
+        hidden = self.drafter.hidden(block_ids, context, positions, cache, context_mask[:, held:].bool())
+        logits = self.drafter.score(hidden[:, 1:]).to(context.dtype)  # the graph's dtype, as the target's
+        return (logits, *[t for kv in cache.kv for t in kv])
+
+
+Graph = Union[TargetStep, Denoiser, DFlashStep]  # a module to export: forward(*pack(spec, {input name: value}))
 
 
 @torch.no_grad()
@@ -84,8 +120,10 @@ def probe_kv(model: Any) -> tuple[int, int, int]:
     return len(layers), layers[0].keys.shape[1], layers[0].keys.shape[3]
 
 
-def target_graph(target: CausalLMTarget | BlockDiffusionTarget) -> tuple[TargetStep, GraphSpec, dict]:
-    """A specdiff.contracts.Target -> (module to export, its spec, the manifest `model` record)."""
+def target_graph(target: CausalLMTarget | BlockDiffusionTarget,
+                 feature_layers: tuple[int, ...] = ()) -> tuple[TargetStep, GraphSpec, dict]:
+    """A specdiff.contracts.Target -> (module to export, its spec, the manifest `model` record);
+    feature_layers: HF hidden_states indices the graph also outputs (a DFlash drafter's)."""
     model = target.model.eval()
     layers, heads, head_dim = probe_kv(model)
     head_rows = model.get_output_embeddings().weight.shape[0]
@@ -93,7 +131,24 @@ def target_graph(target: CausalLMTarget | BlockDiffusionTarget) -> tuple[TargetS
               "attn_implementation": model.config._attn_implementation, "vocab_size": target.vocab_size,
               "head_rows": head_rows, "max_length": target.max_length, "eos_token_id": target.eos_token_id,
               "layers": layers, "kv_heads": heads, "head_dim": head_dim}
-    return TargetStep(model), target_spec(layers, heads, head_dim, head_rows), record
+    features = len(feature_layers) * model.get_input_embeddings().weight.shape[1]
+    if feature_layers:
+        record.update(feature_layers=list(feature_layers), features=features)
+    return TargetStep(model, feature_layers), target_spec(layers, heads, head_dim, head_rows, features), record
+
+
+def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, GraphSpec, dict]:
+    """A DFlash drafter bound to its target (whose real vocabulary is `vocab_size` tokens) ->
+    (module to export, its spec, the manifest `model` record)."""
+    cfg = drafter.net.config
+    layers, heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads or cfg.num_attention_heads, cfg.head_dim
+    features = len(drafter.target_layer_ids) * drafter.hidden_size
+    record = {"kind": "dflash", "name": drafter.source, "vocab_size": vocab_size, "mask_id": drafter.mask_id,
+              "block_size": drafter.block_size, "target_layer_ids": drafter.target_layer_ids,
+              "num_target_layers": drafter.num_target_layers, "head_rows": drafter.vocab_rows, "layers": layers,
+              "kv_heads": heads, "head_dim": head_dim, "features": features, "defaults": drafter.defaults}
+    spec = dflash_spec(layers, heads, head_dim, drafter.block_size, features, drafter.vocab_rows)
+    return DFlashStep(drafter.eval()), spec, record
 
 
 def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specdiff.graphs import GraphSpec, Limits, spec_from_model
+from specdiff.graphs import GraphSpec, Limits, graph_kind, spec_from_model
 from specdiff.artifacts import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.extras import install_hint
@@ -68,7 +68,10 @@ def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[
 
 
 def triples_for(kind: str, model: dict, limits: Limits) -> dict[str, dict[str, int]]:
-    return limits.target_triples() if kind == "target" else limits.drafter_triples(model["context_length"])
+    """A DFlash drafter's context rows are the target's cached tokens: its axes are the target's."""
+    if graph_kind(kind, model) in ("target", "dflash"):
+        return limits.target_triples()
+    return limits.drafter_triples(model["context_length"])
 
 
 def build_engine(trt: Any, onnx_path: Path, spec: GraphSpec, triples: dict[str, dict[str, int]], onnx_dtype: str,

@@ -4,7 +4,9 @@ the same runtime code that generation uses (specdiff.runtimes.onnxruntime).
 The target sweep covers what decoding does to a step graph: prefill (empty past), verify steps of
 5 tokens on a cache, single-token steps, roll-backs, batch 1 and 3, odd lengths (19). Every step
 feeds both sides the same inputs and the PyTorch cache, and compares every output. The drafter
-sweep covers batch 1 and 3, context + draft lengths, partly and fully masked rows. All mismatches
+sweep covers batch 1 and 3, context + draft lengths, partly and fully masked rows. The DFlash
+sweep feeds context in chunks over the K/V the graph returned (batch 1 and 3, rows left-padded
+in the first chunk and in later ones), every block all mask slots after the anchor. All mismatches
 are collected, then one ExportValidationError lists them; tolerances are specdiff.graphs.TOLERANCE.
 """
 
@@ -43,6 +45,12 @@ DRAFTER_SWEEP = (
     Case("batch 3: 5 tokens, all masked", 3, (5, 5)),
     Case("2 tokens, 1 masked", 1, (2, 1)),
 )
+DFLASH_SWEEP = (  # steps: context rows fed per call; in batch 3, row b's first 2b rows of each call are padding
+    Case("context 19", 1, (19,)),
+    Case("context 6, then 5, 1, 3", 1, (6, 5, 1, 3)),
+    Case("batch 3, left-padded: context 7, then 5, 3", 3, (7, 5, 3)),
+)
+SWEEPS = {"target": TARGET_SWEEP, "drafter": DRAFTER_SWEEP, "dflash": DFLASH_SWEEP}
 
 
 class Comparison:
@@ -108,6 +116,29 @@ def _run_drafter_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Ca
         cmp.check(case.name, name, got[name], ref[name])
 
 
+def _run_dflash_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
+                     cmp: Comparison, mask_id: int) -> None:
+    layers = (len(spec.inputs) - 4) // 2  # 4 inputs, then a key and a value per draft layer
+    device = next(module.parameters()).device
+    generator = torch.Generator().manual_seed(len(case.name))
+    past: list[torch.Tensor] = []
+    mask = torch.zeros(case.batch, 0, dtype=torch.long)  # (B, rows held)
+    for i, n in enumerate(case.steps):
+        feeds = spec.dummy_inputs(axis_sizes(case.batch, n, mask.shape[1]), dtype, generator, device)
+        feeds["block_ids"][:, 1:] = mask_id
+        new = torch.ones(case.batch, n, dtype=torch.long)
+        for b in range(case.batch):
+            new[b, :min(2 * b, n - 1)] = 0
+        mask = torch.cat([mask, new], dim=1)
+        feeds.update(context_mask=mask.to(device), start=mask.sum(1).to(device))
+        feeds.update(zip(past_names(layers, "past_context"), past))
+        ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
+        got = runtime.run(feeds)
+        for name in spec.output_names:
+            cmp.check(f"{case.name} (call {i + 1})", name, got[name], ref[name])
+        past = [ref[name] for name in present_names(layers, "present_context")]
+
+
 def _open(path: Path, device: torch.device) -> OrtRuntime:
     """ONNX Runtime on the module's device when it has a provider for it, else on the CPU."""
     if device.type == "cuda":
@@ -132,15 +163,14 @@ def validate(module: Graph, spec: GraphSpec, path: Path, dtype: str, mask_id: in
         detail = str(e).rsplit(": ", 1)[-1]
         return {"runtime": None, "passed": None, "skipped": f"onnxruntime cannot run this bf16 graph here ({detail})"}
     cmp = Comparison(dtype)
-    if spec.kind == "target":
-        cases = TARGET_SWEEP
-        for case in cases:
+    cases = SWEEPS[spec.kind]
+    for case in cases:
+        if spec.kind == "target":
             _run_target_case(module, spec, runtime, case, dtype, cmp)
-    else:
-        cases = DRAFTER_SWEEP
-        assert mask_id is not None, "a drafter graph is validated with its mask id"
-        for case in cases:
-            _run_drafter_case(module, spec, runtime, case, dtype, cmp, mask_id)
+        else:
+            assert mask_id is not None, "a drafter graph is validated with its mask id"
+            run = _run_dflash_case if spec.kind == "dflash" else _run_drafter_case
+            run(module, spec, runtime, case, dtype, cmp, mask_id)
     if cmp.problems:
         raise ExportValidationError(path.name, cmp.problems, cmp.checks)
     return cmp.summary(f"onnxruntime-{runtime.device.type}", cases)

@@ -15,7 +15,7 @@ from ..adaptive import Costs
 from ..budget import check_step
 from ..contracts import Decoder, Proposer, Target
 from ..drafters.autoregressive import ARDrafter
-from ..drafters.dflash import DFlashDrafter
+from ..drafters.dflash import is_dflash_drafter as is_dflash
 from ..errors import UsageError
 from ..sampling import Sampling
 
@@ -36,11 +36,6 @@ def is_diffusion(drafter: Any) -> bool:
 
 def is_autoregressive(drafter: Any) -> bool:
     return isinstance(drafter, ARDrafter)
-
-
-def is_dflash(drafter: Any) -> bool:
-    """A DFlash drafter (drafters.dflash): it drafts from the target's hidden states."""
-    return isinstance(drafter, DFlashDrafter)
 
 
 def is_block_diffusion(model: Any) -> bool:

@@ -15,6 +15,10 @@ gamma), its head scores only the first max_b g_b slots, and each row keeps its f
 drafter keeps each row's context K/V across steps (RowContexts): a step feeds it only the
 features of the positions verified since the row's last draft.
 
+The target is any contracts.CapturingTarget (the torch CausalLMTarget, or an exported graph's GraphTarget
+whose graph outputs the drafter's layers); the drafter is a DFlashDrafter or its exported graph
+(runtimes.models.GraphDFlashDrafter): both draft through the same call.
+
 May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, targets,
 drafters.
 """
@@ -27,15 +31,14 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from .. import acceptance as single
-from ..contracts import Draft, Rule
+from ..contracts import CapturingTarget, Draft, Rule
 from ..adaptive import Costs
 from ..decoding import Row, decode_drafted, empty_draft, measure_costs
-from ..drafters.dflash import DFlashDrafter
+from ..drafters.dflash import is_dflash_drafter as is_dflash
 from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
-from ..targets.causal import CausalLMTarget
 from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import rule_name
 
@@ -91,7 +94,7 @@ class DFlashDrafts:
 
     exact_rules = frozenset({"greedy", "standard", "match"})
 
-    def __init__(self, target: CausalLMTarget, drafter: DFlashDrafter, sampling: Sampling):
+    def __init__(self, target: CapturingTarget, drafter: Any, sampling: Sampling):
         self.target, self.drafter, self.sampling = target, drafter, sampling
         self.layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
         self.contexts = RowContexts()
@@ -127,7 +130,7 @@ class DFlashDrafts:
 
 @dataclass(frozen=True)
 class DFlashDecoder:
-    target: CausalLMTarget
+    target: CapturingTarget
     drafts: DFlashDrafts
     verify: Rule
     rule: str
@@ -183,12 +186,16 @@ class DFlashDecoder:
 def prepare(method: Method, models: Models, settings: DraftSettings, sampling: Sampling,
             acceptance: str | None) -> DFlashDecoder:
     target, drafter = models.target, models.drafter
-    if not isinstance(target, CausalLMTarget):  # not a static-cache twin (--compile), nor an exported graph
-        raise UsageError(f"method 'dflash' reads the target's hidden states: it needs the eager torch target "
-                         f"(no `compile`, no exported graphs); '{getattr(target, 'name', target)}' is "
-                         f"{type(target).__name__}")
-    if not isinstance(drafter, DFlashDrafter):
+    if not is_dflash(drafter):
         raise UsageError("method 'dflash' needs a DFlash drafter (`drafter`)")
+    layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
+    if not isinstance(target, CapturingTarget):  # a static-cache twin (--compile)
+        raise UsageError(f"method 'dflash' reads the target's hidden states: it needs the eager torch target or "
+                         f"an exported one (no `compile`); '{getattr(target, 'name', target)}' is "
+                         f"{type(target).__name__}")
+    why = target.can_capture(layers)
+    if why is not None:
+        raise UsageError(f"method 'dflash': {why}")
     if settings.drafts > 1:
         raise UsageError("method 'dflash' drafts one candidate; `drafts` > 1 needs specdiff")
     if settings.gamma > drafter.block_size - 1:

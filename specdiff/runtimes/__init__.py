@@ -5,8 +5,8 @@
         def run(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
 `specdiff.runtimes.models.GraphTarget` turns a target step graph into the specdiff.contracts.Target contract
-(prefill / extend / rollback over explicit KV tensors) and `GraphDrafter` a denoiser graph into
-what DiffusionProposer uses, so every runtime decodes with the same Python sampling code.
+(prefill / extend / rollback over explicit KV tensors), `GraphDrafter` a denoiser graph into
+what DiffusionProposer uses and `GraphDFlashDrafter` a DFlash step graph into what methods.dflash uses, so every runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
 missing one is one error line naming the extra that installs it.
 
@@ -26,7 +26,7 @@ from specdiff.errors import UsageError
 if TYPE_CHECKING:
     from specdiff.artifacts import Artifacts
 
-    from .models import GraphDrafter, GraphTarget
+    from .models import GraphDFlashDrafter, GraphDrafter, GraphTarget
 
 RUNTIMES = {"onnxruntime": "specdiff.runtimes.onnxruntime", "tensorrt": "specdiff.runtimes.tensorrt"}
 CHOICES = ("torch", *RUNTIMES)
@@ -34,14 +34,16 @@ __all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 
 
 def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, device: str = "cpu",
-                sources: dict[str, str | None] | None = None) -> dict[str, GraphTarget | GraphDrafter]:
+                sources: dict[str, str | None] | None = None) -> dict[str, GraphTarget | GraphDrafter | GraphDFlashDrafter]:
     """{"target": ..., "drafter": ...} for the components an export directory (a path or an
     opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`.
     sources: {"target" | "drafter": model name} the graphs stand in for (bench times them beside
     those models): a component exported from another model (config or weights differ) is refused."""
     from specdiff.artifacts import Artifacts, check_exported_from, open_artifacts
 
-    from .models import GraphDrafter, GraphTarget
+    from specdiff.graphs import graph_kind
+
+    from .models import GraphDFlashDrafter, GraphDrafter, GraphTarget
 
     if not isinstance(runtime, str) or runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r:.40} (choose from {', '.join(CHOICES)})")
@@ -51,9 +53,11 @@ def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, dev
     for kind, name in (sources or {}).items():
         if name is not None:
             check_exported_from(art, kind, name)
-    built: dict[str, type[GraphTarget] | type[GraphDrafter]] = {"target": GraphTarget, "drafter": GraphDrafter}
-    return {kind: built[kind].from_artifacts(art, backend.open_graph(art, kind, device), device)
-            for kind in built if art.component(kind) is not None}
+    built: dict[str, type[GraphTarget] | type[GraphDrafter] | type[GraphDFlashDrafter]] = \
+        {"target": GraphTarget, "drafter": GraphDrafter, "dflash": GraphDFlashDrafter}
+    return {kind: built[graph_kind(kind, art.record(kind)["model"])].from_artifacts(
+                art, backend.open_graph(art, kind, device), device)
+            for kind in ("target", "drafter") if art.component(kind) is not None}
 
 
 def _check_device(device: object) -> None:
@@ -70,7 +74,7 @@ def _check_device(device: object) -> None:
 
 
 def runtime_models(runtime: str, artifacts: str | None,
-                   options: dict[str, Any]) -> dict[str, GraphTarget | GraphDrafter]:
+                   options: dict[str, Any]) -> dict[str, GraphTarget | GraphDrafter | GraphDFlashDrafter]:
     """The `generate --runtime/--artifacts` options -> loaded target / drafter to pass to plan()
     in place of names (torch: nothing to load here)."""
     from specdiff.artifacts import open_artifacts

@@ -2,9 +2,13 @@
 
 GraphTarget implements the specdiff.contracts.Target contract over a target step graph; its KV cache
 is 2L explicit tensors (B, H, P, D) fed back as the next call's past, kept per row by
-specdiff.targets.rows.RowCache (the graphs take a 2-D attention mask and position ids). A
+specdiff.targets.rows.CapturingRows (the graphs take a 2-D attention mask and position ids). A
 re-aligned cache is a fresh contiguous tensor; a sliced one is copied by the runtime before it is
-bound by pointer. A runtime's `limits` cap the rows of a batch (`max_rows`).
+bound by pointer. A runtime's `limits` cap the rows of a batch (`max_rows`). A target graph
+exported beside a DFlash drafter also outputs the hidden states that drafter reads: GraphTarget
+captures them (capture / features) as CausalLMTarget does.
+GraphDFlashDrafter is DFlashDrafter's drafting call over a DFlash step graph: the drafter's
+context K/V (nets.dflash.ContextCache) are fed back as past_context.
 GraphDrafter exposes what DiffusionProposer and plan use of a DiffusionDrafter (x0_logits,
 mask_id, vocab_size, context_length, tokenizer, the recorded draft `defaults`) over a denoiser
 graph; the noise level and the parameterisation are computed in Python by the PyTorch drafter's
@@ -20,13 +24,15 @@ import torch
 
 from specdiff.artifacts import Artifacts
 from specdiff.contracts import Runtime
+from specdiff.drafters.dflash import KIND
 from specdiff.drafters.diffusion import x0_logits_from
-from specdiff.targets.rows import RowCache
+from specdiff.nets.dflash import ContextCache
+from specdiff.targets.rows import CapturingRows
 
 from specdiff.graphs import TORCH_DTYPES, past_names, present_names
 
 
-class GraphTarget(RowCache):
+class GraphTarget(CapturingRows):
     """A causal LM step graph as a Target. model: the manifest's `model` record of the target."""
 
     def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
@@ -44,6 +50,7 @@ class GraphTarget(RowCache):
         self._heads, self._head_dim = model["kv_heads"], model["head_dim"]
         self._kv_dtype = TORCH_DTYPES[dtype]
         self._past_names, self._present_names = past_names(model["layers"]), present_names(model["layers"])
+        self.feature_layers = tuple(model.get("feature_layers", ()))  # HF hidden_states indices it outputs
 
     @classmethod
     def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphTarget":
@@ -56,15 +63,26 @@ class GraphTarget(RowCache):
     def device(self) -> torch.device:
         return self._device
 
+    def can_capture(self, layers: tuple[int, ...]) -> str | None:
+        if tuple(layers) == self.feature_layers:
+            return None
+        have = f"outputs the hidden states {list(self.feature_layers)}" if self.feature_layers else \
+            "outputs no hidden states"
+        return (f"the exported target '{self.name}' {have}; the drafter reads {list(layers)}: export the target "
+                "together with this drafter")
+
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """ids (B, S) -> logits (B, S, V), float32, and the new past; fed in chunks of at most
-        max_step tokens."""
+        """ids (B, S) -> logits (B, S, V), float32, and the new past (with the captured features,
+        when capturing); fed in chunks of at most max_step tokens."""
         B, S = ids.shape
+        kv, held = self.split_features(kv)
         if not kv:
             kv = [torch.zeros(B, self._heads, 0, self._head_dim, dtype=self._kv_dtype,
                               device=self.device)] * len(self._past_names)  # (B, H, 0, D)
-        C, step, logits = kv[0].shape[2], self.max_step or S, []
+        C, step = kv[0].shape[2], self.max_step or S
+        logits: list[torch.Tensor] = []
+        features: list[torch.Tensor] = []  # (B, k - j, F) per chunk, when capturing
         for j in range(0, S, step):
             k = min(j + step, S)
             feeds = {"input_ids": ids[:, j:k], "attention_mask": mask[:, :C + k], "position_ids": positions[:, j:k],
@@ -72,6 +90,10 @@ class GraphTarget(RowCache):
             out = self.runtime.run(feeds)
             kv = [out[name] for name in self._present_names]  # each (B, H, C + k, D)
             logits.append(out["logits"][..., : self.vocab_size].float())
+            if self.captured:
+                features.append(out["features"])
+        if self.captured:
+            kv = self.with_features(kv, held, torch.cat(features, dim=1))
         return torch.cat(logits, dim=1), kv
 
     def sync(self) -> None:
@@ -118,3 +140,60 @@ class GraphDrafter:
             feeds = {"input_ids": ids, **({"sigma": sigma} if self.time_conditioning else {})}
             return self.runtime.run(feeds)["logits"][:, -(last or 0):]  # (B, last, V_drafter)
         return x0_logits_from(network, input_ids, self.parameterization, self.mask_id, self.vocab_size, last)
+
+
+class GraphDFlashDrafter:
+    """A DFlash step graph with the drafting call of DFlashDrafter (methods.dflash uses it).
+    model: the manifest's `model` record of the drafter."""
+
+    kind = KIND
+
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
+                 dtype: str):
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self.source = model["name"]
+        self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
+        self.mask_id, self.block_size = model["mask_id"], model["block_size"]
+        self.target_layer_ids = list(model["target_layer_ids"])
+        self.num_target_layers = model.get("num_target_layers")
+        self.defaults = model.get("defaults", {})
+        self.device = torch.device(device)
+        self.max_step = runtime.limits.max_step if runtime.limits else None  # most context rows per call
+        self._kv_shape = (model["kv_heads"], 0, model["head_dim"])
+        self._dtype = TORCH_DTYPES[dtype]
+        layers = model["layers"]
+        self._past_names = past_names(layers, "past_context")
+        self._present_names = present_names(layers, "present_context")
+
+    @classmethod
+    def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDFlashDrafter":
+        return cls(runtime, art.record("drafter")["model"], art.tokenizer, device, dtype=art.manifest["dtype"])
+
+    @torch.no_grad()
+    def __call__(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor, cache: ContextCache,
+                 context_valid: torch.Tensor | None = None, slots: int | None = None) -> torch.Tensor:
+        """As DFlashDrafter.forward with a cache: anchor (B,), context (B, C, F) the features of the
+        rows not yet in `cache` (left-padded; context_valid (B, C), None: all real), start (B,) ->
+        logits (B, slots or S - 1, vocab_rows) float32. The context goes in chunks of at most
+        max_step rows, each call over the K/V the last one returned (only the last one's logits
+        are kept); `cache` then holds every row's K/V."""
+        B, n = anchor.shape[0], context.shape[1]
+        block = torch.full((B, self.block_size), self.mask_id, dtype=torch.long, device=self.device)
+        block[:, 0] = anchor
+        ones = torch.ones(B, max(n, cache.length), dtype=torch.bool, device=self.device)
+        held = ones[:, :cache.length] if cache.valid is None else cache.valid.to(self.device)
+        new = ones[:, :n] if context_valid is None else context_valid.to(self.device)
+        past = [t for kv in cache.kv for t in kv] or \
+            [torch.zeros(B, *self._kv_shape, dtype=self._dtype, device=self.device)] * len(self._past_names)
+        step = self.max_step or max(n, 1)
+        for j in range(0, max(n, 1), step):
+            k = min(j + step, n)
+            mask = torch.cat([held, new[:, :k]], dim=1)  # (B, held + k)
+            feeds = {"block_ids": block, "start": start.to(self.device) - n + k, "context_mask": mask.long(),
+                     "context": context[:, j:k].to(self.device, self._dtype), **dict(zip(self._past_names, past))}
+            out = self.runtime.run(feeds)
+            past = [out[name] for name in self._present_names]  # each (B, H', held + k, D')
+        cache.kv = list(zip(past[::2], past[1::2]))
+        cache.valid = None if bool(mask.all()) else mask
+        return out["logits"][:, :slots or self.block_size - 1].float()

@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import IncompatibleModelsError
 from ..hf_cache import returned_cache, with_cache
-from .rows import RowCache
+from .rows import CapturingRows
 
 
 def context_window(config: Any) -> int:
@@ -67,44 +67,13 @@ class HFModel:
             torch.cuda.synchronize(self.device)
 
 
-class CausalLMTarget(HFModel, RowCache):
-    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache).
-
-    capture(layers) (HF hidden_states indices; a DFlash drafter's target_layer_ids + 1) makes the
-    cache also hold, for every cached token of every row, the concatenated hidden states of those
-    layers: one more tensor (B, 1, C, F) at the end of `kv`, shaped like a KV layer of one head, so
-    that join / extend / rollback / keep / re-alignment keep it with the keys and values.
-    features(rows) reads it back per row (methods.dflash)."""
+class CausalLMTarget(HFModel, CapturingRows):
+    """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache) that can
+    also hold the hidden states of any of its layers (CapturingRows.capture: a DFlash run)."""
 
     def __init__(self, model: Any, tokenizer: Any, name: str = ""):
-        RowCache.__init__(self)
+        CapturingRows.__init__(self)
         HFModel.__init__(self, model, tokenizer, name)
-        self.captured: tuple[int, ...] = ()  # hidden_states indices kept in the cache (none: not captured)
-
-    def capture(self, layers: tuple[int, ...]) -> None:
-        """Keep the hidden states of `layers` (HF hidden_states indices) of every cached token from
-        now on (() stops); starts a fresh, empty cache."""
-        self.captured = tuple(layers)
-        self.keep([])
-
-    def features(self, rows: list[int] | torch.Tensor,
-                 newest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The captured features of each cached token of the cache rows `rows` (of row b only its
-        last newest[b] (B',), if given), left-padded -> (features (B', C, F), valid (B', C) bool: False on
-        padding, whose features are 0). Aligns the cache first (RowCache._align, as the next
-        extend would): every row then ends in the last column."""
-        if not self.captured:
-            raise RuntimeError("features() needs capture(layers) first")
-        index = torch.as_tensor(rows, dtype=torch.long)
-        if not self.kv:
-            return torch.zeros(len(index), 0, 0, device=self.device), torch.zeros(len(index), 0, dtype=torch.bool)
-        lengths = self._align()[index]
-        if newest is not None:
-            lengths = torch.minimum(lengths, newest.to(lengths.device))
-        C = int(lengths.max()) if len(index) else 0
-        stored = self.kv[-1][index.to(self.kv[-1].device), 0, self.width - C:]  # (B', C, F)
-        valid = (torch.arange(C) >= C - lengths[:, None]).to(stored.device)
-        return stored.masked_fill(~valid[..., None], 0), valid
 
     @torch.no_grad()
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
@@ -112,9 +81,7 @@ class CausalLMTarget(HFModel, RowCache):
         """One forward pass over the cache kv (2L tensors (B, H, C, D), then the captured features
         (B, 1, C, F) when capturing; [] for none). Every layer keeps all its columns (no
         sliding-window layers: the mask applies windows)."""
-        features = kv[-1] if self.captured and kv else None
-        if features is not None:
-            kv = kv[:-1]
+        kv, features = self.split_features(kv)
         cache = DynamicCache()
         for k, v in zip(kv[::2], kv[1::2]):
             layer = DynamicLayer()
@@ -126,6 +93,5 @@ class CausalLMTarget(HFModel, RowCache):
                          **with_cache(self.model, cache), **({"output_hidden_states": True} if capturing else {}))
         kv = [t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)]
         if capturing:
-            new = torch.cat([out.hidden_states[i] for i in self.captured], dim=-1)[:, None]  # (B, 1, S, F)
-            kv.append(new if features is None else torch.cat([features, new], dim=2))
+            kv = self.with_features(kv, features, torch.cat([out.hidden_states[i] for i in self.captured], dim=-1))
         return out.logits[..., : self.vocab_size].float(), kv

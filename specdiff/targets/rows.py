@@ -17,6 +17,9 @@ which count cache columns, stay exact; rejected tokens never stay behind as mask
 
 Subclasses give `_run(ids (B, S), mask (B, C + S), positions (B, S), kv) -> (logits (B, S, V),
 kv (B, H, C + S, D) each)`; an empty kv list means an empty cache.
+
+CapturingRows adds what a DFlash run reads (methods.dflash): the target's hidden states of some
+layers for every cached token, held as one more cache tensor (B, 1, C, F) after the KV tensors.
 """
 
 from __future__ import annotations
@@ -149,3 +152,59 @@ def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
 def _pad_to(logits: torch.Tensor, S: int) -> torch.Tensor:
     """(1, s, V) -> (1, S, V), zeros after."""
     return torch.cat([logits, logits.new_zeros(1, S - logits.shape[1], logits.shape[2])], dim=1)
+
+
+class CapturingRows(RowCache):
+    """A RowCache whose forward pass can also return hidden states of some layers (HF
+    hidden_states indices: a DFlash drafter's target_layer_ids + 1). capture(layers) makes the
+    cache also hold, for every cached token of every row, their concatenation: one more tensor
+    (B, 1, C, F) at the end of `kv`, shaped like a KV layer of one head, so that join / extend /
+    rollback / keep / re-alignment keep it with the keys and values. features(rows) reads it back
+    per row. A subclass's `_run` splits it off (split_features) and appends the new tokens'
+    (with_features)."""
+
+    captured: tuple[int, ...] = ()  # hidden_states indices kept in the cache (none: not captured)
+
+    def can_capture(self, layers: tuple[int, ...]) -> str | None:
+        """None when capture(layers) is possible, else why not (one line)."""
+        return None
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def capture(self, layers: tuple[int, ...]) -> None:
+        """Keep the hidden states of `layers` of every cached token from now on (() stops);
+        starts a fresh, empty cache."""
+        self.captured = tuple(layers)
+        self.keep([])
+
+    def features(self, rows: list[int] | torch.Tensor,
+                 newest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The captured features of each cached token of the cache rows `rows` (of row b only its
+        last newest[b] (B',), if given), left-padded -> (features (B', C, F), valid (B', C) bool: False on
+        padding, whose features are 0). Aligns the cache first (as the next extend would): every
+        row then ends in the last column."""
+        if not self.captured:
+            raise RuntimeError("features() needs capture(layers) first")
+        index = torch.as_tensor(rows, dtype=torch.long)
+        if not self.kv:
+            return torch.zeros(len(index), 0, 0, device=self.device), torch.zeros(len(index), 0, dtype=torch.bool)
+        lengths = self._align()[index]
+        if newest is not None:
+            lengths = torch.minimum(lengths, newest.to(lengths.device))
+        C = int(lengths.max()) if len(index) else 0
+        stored = self.kv[-1][index.to(self.kv[-1].device), 0, self.width - C:]  # (B', C, F)
+        valid = (torch.arange(C) >= C - lengths[:, None]).to(stored.device)
+        return stored.masked_fill(~valid[..., None], 0), valid
+
+    def split_features(self, kv: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The cache a `_run` gets -> (its KV tensors, the captured features (B, 1, C, F) or None)."""
+        if self.captured and kv:
+            return kv[:-1], kv[-1]
+        return kv, None
+
+    def with_features(self, kv: list[torch.Tensor], held: torch.Tensor | None, new: torch.Tensor) -> list[torch.Tensor]:
+        """The new KV tensors, then the held features with the new tokens' (B, S, F) appended."""
+        new = new[:, None]  # (B, 1, S, F)
+        return [*kv, new if held is None else torch.cat([held, new], dim=2)]
