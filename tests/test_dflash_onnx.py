@@ -160,3 +160,17 @@ def test_cli_generates_with_dflash_on_onnxruntime(onnx_dflash):
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stderr.strip().splitlines()[-1])
     assert (stats["method"], stats["exact"], stats["settings"]["gamma"]) == ("dflash", True, {"value": 7, "from": "drafter"})
+
+
+def test_bench_runs_dflash_on_the_exported_graphs_beside_eager(tiny, onnx_dflash, tmp_path):
+    """`bench --artifacts` with a DFlash export: an onnxruntime dflash row, its greedy tokens checked
+    against eager ar, its acceptance the eager row's."""
+    result = CliRunner().invoke(cli, [
+        "bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.dflash), "--methods", "ar,dflash",
+        "--artifacts", str(onnx_dflash), "--gamma", "3", "--max-new-tokens", "8", "--num-prompts", "3",
+        "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]}
+    on_graphs = rows["dflash g=3 onnxruntime"]
+    assert on_graphs["matches_ar"] and on_graphs["runtime"] == "onnxruntime"
+    assert on_graphs["tau"] == rows["dflash g=3"]["tau"]

@@ -54,11 +54,14 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     return [v for v in swept if _runs(v)]
 
 
+GRAPH_METHODS = {"ar": None, "specdiff": "a diffusion drafter", "dflash": "a DFlash drafter"}  # -> the drafter graph
+
+
 def _runs(v: Variant) -> bool:
-    """The HF peers run eager torch at batch 1; graph runtimes run ar and specdiff."""
+    """The HF peers run eager torch at batch 1; graph runtimes run ar, specdiff and dflash."""
     if v.method not in REGISTRY:
         return v.batch_size == 1 and v.runtime == "torch"
-    return not v.on_graphs or v.method in ("ar", "specdiff")
+    return not v.on_graphs or v.method in GRAPH_METHODS
 
 
 def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequence[int | None],
@@ -114,8 +117,9 @@ def check_models(models: Models, rows: list[Variant]) -> None:
     for v in rows:
         if v.on_graphs:
             graphs = models.graphs.get(v.runtime, {})
-            if "target" not in graphs or (v.method == "specdiff" and "drafter" not in graphs):
-                held = "a target and a diffusion drafter" if v.method == "specdiff" else "a target"
+            drafter = graphs.get("drafter")
+            if "target" not in graphs or (v.method != "ar" and not REGISTRY[v.method].accepts(drafter)):
+                held = f"a target and {GRAPH_METHODS[v.method]}" if GRAPH_METHODS[v.method] else "a target"
                 raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
             if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
                 raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
