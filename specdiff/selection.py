@@ -61,22 +61,30 @@ class SelfSelection:
     def __repr__(self) -> str:
         return f"SelfSelection({self.proposer!r}, drafts={self.drafts})"
 
-    def warping(self, sampling: Sampling) -> Sampling:
-        """The candidates' warping: draft_temperature (default: the target's, 1 when greedy) with
-        the target's top-k and top-p."""
-        default = 1.0 if sampling.greedy else sampling.temperature
-        return Sampling(default if self.draft_temperature is None else self.draft_temperature, sampling.top_k, sampling.top_p)
-
     @torch.no_grad()
     def propose(self, context: torch.Tensor, gamma: int, sampling: Sampling, generator: Generators,
                 lengths: torch.Tensor | None = None) -> Candidates:
         """context (B, L), left-padded when `lengths` (B,) are given -> Candidates with tokens
         (B, K, gamma). Row b's candidates are drawn from its own generator (contracts.Proposer)."""
-        d = self.proposer.propose(context, gamma, Sampling(), generator, lengths, record=self.warping(sampling))
-        B, g, V = d.q.shape
-        draws = sample(d.q[:, None].expand(B, self.drafts - (not self.iid), g, V), generator)  # (B, K', g)
-        tokens = draws if self.iid else torch.cat([d.tokens[:, None], draws], dim=1)
-        return Candidates(tokens, d.q, d.calls)
+        warping = candidate_warping(sampling, self.draft_temperature)
+        d = self.proposer.propose(context, gamma, Sampling(), generator, lengths, record=warping)
+        return Candidates(draw_candidates(d.tokens, d.q, self.drafts, self.iid, generator), d.q, d.calls)
+
+
+def candidate_warping(sampling: Sampling, draft_temperature: float | None) -> Sampling:
+    """The candidates' warping: draft_temperature (default: the target's, 1 when greedy) with the
+    target's top-k and top-p."""
+    default = 1.0 if sampling.greedy else sampling.temperature
+    return Sampling(default if draft_temperature is None else draft_temperature, sampling.top_k, sampling.top_p)
+
+
+def draw_candidates(argmax: torch.Tensor, q: torch.Tensor, K: int, iid: bool, generator: Generators) -> torch.Tensor:
+    """The drafter's argmax draft (B, g) and its slots' distributions q (B, g, V) -> K candidates
+    (B, K, g): the argmax draft, then K - 1 draws from q (all K draws when `iid`; see the module
+    docstring); row b draws from generator b."""
+    B, g, V = q.shape
+    draws = sample(q[:, None].expand(B, K - (not iid), g, V), generator)  # (B, K', g)
+    return draws if iid else torch.cat([argmax[:, None], draws], dim=1)
 
 
 def _streak_score(p_x: torch.Tensor) -> torch.Tensor:

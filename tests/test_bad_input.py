@@ -140,7 +140,7 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "draft temperature 0": ("--drafter {drafter} --drafts 2 --draft-temperature 0",
                             "--draft-temperature must be a finite number > 0, got 0.0"),
     "several drafts with spec-ar": ("--drafter {ar} --method spec-ar --drafts 2",
-                                    "method 'spec-ar' drafts one candidate; --drafts > 1 needs specdiff"),
+                                    "method 'spec-ar' drafts one candidate; --drafts > 1 needs specdiff or dflash"),
     "oneshot with several steps": ("--drafter {drafter} --schedule oneshot --steps 3", "exactly 1 step"),
     "unknown device": ("--device nonsense", "unknown device 'nonsense'"),
     "drafts past free memory": ("--drafter {drafter} --drafts 100000000", "--batch-size 8, --drafts 100000000, "

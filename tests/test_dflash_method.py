@@ -5,7 +5,8 @@ fails that check); greedy output is token-identical to ar on GPT-2, Llama and Qw
 verifier that takes drafts unchecked fails it); the output does not depend on the batch size,
 greedy or sampled; one speculative step has the target's distribution at temperature 1 and with
 top-k (a draft sampled at another temperature than its q, and acceptance that ignores q, fail the
-same chi-square test); refusals; the CLI."""
+same chi-square test); with K candidate blocks (--drafts) greedy output is still ar's and select /
+multi keep the target's distribution (multi over the argmax block fails it); refusals; the CLI."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from specdiff import generate, load_drafter, load_target
+from specdiff import generate, load_drafter, load_target, selection
 from specdiff.acceptance import match, standard
 from specdiff.contracts import Draft
 from specdiff.decoding import Row
@@ -378,7 +379,9 @@ def test_a_broken_draft_or_rule_fails_the_same_test(small, broken, sampling):
 
 def test_a_dflash_drafter_picks_dflash_and_its_block(models):
     p = plan(target=models["gpt2"], drafter=models["gpt2-dflash"])
-    assert p.method.name == "dflash" and p.decoder.ran() == {"gamma": 7, "adaptive": True, "acceptance": "greedy"}
+    assert p.method.name == "dflash" and p.decoder.ran() == {"gamma": 7, "adaptive": True, "drafts": 1,
+                                                             "draft_temperature": None, "acceptance": "greedy"}
+    assert plan(target=models["gpt2"], drafter=models["gpt2-dflash"], temperature=1.0, drafts=2).decoder.rule == "select"
     assert plan(target=models["gpt2"], drafter=models["gpt2-dflash"], temperature=1.0).decoder.rule == "standard"
     with pytest.raises(UsageError, match="more than the DFlash drafter's block"):
         plan(target=models["gpt2"], drafter=models["gpt2-dflash"], gamma=8)
@@ -400,3 +403,59 @@ def test_cli_generates_with_dflash(tiny, models):
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stderr.strip().splitlines()[-1])
     assert (stats["method"], stats["exact"], stats["settings"]["gamma"]) == ("dflash", True, {"value": 7, "from": "drafter"})
+
+
+# --- K candidate blocks (--drafts) -------------------------------------------------------------
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_dflash_with_candidate_blocks_greedy_equals_ar(models, reference, batch_size):
+    result = generate(PROMPTS, target=models["llama"], drafter=models["llama-dflash"], method="dflash",
+                      max_new_tokens=MAX_NEW, drafts=3, gamma=4, batch_size=batch_size)
+    assert _identical(result, reference["llama"]) == []
+    assert result.metrics.drafter_calls > 0 and models["llama"].rows == 0  # the K copies of each row left
+
+
+@torch.no_grad()
+def dflash_selected_samples(target, drafter, K, iid, rule, sampling, seed):
+    """As dflash_samples, over K candidate blocks per row, verified as decoding._verify_selected
+    does (K rows of p, each from its candidate's own prefix) -> (cell ids (N,), accepted (N,))."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = exact.CONTEXT.repeat(exact.N, 1)
+    rows = [Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g) for _ in range(exact.N)]
+    step = DFlashDrafts(target, drafter, sampling, K, iid=iid)
+    target.capture(step.layers)
+    try:
+        target.prefill(ctx[:, :-1])
+        drafts = step(rows, [exact.GAMMA] * exact.N)
+    finally:
+        target.capture(())
+    tokens, q = torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])  # (N, K, g), (N, g, V)
+    rows_ctx, flat = ctx.repeat_interleave(K, 0), tokens.reshape(exact.N * K, exact.GAMMA)
+    seqs, inverse = torch.cat([rows_ctx, flat], 1).unique(dim=0, return_inverse=True)
+    logits = target.model(seqs).logits[inverse, exact.CONTEXT.shape[1] - 1:]
+    p = sampling.target_probs(logits, rows_ctx, flat).reshape(exact.N, K, exact.GAMMA + 1, exact.V)
+    n, y, k = rule(tokens, q, p, g)
+    return exact.first_tokens(target.model, tokens[torch.arange(exact.N), k], n, y, sampling, g), n
+
+
+SELECTED = [pytest.param("select", False, "t1", id="select-t1"),
+            pytest.param("select", False, "t0.7-top3", id="select-t0.7-top3", marks=pytest.mark.slow),  # CI's slow step
+            pytest.param("multi", True, "t1", id="multi-t1")]
+
+
+@pytest.mark.parametrize("rule,iid,sampling", SELECTED)
+def test_a_dflash_step_over_candidate_blocks_has_the_target_distribution(small, rule, iid, sampling):
+    target, drafter = small
+    s = exact.SAMPLINGS[sampling]
+    cells, n = dflash_selected_samples(target, drafter, 3, iid, selection.RULES[rule], s, seed=11)
+    assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
+    assert 0.05 < (n > 0).float().mean() < 0.95
+
+
+def test_multi_over_the_argmax_block_fails_the_same_test(small):
+    """Recursive rejection assumes every candidate is a draw from q: with the argmax block as
+    candidate 1 (what select uses) it is biased, and the same test says so."""
+    target, drafter = small
+    s = exact.SAMPLINGS["t1"]
+    cells, _ = dflash_selected_samples(target, drafter, 3, False, selection.multi, s, seed=11)
+    assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) < exact.P_BROKEN

@@ -9,7 +9,10 @@ features of every cached token (positions 0 .. start - 1; rows of different leng
 and masked), one drafter call for the batch; q = the same warping as the target's p over the
 real vocabulary; row b draws x_1..x_g_b from its own q with its own generator (greedy: argmax).
 The slots are drawn independently, q_j not depending on x_<j, so the standard rule is exact, as
-are match and greedy (docs/lossless.md, "Diffusion drafters", case 1). gamma <= block_size - 1:
+are match and greedy (docs/lossless.md, "Diffusion drafters", case 1). With `drafts` K > 1 the
+row's K candidate blocks come from the same call (DFlashDrafts), the target verifies them as K
+copies of the row (decoding._verify_selected) and a selection rule keeps one: greedy, select
+(point mass), multi (recursive rejection over i.i.d. candidates; docs/lossless.md, "Several drafts"). gamma <= block_size - 1:
 the drafter always fills its whole trained block (so a row's q never depends on its neighbours'
 gamma), its head scores only the first max_b g_b slots, and each row keeps its first g_b. The
 drafter keeps each row's context K/V across steps (RowContexts): a step feeds it only the
@@ -30,7 +33,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .. import acceptance as single
+from .. import acceptance as single, selection
 from ..contracts import CapturingTarget, Draft, Rule
 from ..adaptive import Costs
 from ..decoding import Row, decode_drafted, empty_draft, measure_costs
@@ -40,7 +43,10 @@ from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
 from .base import Method, Models, check_sizes, cost_table, kept_costs
-from .speculative import rule_name
+from .speculative import check_drafts, rule_name
+
+
+SINGLE_RULES = frozenset({"greedy", "standard", "match"})  # slots drawn independently from q: case 1
 
 
 class RowContexts:
@@ -90,26 +96,49 @@ def _left_padded(parts: list[torch.Tensor | None], N: int) -> torch.Tensor:
 
 class DFlashDrafts:
     """The draft step: the drafter's block for every drafting row of the batch from the target's
-    cached features (see the module docstring). exact_rules: as a proposer declares them."""
+    cached features (see the module docstring). exact_rules: as a proposer declares them.
 
-    exact_rules = frozenset({"greedy", "standard", "match"})
+    drafts K > 1: K candidate blocks per row from the same call, as selection.SelfSelection draws
+    them from a diffusion drafter: the argmax block, then K - 1 draws from q warped at
+    draft_temperature (all K draws when `iid`, which `multi` needs); the slots being independent
+    given the features, the survivors' next tokens are i.i.d. q_j whatever prefix was accepted."""
 
-    def __init__(self, target: CapturingTarget, drafter: Any, sampling: Sampling):
+    def __init__(self, target: CapturingTarget, drafter: Any, sampling: Sampling, drafts: int = 1,
+                 draft_temperature: float | None = None, iid: bool = False):
         self.target, self.drafter, self.sampling = target, drafter, sampling
+        self.K, self.iid = drafts, iid
+        self.warping = sampling if drafts == 1 else selection.candidate_warping(sampling, draft_temperature)
+        self.exact_rules = SINGLE_RULES if drafts == 1 else frozenset(selection.RULES)
         self.layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
         self.contexts = RowContexts()
 
     def __repr__(self) -> str:
-        return f"DFlashDrafts({self.drafter.source!r})"
+        return f"DFlashDrafts({self.drafter.source!r}{f', drafts={self.K}' if self.K > 1 else ''})"
 
     @torch.no_grad()
     def __call__(self, batch: list[Row], g: list[int]) -> list[Draft]:
-        """batch row b is the target's cache row b -> one Draft (1, g_b) per row."""
+        """batch row b is the target's cache row b -> one Draft (1, g_b) per row (K > 1:
+        selection.Candidates, tokens (1, K, g_b))."""
         drafts = [empty_draft(self.target)] * len(batch)
         members = [b for b, g_b in enumerate(g) if g_b]
         if not members:
             return drafts
         rows = [batch[b] for b in members]
+        logits = self._logits(rows, members, batch, max(g[b] for b in members))[..., :self.target.vocab_size]
+        q = self.warping.probs(logits)  # (B', max g_b, V)
+        for i, (b, row) in enumerate(zip(members, rows)):
+            q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)
+            if self.K == 1:
+                drafts[b] = Draft(self.sampling.sample(q_b, row.generator), q_b, calls=1)
+            else:
+                argmax = logits[i:i + 1, :g[b]].argmax(-1)
+                drafts[b] = selection.Candidates(selection.draw_candidates(argmax, q_b, self.K, self.iid, row.generator),
+                                                 q_b, calls=1)
+        return drafts
+
+    def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
+        """One drafter call for the drafting rows (target cache rows `members`) over the features
+        verified since each row's last draft -> logits (B', slots, vocab_rows) float32."""
         cached = self.target.lengths[members]
         if cached.tolist() != [len(row.ids) - 1 for row in rows]:  # the loop's invariant: all but the last token
             raise RuntimeError(f"target caches {cached.tolist()} tokens of rows of {[len(r.ids) for r in rows]}")
@@ -119,20 +148,16 @@ class DFlashDrafts:
         anchor = torch.tensor([row.ids[-1] for row in rows], device=device)
         logits = self.drafter(anchor, context, cached.to(device), cache,
                               context_valid=None if bool(valid.all()) else valid,
-                              slots=max(g[b] for b in members))  # the head scores only the slots kept
+                              slots=slots)  # the head scores only the slots kept
         self.contexts.write(rows, cache)
-        q = self.sampling.probs(logits[..., :self.target.vocab_size])  # (B', max g_b, V)
-        for i, (b, row) in enumerate(zip(members, rows)):
-            q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)
-            drafts[b] = Draft(self.sampling.sample(q_b, row.generator), q_b, calls=1)
-        return drafts
+        return logits
 
 
 @dataclass(frozen=True)
 class DFlashDecoder:
     target: CapturingTarget
     drafts: DFlashDrafts
-    verify: Rule
+    verify: Rule | selection.SelectRule  # over one draft, or choosing among `settings.drafts`
     rule: str
     settings: DraftSettings
     sampling: Sampling
@@ -148,7 +173,7 @@ class DFlashDecoder:
         try:
             costs = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
-                                      self.settings.gamma, batch_size, costs=costs)
+                                      self.settings.gamma, batch_size, self.settings.drafts, costs)
         finally:
             self.target.capture(())
             self.drafts.contexts = RowContexts()
@@ -161,7 +186,7 @@ class DFlashDecoder:
             captured = self.target.captured
             self.target.capture(self.drafts.layers)
             try:
-                return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size)
+                return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size, self.settings.drafts)
             finally:
                 self.target.capture(captured)
                 self.drafts.contexts = RowContexts()
@@ -174,7 +199,7 @@ class DFlashDecoder:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
         self.target.capture(self.drafts.layers)
         try:
-            check_sizes(self.target, gamma=self.settings.gamma, copies=1, batch_size=batch_size,
+            check_sizes(self.target, gamma=self.settings.gamma, copies=self.settings.drafts, batch_size=batch_size,
                         max_new_tokens=max_new_tokens, rows=rows, context=context)
         finally:
             self.target.capture(())
@@ -196,12 +221,13 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     why = target.can_capture(layers)
     if why is not None:
         raise UsageError(f"method 'dflash': {why}")
-    if settings.drafts > 1:
-        raise UsageError("method 'dflash' drafts one candidate; `drafts` > 1 needs specdiff")
+    check_drafts(method, settings)
     if settings.gamma > drafter.block_size - 1:
         raise UsageError(f"`gamma` {settings.gamma} is more than the DFlash drafter's block holds "
                          f"({drafter.block_size - 1} draft slots after the anchor)")
-    drafts = DFlashDrafts(target, drafter, sampling)
+    drafts = DFlashDrafts(target, drafter, sampling, settings.drafts, settings.draft_temperature)
     rule = rule_name(acceptance, sampling, method, drafts, settings)
-    return DFlashDecoder(target, drafts, single.get_rule(rule), rule, settings, sampling, method.settings,
+    drafts.iid = rule == "multi"  # recursive rejection needs every candidate drawn from q
+    verify = single.get_rule(rule) if settings.drafts == 1 else selection.get_rule(rule)
+    return DFlashDecoder(target, drafts, verify, rule, settings, sampling, method.settings,
                          kept_costs(target, drafter, (settings, sampling)))

@@ -69,10 +69,7 @@ class SpeculativeDecoder:
 
 def prepare(method: Method, models: Models, settings: DraftSettings, sampling: Sampling,
             acceptance: str | None) -> SpeculativeDecoder:
-    if settings.drafts > 1 and "drafts" not in method.settings:
-        raise UsageError(f"method '{method.name}' drafts one candidate; `drafts` > 1 needs specdiff")
-    if settings.draft_temperature is not None and settings.drafts == 1:
-        raise UsageError("`draft_temperature` warps candidate drafts 2..K: it needs `drafts` > 1")
+    check_drafts(method, settings)
     assert method.build is not None, f"{method.name} declares no proposer"  # the registry's to give
     proposer = method.build(models.drafter, settings)
     rule = rule_name(acceptance, sampling, method, proposer, settings)
@@ -82,6 +79,14 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
                                            settings.draft_temperature, iid=rule == "multi")
     return SpeculativeDecoder(models.target, models.drafter, proposer, verify, rule, settings, sampling,
                               method.settings, kept_costs(models.target, models.drafter, (settings, sampling)))
+
+
+def check_drafts(method: Method, settings: DraftSettings) -> None:
+    """K > 1 candidate drafts only for a method that reads `drafts`; draft_temperature only with them."""
+    if settings.drafts > 1 and "drafts" not in method.settings:
+        raise UsageError(f"method '{method.name}' drafts one candidate; `drafts` > 1 needs specdiff or dflash")
+    if settings.draft_temperature is not None and settings.drafts == 1:
+        raise UsageError("`draft_temperature` warps candidate drafts 2..K: it needs `drafts` > 1")
 
 
 class Declares(Protocol):
