@@ -113,12 +113,27 @@ def _check_finite(top: torch.Tensor) -> None:
                                "are broken or its dtype overflows (float32 may help)")
 
 
+NUCLEUS_K = (256, 4096)  # top-k sizes tried before a full sort (a 49k-row sort costs 3.5 ms on a CPU core)
+
+
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """probs (..., V) -> the smallest set of most likely tokens reaching top_p, renormalised."""
-    sorted_p, order = probs.sort(-1, descending=True)
-    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly above each token
-    keep_sorted = before < top_p  # in float32: a top_p below 1e-45 is 0 and keeps nothing ...
-    keep_sorted[..., 0] = True  # ... but the most likely token is always kept
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(-1, keepdim=True)
+    """probs (..., V) -> the smallest set of most likely tokens reaching top_p, renormalised; a
+    token tied with the least likely one kept is kept too (so the set depends on the values only,
+    not on how a sort orders ties). Each row is read from its NUCLEUS_K largest values, or from all
+    of them where those do not hold its set: the same result, row by row, whatever the batch."""
+    shape = probs.shape
+    flat = probs.reshape(-1, shape[-1])
+    threshold = torch.empty(flat.shape[0], 1, dtype=flat.dtype, device=flat.device)
+    todo = torch.arange(flat.shape[0], device=flat.device)
+    for k in (*(k for k in NUCLEUS_K if k < shape[-1]), shape[-1]):
+        if not len(todo):
+            break
+        values = flat[todo].topk(k, dim=-1).values  # (R, k) descending
+        before = values.cumsum(-1) - values  # mass of the values above each one (equal values add alike)
+        m = (before < top_p).sum(-1, keepdim=True).clamp_min(1)  # kept: a prefix (in float32 a top_p
+        t = values.gather(-1, m - 1)  # below 1e-45 is 0 and keeps nothing, but the top token stays)
+        held = (m < k) & (values[:, -1:] < t) if k < shape[-1] else torch.ones_like(m, dtype=torch.bool)
+        threshold[todo[held[:, 0]]] = t[held[:, 0]]
+        todo = todo[~held[:, 0]]
+    kept = flat * (flat >= threshold)
+    return (kept / kept.sum(-1, keepdim=True)).reshape(shape)

@@ -27,6 +27,31 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert Sampling(1.0, top_p=full[0].item() * 0.5).probs(LOGITS).tolist() == [1, 0, 0, 0, 0]
 
 
+def sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The set top-p keeps, by its definition: sort, keep while the mass above is below top_p."""
+    sorted_p, order = probs.sort(-1, descending=True)
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p
+    keep[..., 0] = True
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])  # flat: the full sort; peaked: the top 256 hold it
+def test_top_p_from_the_largest_values_is_the_sorted_definition_row_by_row(scale):
+    """A 49,152-token vocabulary (SmolLM2's): rows whose set needs 256, 4,096 or every value keep
+    the set a full sort keeps, and a row alone keeps what it keeps in a batch of such rows."""
+    logits = torch.randn(6, 3, 49152, generator=torch.Generator().manual_seed(int(scale * 10))) * scale
+    for top_p in (0.5, 0.95):
+        got = Sampling(1.0, top_p=top_p).probs(logits)
+        assert torch.equal(got > 0, sorted_nucleus(logits.softmax(-1), top_p))
+        torch.testing.assert_close(got.sum(-1), torch.ones(6, 3))
+        assert torch.equal(Sampling(1.0, top_p=top_p).probs(logits[4:5, 1:2]), got[4:5, 1:2])
+
+
+def test_top_p_keeps_every_token_tied_with_the_last_one_kept():
+    probs = torch.tensor([0.4, 0.2, 0.2, 0.1, 0.1])
+    torch.testing.assert_close(Sampling(1.0, top_p=0.5).probs(probs.log()), torch.tensor([0.5, 0.25, 0.25, 0, 0]))
+
+
 def test_temperature_scales_logits():
     torch.testing.assert_close(Sampling(0.5).probs(LOGITS), (LOGITS / 0.5).softmax(0))
 
