@@ -200,17 +200,11 @@ class SkipsOne(Recording):
         return cache, counts + (counts > 0).long()
 
 
-@pytest.mark.parametrize("name", TARGETS)
-@torch.no_grad()
-def test_the_drafters_context_cache_equals_reading_every_position_each_step(models, name, monkeypatch):
-    """Through whole ragged batched generations (rows refilled as others finish), every draft's q
-    == the drafter called alone on hidden states of positions 0 .. start - 1 computed from scratch,
-    while each step feeds the drafter only the positions verified since the row's last draft; a
-    cache that skips one position misses it by far."""
-    target, drafter = models[name], models[f"{name}-dflash"]
-    gaps: list[float] = []
-    original = DFlashDrafts.__call__
-    sampling = Sampling(1.0)
+def checked_against(target, drafter, gaps: list[float]):
+    """DFlashDrafts.__call__ that also appends to `gaps`, for each draft, max |q - the torch
+    `drafter` called alone on the torch `target`'s hidden states of positions 0 .. start - 1
+    computed from scratch| (q warped at temperature 1)."""
+    original, sampling = DFlashDrafts.__call__, Sampling(1.0)
 
     def checked(self, batch, g):
         drafts = original(self, batch, g)
@@ -222,7 +216,19 @@ def test_the_drafters_context_cache_equals_reading_every_position_each_step(mode
                 gaps.append(float((d.q - sampling.probs(alone)[:, :g_b]).abs().max()))
         return drafts
 
-    monkeypatch.setattr(DFlashDrafts, "__call__", checked)
+    return checked
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@torch.no_grad()
+def test_the_drafters_context_cache_equals_reading_every_position_each_step(models, name, monkeypatch):
+    """Through whole ragged batched generations (rows refilled as others finish), every draft's q
+    == the drafter called alone on hidden states of positions 0 .. start - 1 computed from scratch,
+    while each step feeds the drafter only the positions verified since the row's last draft; a
+    cache that skips one position misses it by far."""
+    target, drafter = models[name], models[f"{name}-dflash"]
+    gaps: list[float] = []
+    monkeypatch.setattr(DFlashDrafts, "__call__", checked_against(target, drafter, gaps))
     found = []
     for contexts in (Recording, SkipsOne):
         monkeypatch.setattr(dflash_method, "RowContexts", contexts)
@@ -308,22 +314,28 @@ def small():
     return target, drafter
 
 
-@torch.no_grad()
-def dflash_samples(target, drafts_of, rule, sampling, seed):
-    """N samples of the first DEPTH tokens after exact.CONTEXT through one batched dflash step:
-    the draft step under test, then the verify call and the rule over all rows at once
-    -> (cell ids (N,), accepted draft tokens per row (N,))."""
-    g = torch.Generator().manual_seed(seed)
+def drafted_once(target, step, g):
+    """N rows of exact.CONTEXT, drafted by `step` (a DFlashDrafts) in one batched call over the
+    prefilled target, every row drawing from g -> (context (N, L), tokens (N, [K,] gamma),
+    q (N, gamma, V))."""
     ctx = exact.CONTEXT.repeat(exact.N, 1)
     rows = [Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g) for _ in range(exact.N)]
-    step = drafts_of(target, sampling)
     target.capture(step.layers)
     try:
         target.prefill(ctx[:, :-1])
         drafts = step(rows, [exact.GAMMA] * exact.N)
     finally:
         target.capture(())
-    tokens, q = torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])
+    return ctx, torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])
+
+
+@torch.no_grad()
+def dflash_samples(target, drafts_of, rule, sampling, seed):
+    """N samples of the first DEPTH tokens after exact.CONTEXT through one batched dflash step:
+    the draft step under test, then the verify call and the rule over all rows at once
+    -> (cell ids (N,), accepted draft tokens per row (N,))."""
+    g = torch.Generator().manual_seed(seed)
+    ctx, tokens, q = drafted_once(target, drafts_of(target, sampling), g)
     logits = target.model(torch.cat([ctx, tokens], 1)).logits[:, exact.CONTEXT.shape[1] - 1:]
     p = sampling.target_probs(logits, ctx, tokens)
     n, y = rule(tokens, q, p, g)
@@ -420,16 +432,7 @@ def dflash_selected_samples(target, drafter, K, iid, rule, sampling, seed):
     """As dflash_samples, over K candidate blocks per row, verified as decoding._verify_selected
     does (K rows of p, each from its candidate's own prefix) -> (cell ids (N,), accepted (N,))."""
     g = torch.Generator().manual_seed(seed)
-    ctx = exact.CONTEXT.repeat(exact.N, 1)
-    rows = [Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g) for _ in range(exact.N)]
-    step = DFlashDrafts(target, drafter, sampling, K, iid=iid)
-    target.capture(step.layers)
-    try:
-        target.prefill(ctx[:, :-1])
-        drafts = step(rows, [exact.GAMMA] * exact.N)
-    finally:
-        target.capture(())
-    tokens, q = torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])  # (N, K, g), (N, g, V)
+    ctx, tokens, q = drafted_once(target, DFlashDrafts(target, drafter, sampling, K, iid=iid), g)  # (N, K, g)
     rows_ctx, flat = ctx.repeat_interleave(K, 0), tokens.reshape(exact.N * K, exact.GAMMA)
     seqs, inverse = torch.cat([rows_ctx, flat], 1).unique(dim=0, return_inverse=True)
     logits = target.model(seqs).logits[inverse, exact.CONTEXT.shape[1] - 1:]

@@ -25,10 +25,9 @@ from specdiff.methods import dflash as dflash_method
 from specdiff.methods.dflash import DFlashDrafts
 from specdiff.runtimes import load_models
 from specdiff.runtimes.models import GraphDFlashDrafter, GraphTarget
-from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
-from test_dflash_method import MAX_NEW, PROMPTS, Recording, SkipsOne
+from test_dflash_method import MAX_NEW, PROMPTS, Recording, SkipsOne, checked_against
 
 pytest_plugins = ["exported"]
 
@@ -69,21 +68,8 @@ def test_each_graph_draft_is_the_torch_drafters_on_the_same_positions(graphs, to
     that skips one position misses it by far."""
     target, drafter = torch_models
     generate(["warm"], target=target, drafter=drafter, method="dflash", max_new_tokens=2)  # binds the drafter
-    sampling = Sampling(1.0)
     gaps: list[float] = []
-    original = DFlashDrafts.__call__
-
-    def checked(self, batch, g):
-        drafts = original(self, batch, g)
-        for row, d, g_b in zip(batch, drafts, g):
-            if g_b:
-                ids = row.tensor()
-                hidden = target.model(ids[:, :-1], output_hidden_states=True).hidden_states
-                alone = drafter(ids[:, -1], drafter.features(hidden), ids.shape[1] - 1)[..., :target.vocab_size]
-                gaps.append(float((d.q - sampling.probs(alone)[:, :g_b]).abs().max()))
-        return drafts
-
-    monkeypatch.setattr(DFlashDrafts, "__call__", checked)
+    monkeypatch.setattr(DFlashDrafts, "__call__", checked_against(target, drafter, gaps))
     graphs["drafter"].max_step = 5  # the prompts' first contexts go in several calls
     found = []
     try:
