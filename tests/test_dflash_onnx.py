@@ -160,3 +160,20 @@ def test_bench_runs_dflash_on_the_exported_graphs_beside_eager(tiny, onnx_dflash
     on_graphs = rows["dflash g=3 onnxruntime"]
     assert on_graphs["matches_ar"] and on_graphs["runtime"] == "onnxruntime"
     assert on_graphs["tau"] == rows["dflash g=3"]["tau"]
+
+
+@pytest.mark.slow  # 11 s: CI's slow step
+def test_an_fp16_export_validates_and_drafts(tiny, tmp_path):
+    """fp16 graphs of a tied-head Llama (SmolLM2's shape) and a DFlash drafter over it: both pass
+    the fp16 validation on ONNX Runtime's CPU provider and decode with drafts."""
+    from tiny import make_dflash, make_llama
+
+    llama = make_llama(tmp_path / "llama", tiny.tokenizer, scale=10, seed=3, tied=True)
+    out = export(tmp_path / "out", target=str(llama), drafter=str(make_dflash(tmp_path / "d", llama, scale=10, seed=6)),
+                 dtype="fp16")
+    m = json.loads((out / "manifest.json").read_text())
+    assert all(m["components"][kind]["validation"]["passed"] for kind in ("target", "drafter"))
+    graphs = load_models("onnxruntime", out)
+    result = generate(PROMPTS[:4], target=graphs["target"], drafter=graphs["drafter"], method="dflash",
+                      max_new_tokens=8, batch_size=2, gamma=3)
+    assert result.metrics.drafter_calls > 0 and result.metrics.new_tokens > 0
