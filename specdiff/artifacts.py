@@ -245,7 +245,7 @@ def _check_manifest(manifest: dict) -> None:
     for kind, component in manifest["components"].items():
         if kind not in ("target", "drafter"):
             raise ValueError(f"components: unknown component {kind!r} (known: target, drafter)")
-        _check(component, COMPONENT, f"components.{kind}")
+        _check(component, dict, f"components.{kind}")
         graph = graph_kind(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
         _check(component, {**COMPONENT, "model": MODEL[graph]}, f"components.{kind}")
         if "defaults" in component["model"]:

@@ -36,6 +36,25 @@ def is_dflash_drafter(drafter: Any) -> bool:
     return getattr(drafter, "kind", None) == KIND
 
 
+def hidden_state_indices(drafter: Any) -> tuple[int, ...]:
+    """The HF hidden_states indices a DFlash drafter (torch or graph) reads: its target_layer_ids
+    + 1 (hidden_states[0] is the embedding output)."""
+    return tuple(i + 1 for i in drafter.target_layer_ids)
+
+
+def draft_block(anchor: torch.Tensor, mask_id: int, size: int) -> torch.Tensor:
+    """anchor (B,) -> the block a DFlash drafter fills (B, size): the anchor, then mask ids."""
+    block = torch.full((anchor.shape[0], size), mask_id, dtype=torch.long, device=anchor.device)
+    block[:, 0] = anchor
+    return block
+
+
+def block_positions(start: torch.Tensor, n: int, size: int) -> torch.Tensor:
+    """start (B,) the anchor's position -> positions (B, n + size) of the n context rows before it,
+    then of the block; clamped at 0 (padding rows of a ragged context: masked, any position)."""
+    return (start[:, None] + torch.arange(-n, size, device=start.device)).clamp(min=0)
+
+
 class DFlashDrafter(nn.Module):
     """A DFlashNet plus what it reads from its config: block_size (S), mask_id, the target layers
     it reads (target_layer_ids, 0-based), the target's layer count if given (num_target_layers) and
@@ -103,13 +122,10 @@ class DFlashDrafter(nn.Module):
         the first `slots` draft slots (the whole block still runs: its slots attend to each other)
         -> logits (B, slots or S - 1, vocab_rows) float32 of positions start + 1 .. ."""
         size = block_size or self.block_size
-        batch, n = anchor.shape[0], context.shape[1]
-        block = torch.full((batch, size), self.mask_id, dtype=torch.long, device=anchor.device)
-        block[:, 0] = anchor
-        starts = torch.as_tensor(start, device=anchor.device).expand(batch)[:, None]
-        offsets = torch.arange(-n, size, device=anchor.device)
-        positions = (starts + offsets).clamp(min=0)  # padding rows of a ragged context: masked, any position
-        return self.score(self.hidden(block, context, positions, cache, context_valid)[:, 1:1 + (slots or size - 1)])
+        starts = torch.as_tensor(start, device=anchor.device).expand(anchor.shape[0])
+        positions = block_positions(starts, context.shape[1], size)
+        hidden = self.hidden(draft_block(anchor, self.mask_id, size), context, positions, cache, context_valid)
+        return self.score(hidden[:, 1:1 + (slots or size - 1)])
 
     def hidden(self, block: torch.Tensor, context: torch.Tensor, positions: torch.Tensor,
                cache: ContextCache | None = None, context_valid: torch.Tensor | None = None,

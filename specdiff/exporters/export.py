@@ -22,7 +22,7 @@ from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
 from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.drafters.a2d import A2DDrafter
-from specdiff.drafters.dflash import DFlashDrafter
+from specdiff.drafters.dflash import DFlashDrafter, hidden_state_indices
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.loading import is_block_checkpoint, load_drafter, load_target, pair_models
@@ -171,7 +171,7 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
     module: Graph
     if t is not None:
         assert target is not None  # what t was loaded from
-        layers = tuple(i + 1 for i in d.target_layer_ids) if isinstance(d, DFlashDrafter) else ()
+        layers = hidden_state_indices(d) if isinstance(d, DFlashDrafter) else ()
         module, spec, record = target_graph(t, layers)
         components["target"] = _component(tmp, "target", module, spec, record, dtype, opset)
         components["target"]["source"] = source_record(target, ("target",), registry)

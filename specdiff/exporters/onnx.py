@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specdiff.drafters.dflash import DFlashDrafter
+from specdiff.drafters.dflash import KIND, DFlashDrafter, block_positions
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.graphs import GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, target_spec
 from specdiff.hf_cache import returned_cache, with_cache
@@ -102,8 +102,7 @@ class DFlashStep(nn.Module):
         cache, held = ContextCache(), past[0].shape[2]
         cache.kv = [(past[i], past[i + 1]) for i in range(0, len(past), 2)]
         cache.valid = context_mask[:, :held].bool()
-        n = context.shape[1]
-        positions = (start[:, None] + torch.arange(-n, block_ids.shape[1], device=start.device)).clamp(min=0)
+        positions = block_positions(start, context.shape[1], block_ids.shape[1])
         hidden = self.drafter.hidden(block_ids, context, positions, cache, context_mask[:, held:].bool())
         logits = self.drafter.score(hidden[:, 1:]).to(context.dtype)  # the graph's dtype, as the target's
         return (logits, *[t for kv in cache.kv for t in kv])
@@ -143,7 +142,7 @@ def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, G
     cfg = drafter.net.config
     layers, heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads or cfg.num_attention_heads, cfg.head_dim
     features = len(drafter.target_layer_ids) * drafter.hidden_size
-    record = {"kind": "dflash", "name": drafter.source, "vocab_size": vocab_size, "mask_id": drafter.mask_id,
+    record = {"kind": KIND, "name": drafter.source, "vocab_size": vocab_size, "mask_id": drafter.mask_id,
               "block_size": drafter.block_size, "target_layer_ids": drafter.target_layer_ids,
               "num_target_layers": drafter.num_target_layers, "head_rows": drafter.vocab_rows, "layers": layers,
               "kv_heads": heads, "head_dim": head_dim, "features": features, "defaults": drafter.defaults}

@@ -12,15 +12,16 @@ The slots are drawn independently, q_j not depending on x_<j, so the standard ru
 are match and greedy (docs/lossless.md, "Diffusion drafters", case 1). With `drafts` K > 1 the
 row's K candidate blocks come from the same call (DFlashDrafts), the target verifies them as K
 copies of the row (decoding._verify_selected) and a selection rule keeps one: greedy, select
-(point mass), multi (recursive rejection over i.i.d. candidates; docs/lossless.md, "Several drafts"). gamma <= block_size - 1:
-the drafter always fills its whole trained block (so a row's q never depends on its neighbours'
-gamma), its head scores only the first max_b g_b slots, and each row keeps its first g_b. The
-drafter keeps each row's context K/V across steps (RowContexts): a step feeds it only the
-features of the positions verified since the row's last draft.
+(point mass), multi (recursive rejection over i.i.d. candidates; docs/lossless.md, "Several
+drafts"). gamma <= block_size - 1: the drafter always fills its whole trained block (so a
+row's q never depends on its neighbours' gamma), its head scores only the first max_b g_b slots,
+and each row keeps its first g_b. The drafter keeps each row's context K/V across steps
+(RowContexts): a step feeds it only the features of the positions verified since the row's last
+draft.
 
-The target is any contracts.CapturingTarget (the torch CausalLMTarget, or an exported graph's GraphTarget
-whose graph outputs the drafter's layers); the drafter is a DFlashDrafter or its exported graph
-(runtimes.models.GraphDFlashDrafter): both draft through the same call.
+The target is any contracts.CapturingTarget (the torch CausalLMTarget, or an exported graph's
+GraphTarget whose graph outputs the drafter's layers); the drafter is a DFlashDrafter or its
+exported graph (runtimes.models.GraphDFlashDrafter): both draft through the same call.
 
 May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, targets,
 drafters.
@@ -37,7 +38,7 @@ from .. import acceptance as single, selection
 from ..contracts import CapturingTarget, Draft, Rule
 from ..adaptive import Costs
 from ..decoding import Row, decode_drafted, empty_draft, measure_costs
-from ..drafters.dflash import is_dflash_drafter as is_dflash
+from ..drafters.dflash import hidden_state_indices, is_dflash_drafter as is_dflash
 from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
@@ -109,7 +110,7 @@ class DFlashDrafts:
         self.K, self.iid = drafts, iid
         self.warping = sampling if drafts == 1 else selection.candidate_warping(sampling, draft_temperature)
         self.exact_rules = SINGLE_RULES if drafts == 1 else frozenset(selection.RULES)
-        self.layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
+        self.layers = hidden_state_indices(drafter)
         self.contexts = RowContexts()
 
     def __repr__(self) -> str:
@@ -213,12 +214,11 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     target, drafter = models.target, models.drafter
     if not is_dflash(drafter):
         raise UsageError("method 'dflash' needs a DFlash drafter (`drafter`)")
-    layers = tuple(i + 1 for i in drafter.target_layer_ids)  # HF hidden_states indices
     if not isinstance(target, CapturingTarget):  # a static-cache twin (--compile)
         raise UsageError(f"method 'dflash' reads the target's hidden states: it needs the eager torch target or "
                          f"an exported one (no `compile`); '{getattr(target, 'name', target)}' is "
                          f"{type(target).__name__}")
-    why = target.can_capture(layers)
+    why = target.can_capture(hidden_state_indices(drafter))
     if why is not None:
         raise UsageError(f"method 'dflash': {why}")
     check_drafts(method, settings)

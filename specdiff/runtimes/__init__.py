@@ -6,7 +6,8 @@
 
 `specdiff.runtimes.models.GraphTarget` turns a target step graph into the specdiff.contracts.Target contract
 (prefill / extend / rollback over explicit KV tensors), `GraphDrafter` a denoiser graph into
-what DiffusionProposer uses and `GraphDFlashDrafter` a DFlash step graph into what methods.dflash uses, so every runtime decodes with the same Python sampling code.
+what DiffusionProposer uses and `GraphDFlashDrafter` a DFlash step graph into what methods.dflash
+uses, so every runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
 missing one is one error line naming the extra that installs it.
 

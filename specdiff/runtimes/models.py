@@ -24,7 +24,7 @@ import torch
 
 from specdiff.artifacts import Artifacts
 from specdiff.contracts import Runtime
-from specdiff.drafters.dflash import KIND
+from specdiff.drafters.dflash import KIND, draft_block
 from specdiff.drafters.diffusion import x0_logits_from
 from specdiff.nets.dflash import ContextCache
 from specdiff.targets.rows import CapturingRows
@@ -179,11 +179,10 @@ class GraphDFlashDrafter:
         max_step rows, each call over the K/V the last one returned (only the last one's logits
         are kept); `cache` then holds every row's K/V."""
         B, n = anchor.shape[0], context.shape[1]
-        block = torch.full((B, self.block_size), self.mask_id, dtype=torch.long, device=self.device)
-        block[:, 0] = anchor
-        ones = torch.ones(B, max(n, cache.length), dtype=torch.bool, device=self.device)
-        held = ones[:, :cache.length] if cache.valid is None else cache.valid.to(self.device)
-        new = ones[:, :n] if context_valid is None else context_valid.to(self.device)
+        block = draft_block(anchor.to(self.device), self.mask_id, self.block_size)
+        held = torch.ones(B, cache.length, dtype=torch.bool) if cache.valid is None else cache.valid
+        new = torch.ones(B, n, dtype=torch.bool) if context_valid is None else context_valid
+        held, new = held.to(self.device), new.to(self.device)
         past = [t for kv in cache.kv for t in kv] or \
             [torch.zeros(B, *self._kv_shape, dtype=self._dtype, device=self.device)] * len(self._past_names)
         step = self.max_step or max(n, 1)

@@ -13,6 +13,7 @@ from ...acceptance import RULES
 from ...drafters.diffusion import get_schedule
 from ...errors import IncompatibleModelsError, UsageError
 from ...generation import DEFAULT_STEPS, DEFAULTS
+from ...methods import DRAFTER_KINDS
 from ...settings import AUTO
 from .config import METHODS, NEEDS, REGISTRY, Models, Variant
 
@@ -54,7 +55,7 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     return [v for v in swept if _runs(v)]
 
 
-GRAPH_METHODS = {"ar": None, "specdiff": "a diffusion drafter", "dflash": "a DFlash drafter"}  # -> the drafter graph
+GRAPH_METHODS = ("ar", "specdiff", "dflash")  # what runs on exported graphs
 
 
 def _runs(v: Variant) -> bool:
@@ -118,8 +119,9 @@ def check_models(models: Models, rows: list[Variant]) -> None:
         if v.on_graphs:
             graphs = models.graphs.get(v.runtime, {})
             drafter = graphs.get("drafter")
-            if "target" not in graphs or (v.method != "ar" and not REGISTRY[v.method].accepts(drafter)):
-                held = f"a target and {GRAPH_METHODS[v.method]}" if GRAPH_METHODS[v.method] else "a target"
+            needs = REGISTRY[v.method].needs
+            if "target" not in graphs or (needs is not None and not REGISTRY[v.method].accepts(drafter)):
+                held = "a target" if needs is None else f"a target and {DRAFTER_KINDS[needs][0]}"
                 raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
             if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
                 raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
