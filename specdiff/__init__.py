@@ -13,6 +13,7 @@ Rooms (each package's docstring says what lives there and what it may import):
     decoding.py block_decoding.py simsd.py selection.py acceptance.py sampling.py metrics.py
                   the algorithm: decoding loops, rules, warping, metrics (contracts.py: the types)
     adaptive.py   gamma auto: each step's draft length from past acceptance and measured costs
+    vocab.py      draft vocabularies: a drafter head's N target ids, widened to q over all V
     targets/ drafters/ nets/   the models: target kinds, proposers, networks and formats
     loading.py registry.py gguf.py hf_cache.py requests.py   models and requests in: models.yaml,
                   hub and GGUF sources, checks made before anything loads

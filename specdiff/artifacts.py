@@ -72,7 +72,9 @@ MODEL = {
                 "defaults": Maybe(dict)},  # the draft settings it was trained for (check_recorded)
     "dflash": {"kind": str, "name": str, "vocab_size": int, "mask_id": int, "block_size": int,
                "target_layer_ids": [int], "head_rows": int, "layers": int, "kv_heads": int, "head_dim": int,
-               "features": int, "defaults": Maybe(dict)},  # a DFlash drafter (graphs.dflash_spec)
+               "features": int, "defaults": Maybe(dict),  # a DFlash drafter (graphs.dflash_spec)
+               # with a head of N rows (specdiff.vocab): its map's file, the rows of the embedding fed
+               "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},
 }
 DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)
 SIZES = {"target": ("vocab_size", "max_length", "layers", "kv_heads", "head_dim"),
@@ -287,7 +289,7 @@ def _check_ids(kind: str, model: dict, where: str) -> None:
     for name in SIZES[kind]:
         if model[name] < 1:
             raise ValueError(f"{where}.{name} must be >= 1, got {model[name]}")
-    rows = model.get("head_rows", model["vocab_size"] + (kind == "drafter"))
+    rows = model.get("vocab_rows") or model.get("head_rows", model["vocab_size"] + (kind == "drafter"))
     if model["vocab_size"] > rows:
         raise ValueError(f"{where}.vocab_size {model['vocab_size']} is more than the graph's {rows} rows")
     ids = {"eos_token_id": (model.get("eos_token_id"), model["vocab_size"]),

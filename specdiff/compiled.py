@@ -58,6 +58,9 @@ def compile_models(target: Any, drafter: Any, compile: bool = True) -> tuple[Sta
     if not isinstance(target, CausalLMTarget):
         raise UsageError("`compile` runs Hugging Face causal LM targets on the torch runtime; "
                          f"this target is a {type(target).__name__} (drop `compile`)")
+    if getattr(drafter, "draft_vocab", None) is not None:
+        raise UsageError(f"`compile` does not run a drafter with a draft vocabulary ('{drafter.source}'): "
+                         "drop `compile`")
     if isinstance(drafter, DiffusionDrafter):
         denoiser = cast(DDiT, StaticDenoiser(drafter.backbone, compile))  # a DDiT's forward and config
         drafter = DiffusionDrafter(denoiser, vocab_size=drafter.vocab_size,

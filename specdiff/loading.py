@@ -41,6 +41,7 @@ from .registry import ModelEntry, Registry, as_registry
 from .requests import check_device_name, check_names
 from .targets.block import BlockDiffusionTarget
 from .targets.causal import CausalLMTarget
+from .vocab import VOCAB_FILE, load_draft_vocab
 
 HUB_PROBE_TIMEOUT_S = 3.0  # one request to the hub's endpoint before transformers' retries (a minute offline)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -307,7 +308,7 @@ def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype:
         if Path(source).is_dir():
             _check_causal_lm(source)
         model, tokenizer, name = _load_causal_lm(name_or_path, ("drafter", "target"), device, dtype, registry)
-        return ARDrafter(model, tokenizer, name)
+        return ARDrafter(model, tokenizer, name, load_draft_vocab(Path(source)) if Path(source).is_dir() else None)
     drafter = _load_diffusion(source, entry, fmt, registry)
     return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
 
@@ -336,10 +337,10 @@ def _drafter_format(source: str, entry: ModelEntry | None) -> Format | None:
 def _load_dflash(source: str, entry: ModelEntry | None, device: str, dtype: str, registry: Registry) -> DFlashDrafter:
     """A DFlash draft exactly as published (nets/dflash.py), strictly loaded; its embedding and
     head are its target's (pair_models binds them)."""
-    directory = _fetch(source, ("config.json", DFLASH_WEIGHTS, MASK_OVERRIDE, *TOKENIZER_FILES))
+    directory = _fetch(source, ("config.json", DFLASH_WEIGHTS, MASK_OVERRIDE, VOCAB_FILE, *TOKENIZER_FILES))
     net, spec = load_dflash(directory)
     drafter = DFlashDrafter(net, spec, tokenizer=_drafter_tokenizer(directory, entry, registry),
-                            source=entry.name if entry else source)
+                            source=entry.name if entry else source, draft_vocab=load_draft_vocab(directory))
     return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
 
 
@@ -357,10 +358,11 @@ def _load_a2d(source: str, entry: ModelEntry | None, device: str, dtype: str, re
 
 
 def _load_diffusion(source: str, entry: ModelEntry | None, fmt: Format, registry: Registry) -> DiffusionDrafter:
-    directory = _fetch(source, ("config.json", fmt.weights, *TOKENIZER_FILES))
+    directory = _fetch(source, ("config.json", fmt.weights, VOCAB_FILE, *TOKENIZER_FILES))
     backbone, fields = load_checkpoint(directory, fmt)
     tokenizer = _drafter_tokenizer(directory, entry, registry)
-    return DiffusionDrafter(backbone, tokenizer=tokenizer, source=entry.name if entry else source, **fields)
+    return DiffusionDrafter(backbone, tokenizer=tokenizer, source=entry.name if entry else source,
+                            draft_vocab=load_draft_vocab(directory), **fields)
 
 
 def _drafter_tokenizer(directory: Path, entry: ModelEntry | None, registry: Registry) -> Any:
@@ -399,9 +401,13 @@ def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
 
 def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's. A DFlash
-    drafter scores with its target's head: the target's vocabulary must fit the rows it was made for."""
+    drafter scores with its target's head: the target's vocabulary must fit the rows it was made for.
+    A draft vocabulary must have been built for this target's (specdiff.vocab)."""
+    vocab = getattr(drafter, "draft_vocab", None)
+    if vocab is not None:
+        vocab.check(target.tokenizer, target.vocab_size, f"drafter '{drafter.source}'")
     if is_dflash_drafter(drafter):
-        if target.vocab_size > drafter.vocab_rows:
+        if vocab is None and target.vocab_size > drafter.vocab_rows:  # with one: the map was checked
             raise IncompatibleModelsError(f"DFlash drafter '{drafter.source}' was made for a target head of "
                                           f"{drafter.vocab_rows} rows; the target's tokenizer has {target.vocab_size} tokens")
     elif drafter.vocab_size != target.vocab_size:

@@ -7,6 +7,8 @@
     histogram[k]  iterations that accepted exactly k draft tokens
     lengths[g]    iterations that drafted exactly g tokens (gamma auto: the lengths chosen)
     costs         the cost table `gamma` auto chose by (specdiff.adaptive.Costs; None: fixed gamma)
+    outside_vocab new tokens the drafter's draft vocabulary cannot propose (specdiff.vocab; None:
+                  its head has every row); draft_vocab_coverage = 1 - outside_vocab / new_tokens
 The prefill call counts as a target call but not as an iteration.
 """
 
@@ -44,6 +46,7 @@ class Metrics:
     costs: Costs | None = None
     prompts: int = 0
     stop_reason: str = ""
+    outside_vocab: int | None = None
 
     def record(self, accepted: int, drafted: int) -> None:
         """One verification iteration that accepted `accepted` of `drafted` draft tokens."""
@@ -84,6 +87,8 @@ class Metrics:
     def merge(self, other: "Metrics") -> "Metrics":
         """Sum of two runs (counts, times and histograms add; the first cost table is kept)."""
         out = Metrics(prompts=self.prompts + other.prompts, costs=self.costs or other.costs)
+        if self.outside_vocab is not None or other.outside_vocab is not None:
+            out.outside_vocab = (self.outside_vocab or 0) + (other.outside_vocab or 0)
         for name in ("new_tokens", "wall_s", "target_calls", "drafter_calls", "iterations",
                      "drafted", "accepted", "draft_s", "verify_s", "control_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
@@ -113,6 +118,9 @@ class Metrics:
         }
         if self.costs is not None:
             d["draft_costs"] = self.costs.to_dict()
+        if self.outside_vocab is not None:
+            d["outside_vocab"] = self.outside_vocab
+            d["draft_vocab_coverage"] = round(1 - self.outside_vocab / self.new_tokens, 4) if self.new_tokens else None
         if self.stop_reason:
             d["stop_reason"] = self.stop_reason
         if self.prompts:

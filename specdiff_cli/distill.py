@@ -75,6 +75,9 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="dflash: the target layers (0-based) whose outputs the drafter reads [default: the DFlash rule].")
 @click.option("--anchors", type=int, default=4, show_default=True,
               help="dflash: blocks drawn from each sequence of a batch.")
+@click.option("--draft-vocab", type=int, metavar="N",
+              help="dflash: the drafter's head scores only the N most frequent tokens of the target's answers "
+                   "(its special tokens always kept); exact, a smaller head is a faster drafter.")
 @click.option("--prompts", required=True, metavar="FILE", callback=_text_file,
               help="Text file; random windows of it are the prompts.")
 @click.option("--chat", is_flag=True, help="--prompts holds one question a line; each goes through the target's "

@@ -7,7 +7,7 @@ import click
 
 @click.group()
 def drafter() -> None:
-    """Create and convert diffusion drafters."""
+    """Create and convert drafters."""
 
 
 @drafter.command("init")
@@ -33,14 +33,28 @@ def init(target: str, out: str, layers: int, dim: int, heads: int, context: int,
               help="fp32 is lossless; fp16 halves the size.")
 @click.option("--context", type=int, default=None, metavar="N",
               help="Context tokens the drafter sees (default: the source's; 960 for SEDD/MDLM hub models).")
-def convert(src: str, out: str, dtype: str, context: int | None) -> None:
-    """Convert a diffusion drafter (SEDD hub, MDLM HF or project format) to the project's format.
+@click.option("--draft-vocab", type=int, default=None, metavar="N",
+              help="Keep only the N most frequent target tokens of --frequencies as the head's rows "
+                   "(any drafter kind; exact: the target still verifies over its whole vocabulary).")
+@click.option("--frequencies", default=None, metavar="FILE",
+              help="What --draft-vocab counts: a `specdiff distill` teacher-data directory (the target's "
+                   "answers) or a counts .safetensors.")
+@click.option("--target", default=None, help="Target whose tokenizer the tokens are counted with (needed for a "
+                                             "drafter that carries none, as DFlash drafts).")
+def convert(src: str, out: str, dtype: str, context: int | None, draft_vocab: int | None, frequencies: str | None,
+            target: str | None) -> None:
+    """Convert a drafter to a new directory: a diffusion drafter (SEDD hub, MDLM HF or project
+    format) to the project's format; with --draft-vocab, any drafter (diffusion, DFlash, AR) with a
+    map of its head's N rows.
 
     \b
     SRC is a models.yaml name, a directory or a hub id, e.g.
       specdiff drafter convert mdlm-owt --out drafters/mdlm-owt
       specdiff drafter convert ./sedd-small-download --out drafters/sedd-small --dtype fp16
+      specdiff drafter convert smol-dflash-drafter --target smollm2-135m-instruct --dtype fp16 \\
+          --draft-vocab 8192 --frequencies build/smol/data --out dflash-8k
     """
     from specdiff.tools.convert import convert_drafter
 
-    click.echo(str(convert_drafter(src, out, dtype=dtype, context=context)))
+    click.echo(str(convert_drafter(src, out, dtype=dtype, context=context, draft_vocab=draft_vocab,
+                                   frequencies=frequencies, target=target)))

@@ -10,5 +10,5 @@
                        with the target's embedding and head (nets/dflash.py); the method that
                        drives it per verify round is not here
 
-May import: contracts, sampling, nets, targets, errors; not the decoding loops, methods or generation.
+May import: contracts, sampling, vocab, nets, targets, errors; not the decoding loops, methods or generation.
 """

@@ -2,13 +2,13 @@
 one by one from its warped distribution q. x_j ~ q_j given x_<j by construction, so the standard
 rule is exact. For a single row the drafter keeps its KV cache between calls and re-feeds only
 the tokens that changed since the last call; rows of a batch (left-padded, with their lengths)
-are drafted together from an empty cache, with per-row positions and an attention mask. A drafter whose context window is shorter than the
-target's sees only the last (window - gamma) tokens.
+are drafted together from an empty cache, with per-row positions and an attention mask. A drafter
+whose context window is shorter than the target's sees only the last (window - gamma) tokens.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -18,21 +18,40 @@ from ..contracts import Draft
 from ..hf_cache import with_cache
 from ..sampling import Generators, Sampling
 from ..targets.causal import context_window, real_vocab_size
+from ..vocab import DraftVocab, GatheredHead, target_logits
 
 
 class ARDrafter(nn.Module):
-    """A causal LM used as a drafter. forward(input_ids (B, L)) -> logits (B, L, V_head)."""
+    """A causal LM used as a drafter. forward(input_ids (B, L)) -> logits (B, L, V_head).
+    draft_vocab (specdiff.vocab): next_logits scores only its N rows of the LM head."""
 
-    def __init__(self, model: Any, tokenizer: Any, name: str = ""):
+    def __init__(self, model: Any, tokenizer: Any, name: str = "", draft_vocab: DraftVocab | None = None):
         super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.source = name
         self.vocab_size = real_vocab_size(tokenizer, model, name or "drafter")
         self.max_length = context_window(model.config)
+        self.draft_vocab = draft_vocab
+        self._rows = None if draft_vocab is None else GatheredHead(draft_vocab)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids).logits
+
+    def next_logits(self, feed: torch.Tensor, **inputs: Any) -> torch.Tensor:
+        """The logits (B, V) over the target's vocabulary after feeding `feed` (B, S) with `inputs`
+        (cache, mask, positions): the head's first V rows, or its draft vocabulary's N rows widened."""
+        if self._rows is None:
+            return self.model(input_ids=feed, use_cache=True, **inputs).logits[:, -1, :self.vocab_size]
+        hidden = self.model.base_model(input_ids=feed, use_cache=True, **inputs).last_hidden_state[:, -1]  # (B, H)
+        head = self._rows(self.model.get_output_embeddings())
+        return target_logits(head(hidden.to(head.weight.dtype)).float(), self.draft_vocab, self.vocab_size)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> ARDrafter:
+        """.to() moves or casts the model; the draft vocabulary's rows are gathered again from it."""
+        if self._rows is not None:
+            self._rows.reset()
+        return cast(ARDrafter, super()._apply(fn, recurse))
 
 
 class ARProposer:
@@ -64,12 +83,12 @@ class ARProposer:
         """context (B, L), left-padded when `lengths` (B,) are given -> Draft (B, gamma)."""
         context = context[:, -(self.drafter.max_length - gamma):]  # a drafter with a shorter window
         keep = self._reuse(context)
-        model, V = self.drafter.model, self.drafter.vocab_size
+        model = self.drafter.model
         feed, ragged = context[:, keep:], _Ragged(context, lengths)
         tokens, qs = [], []
         for _ in range(gamma):
-            logits = model(input_ids=feed, use_cache=True, **with_cache(model, self._cache), **ragged.step(feed)).logits
-            q = sampling.probs(logits[:, -1, :V])  # (B, V)
+            logits = self.drafter.next_logits(feed, **with_cache(model, self._cache), **ragged.step(feed))
+            q = sampling.probs(logits)  # (B, V)
             feed = sampling.sample(q, generator)[:, None]  # (B, 1)
             tokens.append(feed)
             qs.append(q)

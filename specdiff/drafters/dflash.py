@@ -9,11 +9,13 @@ taken from the target (its own hidden state does not exist yet):
     cache = drafter.new_cache()                per run (rows of a batch: cache.keep(index))
     feats = drafter.features(out.hidden_states)[:, rows]   (B, C, n_ids * H) from a target call
                                                with output_hidden_states, rows = the new positions
-    logits = drafter(anchor (B,), feats, start (B,), cache)   (B, S - 1, V_head) float32
+    logits = drafter(anchor (B,), feats, start (B,), cache)   (B, S - 1, head_rows) float32
 
 Slot k of the result (k = 1..S-1, row k - 1) predicts the token at position start + k: no shift.
-The logits cover every row of the target's head; a method keeps the first V (the tokenizer's
-real vocabulary), as the target's own logits do.
+Without a draft vocabulary the logits cover every row of the target's head and a method keeps the
+first V (the tokenizer's real vocabulary), as the target's own logits do. With one (specdiff.vocab,
+draft_vocab.safetensors beside the weights) the head is the target's rows at its N ids, gathered
+once when bound, and the logits are (..., N): vocab.target_logits widens them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import nn
 
 from ..errors import IncompatibleModelsError
 from ..nets.dflash import ContextCache, DFlashNet, DFlashSpec, context_features
+from ..vocab import DraftVocab
 
 
 KIND = "dflash"
@@ -59,11 +62,13 @@ class DFlashDrafter(nn.Module):
     """A DFlashNet plus what it reads from its config: block_size (S), mask_id, the target layers
     it reads (target_layer_ids, 0-based), the target's layer count if given (num_target_layers) and
     vocab_rows (the rows of the target's embedding and head it was made for). tokenizer: the one
-    shipped beside it, if any (published DFlash repositories ship none)."""
+    shipped beside it, if any (published DFlash repositories ship none). draft_vocab: the N target
+    ids its head scores (None: every row of the target's head)."""
 
     kind = KIND
 
-    def __init__(self, net: DFlashNet, spec: DFlashSpec, *, tokenizer: Any = None, source: str = ""):
+    def __init__(self, net: DFlashNet, spec: DFlashSpec, *, tokenizer: Any = None, source: str = "",
+                 draft_vocab: DraftVocab | None = None):
         super().__init__()
         self.net = net
         self.block_size = spec.block_size
@@ -74,18 +79,20 @@ class DFlashDrafter(nn.Module):
         self.hidden_size = net.config.hidden_size
         self.tokenizer = tokenizer
         self.source = source
+        self.draft_vocab = draft_vocab
         self._target: tuple[nn.Module, nn.Module] | None = None  # a tuple: not registered as submodules
 
     def bind(self, embed: nn.Module, head: nn.Module) -> None:
         """Embed blocks with `embed` (weight (vocab_rows, H)) and score them with `head` (the
-        target's input embedding and output head); refuses tables of another shape."""
+        target's input embedding and output head), or with its rows at the draft vocabulary's ids;
+        refuses tables of another shape."""
         for what, module in (("embedding", embed), ("output head", head)):
             shape = tuple(getattr(module, "weight", torch.empty(0)).shape)
             if shape != (self.vocab_rows, self.hidden_size):
                 raise IncompatibleModelsError(
                     f"DFlash drafter '{self.source}' reads a target {what} of shape {(self.vocab_rows, self.hidden_size)} "
                     f"(config.json vocab_size, hidden_size); this target's is {shape}")
-        self._target = (embed, head)
+        self._target = (embed, head if self.draft_vocab is None else self.draft_vocab.head(head))
 
     def bind_target(self, model: Any) -> None:
         """bind() to a Hugging Face causal LM's input embedding and output head, after checking that
@@ -120,7 +127,7 @@ class DFlashDrafter(nn.Module):
         with one; left-padded, padding rows False in context_valid (B, C), when rows differ);
         start (B,) int64 or an int; block_size: S (default: the trained one); slots: score only
         the first `slots` draft slots (the whole block still runs: its slots attend to each other)
-        -> logits (B, slots or S - 1, vocab_rows) float32 of positions start + 1 .. ."""
+        -> logits (B, slots or S - 1, head_rows) float32 of positions start + 1 .. ."""
         size = block_size or self.block_size
         starts = torch.as_tensor(start, device=anchor.device).expand(anchor.shape[0])
         positions = block_positions(starts, context.shape[1], size)
@@ -135,8 +142,13 @@ class DFlashDrafter(nn.Module):
         embed, _ = self.bound()
         return self.net(embed(block).to(self.net.fc.weight.dtype), context, positions, cache, context_valid, attn_mask)
 
+    @property
+    def head_rows(self) -> int:
+        """The rows its head scores: N with a draft vocabulary, else vocab_rows."""
+        return self.vocab_rows if self.draft_vocab is None else self.draft_vocab.size
+
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) -> the target's head's logits (..., vocab_rows) float32."""
+        """(..., H) -> the bound head's logits (..., head_rows) float32."""
         _, head = self.bound()
         return head(hidden.to(cast(torch.Tensor, head.weight).dtype)).float()
 
@@ -146,3 +158,4 @@ class DFlashDrafter(nn.Module):
             raise IncompatibleModelsError(f"DFlash drafter '{self.source}' has no target to read its embedding "
                                           "and head from: bind it first (pairing does)")
         return self._target
+

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from ..errors import IncompatibleModelsError, UsageError
 from ..nets.dit import DDiT, DiTConfig
 from ..nets.parameterization import x0_logits
 from ..sampling import Generators, Sampling
+from ..vocab import DraftVocab, GatheredHead
 
 NOISE_EPS = 1e-3  # log-linear schedule of SEDD and MDLM
 
@@ -49,13 +50,19 @@ class DiffusionDrafter(nn.Module):
     target_embeddings: rows 0..V-1 of its token embedding and output head are its target's (it
     was trained so); loaded from disk they are zero until `share_target_embeddings` fills them,
     which pairing it with a target does, and it refuses to draft before.
+
+    draft_vocab (specdiff.vocab): its head scores only the rows of the map's N ids (gathered from
+    the output projection on first use, again after a move or a cast), forward returns (..., N)
+    and x0_logits widens them: q is zero outside the map.
     """
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
                  parameterization: str = "subs", tokenizer: Any = None, source: str = "",
                  length: int | None = None, defaults: dict | None = None, untrained: bool = False,
-                 target_embeddings: bool = False):
+                 target_embeddings: bool = False, draft_vocab: DraftVocab | None = None):
         super().__init__()
+        if draft_vocab is not None and bool(draft_vocab.inside[mask_id:mask_id + 1].any()):
+            raise IncompatibleModelsError(f"drafter '{source}': its draft vocabulary holds its mask id {mask_id}")
         self.backbone = backbone
         self.vocab_size = vocab_size  # real vocabulary shared with the target (no mask id)
         self.mask_id = mask_id
@@ -68,6 +75,8 @@ class DiffusionDrafter(nn.Module):
         self.untrained = untrained  # random weights (`drafter init`): its drafts are rarely accepted
         self.target_embeddings = target_embeddings
         self.awaits_target = target_embeddings  # its shared rows are not filled in yet
+        self.draft_vocab = draft_vocab
+        self._rows = None if draft_vocab is None else GatheredHead(draft_vocab)
 
     @property
     def config(self) -> DiTConfig:
@@ -78,7 +87,15 @@ class DiffusionDrafter(nn.Module):
         if self.awaits_target:
             raise UsageError(f"drafter '{self.source}' reads its token embedding and output head from its "
                              "target: load it together with one")
-        return self.backbone(input_ids, sigma, last, pad)
+        if self._rows is None:
+            return self.backbone(input_ids, sigma, last, pad)
+        return self.backbone(input_ids, sigma, last, pad, self._rows(self.backbone.output_layer.linear))
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> DiffusionDrafter:
+        """.to() moves or casts the backbone; the draft vocabulary's rows are gathered again from it."""
+        if self._rows is not None:
+            self._rows.reset()
+        return cast(DiffusionDrafter, super()._apply(fn, recurse))
 
     def share_target_embeddings(self, embedding: torch.Tensor, head: torch.Tensor) -> None:
         """Rows 0..V-1 of the token embedding and of the output head from the target's input
@@ -93,22 +110,25 @@ class DiffusionDrafter(nn.Module):
             table[:V] = embedding[:V].to(table)
             out[:V] = head[:V].to(out)
         self.target_embeddings, self.awaits_target = True, False
+        if self._rows is not None:
+            self._rows.reset()
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
                   pad: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L) ids with mask slots (after pad[b] padding positions in row b) -> logits of x0
         over the real vocabulary at the last `last` positions (B, last, V) (default: all L), fp32,
         differentiable: x0_logits_from over this network. At masked slots their softmax is
-        exactly softmax(raw[..., :V])."""
+        exactly softmax(raw[..., :V]) (with a draft vocabulary: over its N rows, zero elsewhere)."""
         return x0_logits_from(lambda ids, sigma: self(ids, sigma, last, pad), input_ids, self.parameterization,
-                              self.mask_id, self.vocab_size, last, pad)
+                              self.mask_id, self.vocab_size, last, pad, self.draft_vocab)
 
 
 Network = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids (B, L), sigma (B,)) -> raw (B, last, V_d)
 
 
 def x0_logits_from(network: Network, input_ids: torch.Tensor, parameterization: str, mask_id: int,
-                   vocab_size: int, last: int | None = None, pad: torch.Tensor | None = None) -> torch.Tensor:
+                   vocab_size: int, last: int | None = None, pad: torch.Tensor | None = None,
+                   vocab: DraftVocab | None = None) -> torch.Tensor:
     """The one chain from a drafter's input to its x0 logits, whoever runs the network: drafting
     and training (DiffusionDrafter.x0_logits, which specdiff.training's losses read) and exported
     graphs (runtimes.models.GraphDrafter).
@@ -117,9 +137,14 @@ def x0_logits_from(network: Network, input_ids: torch.Tensor, parameterization: 
     loglinear_sigma(masked_fraction) (B,) -> network(input_ids, sigma), the raw logits of the last
     `last` positions (B, last, V_drafter) (default: all L) -> the parameterisation's x0 logits over
     the real vocabulary (B, last, vocab_size), fp32 (nets.parameterization.x0_logits). Out of place
-    throughout, so gradients flow; the caller decides on no_grad (DiffusionProposer drafts under it)."""
+    throughout, so gradients flow; the caller decides on no_grad (DiffusionProposer drafts under it).
+    With a draft vocabulary the network's raw logits are its N rows (B, last, N), widened with -inf
+    outside the map: at masked slots that is the parameterisation's x0 distribution restricted to
+    the map, and drafting reads no other slot."""
     sigma = loglinear_sigma(masked_fraction(input_ids, mask_id, pad))  # (B,)
-    raw = network(input_ids, sigma)  # (B, last, V_drafter)
+    raw = network(input_ids, sigma)  # (B, last, V_drafter or N)
+    if vocab is not None:
+        return vocab.widen(raw.float())
     return x0_logits(parameterization, raw, input_ids[:, -(last or 0):], sigma, mask_id, vocab_size)
 
 

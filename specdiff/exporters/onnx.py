@@ -29,6 +29,7 @@ from specdiff.hf_cache import returned_cache, with_cache
 from specdiff.nets.dflash import ContextCache
 from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
+from specdiff.vocab import VOCAB_FILE
 
 ONNX_TYPES = {"fp32": 1, "float32": 1, "fp16": 10, "bf16": 16, "int64": 7}  # TensorProto element types
 TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
@@ -138,15 +139,18 @@ def target_graph(target: CausalLMTarget | BlockDiffusionTarget,
 
 def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, GraphSpec, dict]:
     """A DFlash drafter bound to its target (whose real vocabulary is `vocab_size` tokens) ->
-    (module to export, its spec, the manifest `model` record)."""
+    (module to export, its spec, the manifest `model` record). With a draft vocabulary the graph's
+    logits are its N rows and the record names the map's file (written beside the graph)."""
     cfg = drafter.net.config
     layers, heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads or cfg.num_attention_heads, cfg.head_dim
     features = len(drafter.target_layer_ids) * drafter.hidden_size
     record = {"kind": KIND, "name": drafter.source, "vocab_size": vocab_size, "mask_id": drafter.mask_id,
               "block_size": drafter.block_size, "target_layer_ids": drafter.target_layer_ids,
-              "num_target_layers": drafter.num_target_layers, "head_rows": drafter.vocab_rows, "layers": layers,
+              "num_target_layers": drafter.num_target_layers, "head_rows": drafter.head_rows, "layers": layers,
               "kv_heads": heads, "head_dim": head_dim, "features": features, "defaults": drafter.defaults}
-    spec = dflash_spec(layers, heads, head_dim, drafter.block_size, features, drafter.vocab_rows)
+    if drafter.draft_vocab is not None:  # the graph's head is its N rows; the map goes beside the graph
+        record.update(draft_vocab=VOCAB_FILE, vocab_rows=drafter.vocab_rows)  # the embedding's rows stay all
+    spec = dflash_spec(layers, heads, head_dim, drafter.block_size, features, drafter.head_rows)
     return DFlashStep(drafter.eval()), spec, record
 
 

@@ -53,12 +53,15 @@ class Plan:
 
     def settings(self) -> dict[str, dict[str, Any]]:
         """What runs, each {"value", "from": option | pair | drafter | default} (`--stats`): the
-        method, the draft settings it reads, the acceptance rule, sampling and max_new_tokens."""
+        method, the draft settings it reads, the acceptance rule, sampling, max_new_tokens and the
+        size of the drafter's draft vocabulary (specdiff.vocab) when it has one."""
         ran = {"method": self.method.name, **self.decoder.ran(), "temperature": self.sampling.temperature,
                "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
                "repetition_penalty": self.sampling.repetition_penalty, "max_new_tokens": self.max_new_tokens,
                "batch_size": self.batch_size}
-        return {k: {"value": v, "from": self.sources.get(k, "default")} for k, v in ran.items() if v is not None}
+        vocab = getattr(self.drafter, "draft_vocab", None)  # specdiff.vocab: the rows its head scores
+        found = {k: {"value": v, "from": self.sources.get(k, "default")} for k, v in ran.items() if v is not None}
+        return found | ({"draft_vocab": {"value": vocab.size, "from": "drafter"}} if vocab is not None else {})
 
 
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,

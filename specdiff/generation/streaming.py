@@ -80,6 +80,7 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
         if p.compiled:
             p.decoder.warm_up(rows, longest)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
+    vocab = getattr(p.drafter, "draft_vocab", None)  # specdiff.vocab: its coverage of what was emitted
     pending = (Row(ids, p.max_new_tokens, p.target.max_length, p.target.eos_token_id, p.target.device,
                    torch.Generator(p.target.device).manual_seed(p.seed + indices[i]), stop, index=i)
                for i, ids in enumerate(encoded))
@@ -91,6 +92,8 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
                 text = p.target.tokenizer.decode(row.new_tokens, skip_special_tokens=True)
                 text = stop.cut(text) if stop else text
                 bar.update()
+                if vocab is not None:
+                    row.metrics.outside_vocab = vocab.outside(row.new_tokens)
                 yield Event(row.index, [], Output(prompts[row.index], text, row.new_tokens, row.metrics))
 
 

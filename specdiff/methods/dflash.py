@@ -7,7 +7,8 @@ Each step, for the rows that draft (g_b >= 1): the anchor is the row's last toke
 start = len(ids) - 1, the one token the target has not cached), the context is the target's
 features of every cached token (positions 0 .. start - 1; rows of different lengths left-padded
 and masked), one drafter call for the batch; q = the same warping as the target's p over the
-real vocabulary; row b draws x_1..x_g_b from its own q with its own generator (greedy: argmax).
+real vocabulary (zero outside the drafter's draft vocabulary if it has one: specdiff.vocab);
+row b draws x_1..x_g_b from its own q with its own generator (greedy: argmax).
 The slots are drawn independently, q_j not depending on x_<j, so the standard rule is exact, as
 are match and greedy (docs/lossless.md, "Diffusion drafters", case 1). With `drafts` K > 1 the
 row's K candidate blocks come from the same call (DFlashDrafts), the target verifies them as K
@@ -43,6 +44,7 @@ from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
+from ..vocab import target_logits
 from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import check_drafts, rule_name
 
@@ -125,7 +127,8 @@ class DFlashDrafts:
         if not members:
             return drafts
         rows = [batch[b] for b in members]
-        logits = self._logits(rows, members, batch, max(g[b] for b in members))[..., :self.target.vocab_size]
+        logits = target_logits(self._logits(rows, members, batch, max(g[b] for b in members)),
+                               self.drafter.draft_vocab, self.target.vocab_size)  # (B', max g_b, V)
         q = self.warping.probs(logits)  # (B', max g_b, V)
         for i, (b, row) in enumerate(zip(members, rows)):
             q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)

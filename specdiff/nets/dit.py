@@ -168,10 +168,11 @@ class FinalLayer(nn.Module):
         self.linear = nn.Linear(cfg.hidden_size, cfg.vocab_size)
         self.adaLN_modulation = nn.Linear(cfg.cond_dim, 2 * cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """x (B, L, h), c (B, cond) -> logits (B, L, vocab)."""
+    def forward(self, x: torch.Tensor, c: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
+        """x (B, L, h), c (B, cond) -> logits (B, L, vocab), or (B, L, N) of `head`'s N rows
+        (a draft vocabulary's, in place of `linear`)."""
         shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=2)
-        return self.linear(modulate(self.norm_final(x), shift, scale))
+        return (head or self.linear)(modulate(self.norm_final(x), shift, scale))
 
 
 class Embedding(nn.Module):
@@ -189,7 +190,8 @@ class DDiT(nn.Module):
     """The denoiser: forward(input_ids (B, L) int64, sigma (B,) float) -> raw logits (B, L, V);
     with `last`, logits of the last `last` positions only (B, last, V): drafting reads only the
     gamma draft slots, and the output projection is the largest matmul of a small drafter.
-    With `pad` (B,): row b starts after pad[b] padding positions, which no position attends to."""
+    With `pad` (B,): row b starts after pad[b] padding positions, which no position attends to.
+    With `head`: the output projection's rows at a draft vocabulary's ids (B, L or last, N)."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
@@ -201,7 +203,7 @@ class DDiT(nn.Module):
         self.output_layer = FinalLayer(cfg)
 
     def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor, last: int | None = None,
-                pad: torch.Tensor | None = None) -> torch.Tensor:
+                pad: torch.Tensor | None = None, head: nn.Module | None = None) -> torch.Tensor:
         if not self.config.time_conditioning:
             sigma = torch.zeros_like(sigma)
         L = input_ids.shape[1]
@@ -211,7 +213,7 @@ class DDiT(nn.Module):
         keys = None if pad is None else (torch.arange(L, device=x.device) >= pad[:, None].to(x.device))[:, None, None]
         for block in self.blocks:
             x = block(x, c, cos, sin, keys)
-        return self.output_layer(x if last is None else x[:, -last:], c)  # (B, L or last, V)
+        return self.output_layer(x if last is None else x[:, -last:], c, head)  # (B, L or last, V or N)
 
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> "DDiT":
         """Random weights everywhere (adaLN and head included, unlike training's zero init), so

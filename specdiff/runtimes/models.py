@@ -24,10 +24,12 @@ import torch
 
 from specdiff.artifacts import Artifacts
 from specdiff.contracts import Runtime
+from specdiff.errors import LoadError
 from specdiff.drafters.dflash import KIND, draft_block
 from specdiff.drafters.diffusion import x0_logits_from
 from specdiff.nets.dflash import ContextCache
 from specdiff.targets.rows import CapturingRows
+from specdiff.vocab import DraftVocab, load_draft_vocab
 
 from specdiff.graphs import TORCH_DTYPES, past_names, present_names
 
@@ -149,8 +151,9 @@ class GraphDFlashDrafter:
     kind = KIND
 
     def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
-                 dtype: str):
+                 dtype: str, draft_vocab: DraftVocab | None = None):
         self.runtime = runtime
+        self.draft_vocab = draft_vocab  # the graph's logits are its N rows (specdiff.vocab)
         self.tokenizer = tokenizer
         self.source = model["name"]
         self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
@@ -168,14 +171,19 @@ class GraphDFlashDrafter:
 
     @classmethod
     def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDFlashDrafter":
-        return cls(runtime, art.record("drafter")["model"], art.tokenizer, device, dtype=art.manifest["dtype"])
+        model = art.record("drafter")["model"]
+        vocab = load_draft_vocab(art.root) if model.get("draft_vocab") else None  # VOCAB_FILE, as export wrote it
+        if model.get("draft_vocab") and (vocab is None or vocab.size != model["head_rows"]):
+            raise LoadError(f"{art.root}: the drafter's draft vocabulary {model['draft_vocab']} is missing or not "
+                            f"of the graph's {model['head_rows']} rows")
+        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"], draft_vocab=vocab)
 
     @torch.no_grad()
     def __call__(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor, cache: ContextCache,
                  context_valid: torch.Tensor | None = None, slots: int | None = None) -> torch.Tensor:
         """As DFlashDrafter.forward with a cache: anchor (B,), context (B, C, F) the features of the
         rows not yet in `cache` (left-padded; context_valid (B, C), None: all real), start (B,) ->
-        logits (B, slots or S - 1, vocab_rows) float32. The context goes in chunks of at most
+        logits (B, slots or S - 1, head_rows) float32. The context goes in chunks of at most
         max_step rows, each call over the K/V the last one returned (only the last one's logits
         are kept); `cache` then holds every row's K/V."""
         B, n = anchor.shape[0], context.shape[1]

@@ -1,41 +1,103 @@
-"""A diffusion drafter in any readable format (SEDD hub, MDLM HF, the project's own) -> the
-project's own format (nets/checkpoint.py): the same tensors under the same names, the
-parameterisation, mask id, real vocabulary and context length N, the tokenizer when one is
-known, and the draft settings the source records (`defaults`; hub formats record none). At fp32 the conversion is lossless; fp16 halves the size (`rotary_emb.inv_freq` stays
-fp32). The output directory appears complete or not at all.
+"""A drafter -> a new drafter directory, optionally with a draft vocabulary (specdiff.vocab).
+
+    diffusion  any readable format (SEDD hub, MDLM HF, the project's own) -> the project's own
+               format (nets/checkpoint.py): the same tensors under the same names, the
+               parameterisation, mask id, real vocabulary and context length N, the tokenizer when
+               one is known, and the draft settings the source records (`defaults`; hub formats
+               record none)
+    dflash     a DFlash draft as published (nets/dflash.py), rewritten in `dtype`
+    ar         a causal LM drafter (spec-ar), saved by transformers in `dtype`
+At fp32 the conversion is lossless; fp16 halves the size (`rotary_emb.inv_freq` stays fp32).
+With `draft_vocab` N and `frequencies` (tools/vocab.py) the new directory also holds the map of its
+head's N rows (draft_vocab.safetensors); the weights stay whole, and the drafter scores only those
+rows when it drafts. The output directory appears complete or not at all.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..atomic import check_new_directory, new_directory
+from ..drafters.autoregressive import ARDrafter
+from ..drafters.dflash import DFlashDrafter
+from ..drafters.diffusion import DiffusionDrafter
 from ..errors import UsageError
-from ..loading import load_diffusion_drafter
+from ..loading import load_diffusion_drafter, load_drafter, load_target
 from ..nets.checkpoint import save_own
-from ..registry import Registry
+from ..nets.dflash import DFlashSpec, save_dflash
+from ..registry import Registry, as_registry
+from ..vocab import DraftVocab
+from ..training.vocab import build_vocab
 
 CONVERT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", context: int | None = None,
-                    registry: Registry | None = None) -> Path:
-    """Write the diffusion drafter `source` (models.yaml name, directory or hub id) to `out` in
-    the project's format. context: the drafting context length N (default: the source's)."""
+                    draft_vocab: int | None = None, frequencies: str | Path | None = None,
+                    target: str | None = None, registry: Registry | None = None) -> Path:
+    """Write the drafter `source` (models.yaml name, directory or hub id) to `out` (see the module
+    docstring). context: the drafting context length N of a diffusion drafter (default: the
+    source's). draft_vocab, frequencies: the map of its head's N most frequent rows, counted on the
+    tokenizer the drafter carries, else the `target`'s."""
     out = Path(out)
     check_new_directory(out)
     if dtype not in CONVERT_DTYPES:
         raise UsageError(f"unknown dtype '{dtype}' (choose from {', '.join(CONVERT_DTYPES)})")
     if context is not None and context < 1:
         raise UsageError(f"`context` must be >= 1, got {context}")
-    drafter = load_diffusion_drafter(source, registry=registry)
-    backbone = drafter.backbone.to(CONVERT_DTYPES[dtype])
+    if (draft_vocab is None) != (frequencies is None):
+        raise UsageError("`draft_vocab` and `frequencies` go together: a map of the most frequent ids needs both")
+    registry = as_registry(registry)
+    drafter = _load(source, draft_vocab is not None, registry)
+    if context is not None and not isinstance(drafter, DiffusionDrafter):
+        raise UsageError("`context` sets a diffusion drafter's context length; this drafter has none")
+    vocab = None
+    if draft_vocab is not None and frequencies is not None:
+        vocab = _vocab(drafter, draft_vocab, Path(frequencies), target, registry)
     with new_directory(out) as tmp:
-        save_own(tmp, backbone, vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
-                 context_length=context or drafter.context_length,
-                 parameterization=drafter.parameterization, tokenizer=drafter.tokenizer,
-                 defaults=drafter.defaults, untrained=drafter.untrained,
-                 target_embeddings=drafter.target_embeddings)
+        _save(drafter, tmp, CONVERT_DTYPES[dtype], context)
+        if vocab is not None:
+            vocab.save(tmp)
     return out
+
+
+def _load(source: str, any_kind: bool, registry: Registry) -> Any:
+    """A diffusion drafter exactly as stored; with a draft vocabulary to add, any drafter kind."""
+    if not any_kind:
+        return load_diffusion_drafter(source, registry=registry)
+    drafter = load_drafter(source, dtype="fp32", registry=registry)
+    if not isinstance(drafter, (DiffusionDrafter, DFlashDrafter, ARDrafter)):
+        raise UsageError(f"'{source}' is a {type(drafter).__name__}: a draft vocabulary is for diffusion, DFlash "
+                         "and AR drafters")
+    return drafter
+
+
+def _vocab(drafter: Any, n: int, frequencies: Path, target: str | None, registry: Registry) -> DraftVocab:
+    """The map for `drafter`'s tokenizer, else the target's (a DFlash draft ships none)."""
+    tokenizer = drafter.tokenizer
+    if target is not None:
+        tokenizer = load_target(target, dtype="fp32", registry=registry).tokenizer
+    if tokenizer is None:
+        raise UsageError(f"drafter '{drafter.source}' carries no tokenizer: name its `target` to count tokens with")
+    banned = drafter.mask_id if isinstance(drafter, DiffusionDrafter) and drafter.mask_id < len(tokenizer) else None
+    return build_vocab(frequencies, n, tokenizer, banned=banned)
+
+
+def _save(drafter: Any, out: Path, dtype: torch.dtype, context: int | None) -> None:
+    if isinstance(drafter, DFlashDrafter):
+        spec = DFlashSpec(drafter.block_size, drafter.mask_id, tuple(drafter.target_layer_ids),
+                          drafter.num_target_layers)
+        save_dflash(out, drafter.net, spec, dtype)
+    elif isinstance(drafter, ARDrafter):
+        drafter.model.to(dtype).save_pretrained(str(out))
+    else:
+        save_own(out, drafter.backbone.to(dtype), vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
+                 context_length=context or drafter.context_length, parameterization=drafter.parameterization,
+                 tokenizer=drafter.tokenizer, defaults=drafter.defaults, untrained=drafter.untrained,
+                 target_embeddings=drafter.target_embeddings)
+        return
+    if drafter.tokenizer is not None:
+        drafter.tokenizer.save_pretrained(str(out))

@@ -37,6 +37,7 @@ class DistillConfig:
     mask_token: str | None = None  # a token of the tokenizer to use as mask id (else an extra row)
     target_layers: tuple[int, ...] | None = None  # dflash: the target layers (0-based) it reads
     anchors: int = 4  # dflash: blocks drafted from each sequence of a batch
+    draft_vocab: int | None = None  # dflash: the head scores the N most frequent answer tokens (specdiff.vocab)
     raw_text: str | None = None
     raw_fraction: float | None = None
     gamma: int = 8
@@ -106,7 +107,12 @@ def _check_dflash(cfg: DistillConfig) -> None:
     if cfg.method != "dflash":
         if cfg.target_layers is not None:
             raise UsageError("`target_layers` is for `method` dflash (the target layers its drafter reads)")
+        if cfg.draft_vocab is not None:
+            raise UsageError("`draft_vocab` trains a DFlash drafter's reduced head; cut a diffusion drafter's "
+                             "after training (`specdiff drafter convert`, `draft_vocab` and `frequencies`)")
         return
+    if cfg.draft_vocab is not None and cfg.draft_vocab < 1:
+        raise UsageError(f"`draft_vocab` must be >= 1, got {cfg.draft_vocab}")
     for name, value in (("drafter", cfg.drafter), ("context", cfg.context), ("raw_text", cfg.raw_text)):
         if value is not None:
             raise UsageError(f"`{name}` is not used by `method` dflash (a new drafter of the target's width, "

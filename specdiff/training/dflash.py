@@ -18,6 +18,11 @@ answers and hidden states.
     loss     at slot k (the token at a + k): cross-entropy to the teacher's token (ce) and / or the
              KL from the target's soft labels there (kl), weighted exp(-(k - 1) / (gamma / 2)):
              DFlash's decaying slot weights (a slot counts only when the ones before it are accepted)
+    vocab    with `draft_vocab` N: the head is the target's rows at the N most frequent ids of the
+             training answers (training/vocab.py), saved with every checkpoint; q can only be the
+             target's p restricted to them, so the loss is taken against that restriction: no ce
+             where the teacher's token is outside, the soft labels outside dropped and the rest
+             renormalised (their tail beyond the top k counted as inside)
     loop     loop.train (warmup, cosine decay, clipping, checkpoints and resume)
     report   tau and alpha of `--method dflash` against the target on held-out questions, greedy
              and at eval_temperature, in DIR/report.json
@@ -38,6 +43,7 @@ from transformers import Qwen3Config
 
 from ..atomic import new_file
 from ..drafters.dflash import DFlashDrafter
+from ..vocab import DraftVocab, load_draft_vocab
 from ..errors import UsageError
 from ..nets.dflash import DFlashNet, DFlashSpec, build_target_layer_ids, load_dflash, save_dflash
 from ..targets.causal import CausalLMTarget
@@ -50,6 +56,7 @@ from .features import cached_features, padding
 from .losses import kl_per_slot
 from .loop import train
 from .teacher import Sequences, build_sequences
+from .vocab import build_vocab
 
 VAL_SEED_OFFSET = 2  # the fixed validation blocks' generator: seed + this
 INIT_STD = 0.02  # new linear layers: normal(0, INIT_STD), as Qwen3's initializer_range
@@ -115,13 +122,15 @@ def slot_weights(gamma: int, device: torch.device) -> torch.Tensor:
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None,
                parts: tuple[str, ...]) -> torch.Tensor:
-    """logits (B, A, g, V), labels (B, A, g), soft (ids, p) (B, A, g, k) -> the weighted loss."""
+    """logits (B, A, g, V), labels (B, A, g) (-1: none, no ce there), soft (ids, p) (B, A, g, k) ->
+    the weighted loss."""
     g, V = logits.shape[2:]
     weights = slot_weights(g, logits.device).expand(labels.shape).reshape(-1)
     log_q = logits.reshape(-1, V).log_softmax(-1)  # (B A g, V), shared by the parts
     per_slot = log_q.new_zeros(weights.shape)
     if "ce" in parts:
-        per_slot = per_slot - log_q.gather(-1, labels.reshape(-1, 1))[:, 0]
+        flat = labels.reshape(-1, 1)
+        per_slot = per_slot - log_q.gather(-1, flat.clamp(min=0))[:, 0] * (flat[:, 0] >= 0)
     if "kl" in parts:
         if soft is None:
             raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
@@ -158,6 +167,8 @@ class DFlashTask:
             j = (columns - self.P).flatten(1)[..., None].expand(-1, -1, corpus.seqs.soft_ids.shape[-1])
             soft = tuple(t[rows].gather(1, j).view(*columns.shape, -1).to(device)
                          for t in (corpus.seqs.soft_ids, corpus.seqs.soft_p))
+        if self.module.draft_vocab is not None:
+            labels, soft = restricted(self.module.draft_vocab, labels, soft)  # type: ignore[arg-type]
         return block_loss(logits, labels, soft, self.parts)  # type: ignore[arg-type]
 
     def scored(self, batch: tuple[Corpus, Blocks]) -> int:
@@ -171,6 +182,23 @@ class DFlashTask:
 
     def save(self, directory: Path) -> None:
         save_dflash(directory, self.module.net, spec_of(self.module))
+        if self.module.draft_vocab is not None:
+            self.module.draft_vocab.save(directory)
+
+
+def restricted(vocab: DraftVocab, labels: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Target ids -> draft ids of the head's N rows (see the module docstring): labels (...) -> (-1
+    outside the map); soft labels (ids, p) (..., k) -> (draft ids, p renormalised over the ids
+    inside and the tail, 0 outside)."""
+    index = torch.full((vocab.vocab_size,), -1, dtype=torch.long, device=labels.device)
+    index[vocab.ids.to(labels.device)] = torch.arange(vocab.size, device=labels.device)
+    if soft is None:
+        return index[labels], None
+    ids, p = index[soft[0].long()], soft[1].float()
+    inside = ids >= 0
+    p_out = (p * ~inside).sum(-1, keepdim=True)
+    return index[labels], (ids.clamp(min=0), torch.where(inside, p, 0) / (1 - p_out).clamp(min=1e-6))
 
 
 def spec_of(drafter: DFlashDrafter) -> DFlashSpec:
@@ -248,6 +276,7 @@ def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
             return {"target": target.name, "data": str(data_directory(cfg)), "generate_s": round(generate_s, 3),
                     "sequences": len(train_set.seqs) + len(val_set.seqs),
                     "generated_tokens": (len(train_set.seqs) + len(val_set.seqs)) * cfg.continuation_tokens}
+        _with_draft_vocab(cfg, target, drafter, resumed=latest is not None)
         task = DFlashTask(drafter, train_set, val_set, P, cfg)
         opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
         if opt_state is not None:
@@ -265,7 +294,21 @@ def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
 def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
     net, spec = load_dflash(path)
     saved = torch.load(path / "state.pt", weights_only=True)
-    return DFlashDrafter(net.train(), spec, source=str(path)), saved.pop("optimizer"), TrainState(**saved)
+    drafter = DFlashDrafter(net.train(), spec, source=str(path), draft_vocab=load_draft_vocab(path))
+    return drafter, saved.pop("optimizer"), TrainState(**saved)
+
+
+def _with_draft_vocab(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter, resumed: bool) -> None:
+    """A new drafter gets the map of `draft_vocab` (training/vocab.py, from the teacher data) and
+    its head rows; a resumed one keeps its checkpoint's, which the options must not contradict."""
+    held = drafter.draft_vocab
+    if resumed and (held.size if held else None) != cfg.draft_vocab:
+        raise UsageError(f"`draft_vocab` {cfg.draft_vocab}: the checkpoint being resumed was trained with "
+                         f"{f'a head of {held.size} rows' if held else 'the whole head'}")
+    if cfg.draft_vocab is None or resumed:
+        return
+    drafter.draft_vocab = build_vocab(data_directory(cfg), cfg.draft_vocab, target.tokenizer, target.eos_token_id)
+    drafter.bind_target(target.model)
 
 
 def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
@@ -296,6 +339,7 @@ def _report(cfg: DistillConfig, target: CausalLMTarget, task: DFlashTask, state:
                     "samples_per_prompt": cfg.samples_per_prompt},
         "gamma": cfg.gamma, "block_size": drafter.block_size, "anchors": cfg.anchors, "mask_id": drafter.mask_id,
         "target_layer_ids": drafter.target_layer_ids,
+        "draft_vocab": None if drafter.draft_vocab is None else drafter.draft_vocab.to_dict(),
         "parameters": sum(p.numel() for p in drafter.parameters()),
         "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
         "eval": evaluation,

@@ -62,7 +62,8 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
     _check_room(models.target, rows, encoded, settings.max_new_tokens)
     with torch_threads(settings.threads):
         repeats, warmups = time_variants(models, rows, settings, prompts, encoded, log)
-        out = [(row_of(v, r, encoded, memory_of(r), w), r) for v, r, w in zip(rows, repeats, warmups)]
+        out = [(row_of(v, r, encoded, memory_of(r), w, models.draft_vocab(v)), r)
+               for v, r, w in zip(rows, repeats, warmups)]
         env = environment(models)
     return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
 

@@ -22,6 +22,7 @@ from ...registry import Registry, load_registry
 from ...resources import data_path
 from ...targets.block import BlockDiffusionTarget
 from ...targets.causal import CausalLMTarget
+from ...vocab import DraftVocab
 
 METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
 SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "dflash": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
@@ -41,6 +42,14 @@ class Models:
         if NEEDS.get(method) == "drafter":
             return self.drafter
         return self.ar_drafter.model if NEEDS.get(method) == "ar_drafter" and self.ar_drafter else None
+
+    def draft_vocab(self, v: Variant) -> DraftVocab | None:
+        """The draft vocabulary of the drafter `v` drafts with (specdiff.vocab; None: a full head)."""
+        slot = NEEDS.get(v.method)
+        if slot is None:
+            return None
+        drafter = self.graphs[v.runtime].get(slot) if v.on_graphs else getattr(self, slot)
+        return getattr(drafter, "draft_vocab", None)
 
     def names(self) -> dict:
         return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ...metrics import Metrics
+from ...vocab import DraftVocab
 from ..callstats import mean_seconds, verifications
 from .config import Settings, Variant
 from .measure import Repeat
@@ -37,6 +38,7 @@ class Measured:
     call_cost_s: dict[str, float | None]  # prefill, verify, drafter
     memory: dict[str, float | None]
     compile_s: float | None
+    draft_vocab: dict[str, Any] | None  # its size and the share of the emitted tokens inside it (specdiff.vocab)
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def _median_of(xs: list) -> float | None:
 
 
 def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: dict[str, float | None],
-           compile_s: float | None) -> Measured:
+           compile_s: float | None, vocab: DraftVocab | None = None) -> Measured:
     """Speeds over all passes; acceptance, counts and time split from the median pass; call costs
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
@@ -108,7 +110,15 @@ def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: 
                     m["tau"], m["alpha"], m["per_position_acceptance"], histogram, m["draft_length_histogram"], costs,
                     {"draft": draft, "verify": verify, "control": control,
                      "other": max(wall - draft - verify - control, 0.0)}, calls, cost,
-                    memory, compile_s)
+                    memory, compile_s, _coverage(vocab, mid.tokens))
+
+
+def _coverage(vocab: DraftVocab | None, tokens: list[list[int]]) -> dict[str, Any] | None:
+    """The draft vocabulary's size and the share of the emitted tokens it could have proposed."""
+    if vocab is None:
+        return None
+    emitted = [t for row in tokens for t in row]
+    return {"size": vocab.size, "coverage": 1 - vocab.outside(emitted) / len(emitted) if emitted else None}
 
 
 def _ideal(m: Measured, speedup: float, c_1: float | None) -> dict[str, float | None]:
