@@ -39,10 +39,13 @@ def init(target: str, out: str, layers: int, dim: int, heads: int, context: int,
 @click.option("--frequencies", default=None, metavar="FILE",
               help="What --draft-vocab counts: a `specdiff distill` teacher-data directory (the target's "
                    "answers) or a counts .safetensors.")
+@click.option("--vocab-map", default=None, metavar="FILE",
+              help="A draft vocabulary made elsewhere, instead of --draft-vocab: EAGLE-3's d2t/t2d (.safetensors) "
+                   "or SGLang's --speculative-token-map (.pt, hot ids).")
 @click.option("--target", default=None, help="Target whose tokenizer the tokens are counted with (needed for a "
                                              "drafter that carries none, as DFlash drafts).")
 def convert(src: str, out: str, dtype: str, context: int | None, draft_vocab: int | None, frequencies: str | None,
-            target: str | None) -> None:
+            vocab_map: str | None, target: str | None) -> None:
     """Convert a drafter to a new directory: a diffusion drafter (SEDD hub, MDLM HF or project
     format) to the project's format; with --draft-vocab, any drafter (diffusion, DFlash, AR) with a
     map of its head's N rows.
@@ -57,4 +60,4 @@ def convert(src: str, out: str, dtype: str, context: int | None, draft_vocab: in
     from specdiff.tools.convert import convert_drafter
 
     click.echo(str(convert_drafter(src, out, dtype=dtype, context=context, draft_vocab=draft_vocab,
-                                   frequencies=frequencies, target=target)))
+                                   frequencies=frequencies, vocab_map=vocab_map, target=target)))

@@ -119,3 +119,28 @@ def test_a_counts_file_gives_the_map_its_data_gives(tiny, trained, tmp_path):
     from specdiff.errors import UsageError
     with pytest.raises(UsageError, match="counts must be 301 integers"):
         build_vocab(tmp_path / "counts.safetensors", 40, shuffled)
+
+
+@pytest.mark.parametrize("form", ["eagle3", "sglang", "another-target"])
+def test_convert_reads_a_map_made_elsewhere(tiny, trained, tmp_path, form):
+    from safetensors.torch import save_file
+
+    out, _ = trained
+    ids = torch.tensor(sorted({*range(0, 300, 2), tiny.tokenizer.eos_token_id}))
+    if form == "sglang":
+        path = tmp_path / "hot.pt"
+        torch.save(ids.tolist(), path)
+    else:
+        V = 300 if form == "eagle3" else 320  # another target's t2d: refused
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[ids] = True
+        path = tmp_path / "eagle3.safetensors"
+        save_file({"d2t": ids - torch.arange(len(ids)), "t2d": t2d}, str(path))
+    result = CliRunner().invoke(cli, ["drafter", "convert", str(out), "--target", str(tiny.gpt2), "--vocab-map",
+                                      str(path), "--out", str(tmp_path / "cut")])
+    if form == "another-target":
+        assert result.exit_code != 0 and "t2d covers 320" in result.stderr and not (tmp_path / "cut").exists()
+        return
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    vocab = load_draft_vocab(tmp_path / "cut")
+    assert vocab is not None and torch.equal(vocab.ids, ids)

@@ -8,8 +8,9 @@
     dflash     a DFlash draft as published (nets/dflash.py), rewritten in `dtype`
     ar         a causal LM drafter (spec-ar), saved by transformers in `dtype`
 At fp32 the conversion is lossless; fp16 halves the size (`rotary_emb.inv_freq` stays fp32).
-With `draft_vocab` N and `frequencies` (tools/vocab.py) the new directory also holds the map of its
-head's N rows (draft_vocab.safetensors); the weights stay whole, and the drafter scores only those
+With `draft_vocab` N and `frequencies` (training/vocab.py), or a `vocab_map` made elsewhere (EAGLE-3's
+d2t / t2d, SGLang's hot-id list: specdiff.vocab.read_map), the new directory also holds the map of
+its head's rows (draft_vocab.safetensors); the weights stay whole, and the drafter scores only those
 rows when it drafts. The output directory appears complete or not at all.
 """
 
@@ -24,12 +25,12 @@ from ..atomic import check_new_directory, new_directory
 from ..drafters.autoregressive import ARDrafter
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.diffusion import DiffusionDrafter
-from ..errors import UsageError
+from ..errors import LoadError, UsageError
 from ..loading import load_diffusion_drafter, load_drafter, load_target
 from ..nets.checkpoint import save_own
 from ..nets.dflash import DFlashSpec, save_dflash
 from ..registry import Registry, as_registry
-from ..vocab import DraftVocab
+from ..vocab import DraftVocab, read_map
 from ..training.vocab import build_vocab
 
 CONVERT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -37,11 +38,13 @@ CONVERT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", context: int | None = None,
                     draft_vocab: int | None = None, frequencies: str | Path | None = None,
-                    target: str | None = None, registry: Registry | None = None) -> Path:
+                    vocab_map: str | Path | None = None, target: str | None = None,
+                    registry: Registry | None = None) -> Path:
     """Write the drafter `source` (models.yaml name, directory or hub id) to `out` (see the module
     docstring). context: the drafting context length N of a diffusion drafter (default: the
     source's). draft_vocab, frequencies: the map of its head's N most frequent rows, counted on the
-    tokenizer the drafter carries, else the `target`'s."""
+    tokenizer the drafter carries, else the `target`'s; vocab_map: a map file, fingerprinted with
+    that tokenizer."""
     out = Path(out)
     check_new_directory(out)
     if dtype not in CONVERT_DTYPES:
@@ -50,13 +53,15 @@ def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", contex
         raise UsageError(f"`context` must be >= 1, got {context}")
     if (draft_vocab is None) != (frequencies is None):
         raise UsageError("`draft_vocab` and `frequencies` go together: a map of the most frequent ids needs both")
+    if vocab_map is not None and draft_vocab is not None:
+        raise UsageError("`vocab_map` is a map already: give it, or `draft_vocab` with `frequencies`")
     registry = as_registry(registry)
-    drafter = _load(source, draft_vocab is not None, registry)
+    drafter = _load(source, draft_vocab is not None or vocab_map is not None, registry)
     if context is not None and not isinstance(drafter, DiffusionDrafter):
         raise UsageError("`context` sets a diffusion drafter's context length; this drafter has none")
     vocab = None
-    if draft_vocab is not None and frequencies is not None:
-        vocab = _vocab(drafter, draft_vocab, Path(frequencies), target, registry)
+    if draft_vocab is not None and frequencies is not None or vocab_map is not None:
+        vocab = _vocab(drafter, draft_vocab, frequencies, vocab_map, target, registry)
     with new_directory(out) as tmp:
         _save(drafter, tmp, CONVERT_DTYPES[dtype], context)
         if vocab is not None:
@@ -75,7 +80,8 @@ def _load(source: str, any_kind: bool, registry: Registry) -> Any:
     return drafter
 
 
-def _vocab(drafter: Any, n: int, frequencies: Path, target: str | None, registry: Registry) -> DraftVocab:
+def _vocab(drafter: Any, n: int | None, frequencies: str | Path | None, vocab_map: str | Path | None,
+           target: str | None, registry: Registry) -> DraftVocab:
     """The map for `drafter`'s tokenizer, else the target's (a DFlash draft ships none)."""
     tokenizer = drafter.tokenizer
     if target is not None:
@@ -83,7 +89,13 @@ def _vocab(drafter: Any, n: int, frequencies: Path, target: str | None, registry
     if tokenizer is None:
         raise UsageError(f"drafter '{drafter.source}' carries no tokenizer: name its `target` to count tokens with")
     banned = drafter.mask_id if isinstance(drafter, DiffusionDrafter) and drafter.mask_id < len(tokenizer) else None
-    return build_vocab(frequencies, n, tokenizer, banned=banned)
+    if vocab_map is not None:
+        try:
+            return read_map(Path(vocab_map), tokenizer, len(tokenizer))
+        except LoadError as e:
+            raise UsageError(str(e)) from e
+    assert n is not None and frequencies is not None  # convert_drafter: both, or vocab_map
+    return build_vocab(Path(frequencies), n, tokenizer, banned=banned)
 
 
 def _save(drafter: Any, out: Path, dtype: torch.dtype, context: int | None) -> None:
