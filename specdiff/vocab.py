@@ -100,6 +100,12 @@ class DraftVocab:
         out = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.ids.to(logits.device), logits)
 
+    def widen_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        """Probabilities over the head's rows (..., N) -> over the target's ids (..., V), 0 elsewhere:
+        the same as warping the widened logits, for a warping that keeps -inf at probability 0
+        (temperature, top-k, top-p), at the cost of N rows instead of V."""
+        return probs.new_zeros((*probs.shape[:-1], self.vocab_size)).index_copy_(-1, self.ids.to(probs.device), probs)
+
     def outside(self, tokens: list[int]) -> int:
         """How many of `tokens` (target ids) the draft head cannot propose."""
         return sum(not bool(self.inside[t]) for t in tokens)
@@ -224,6 +230,20 @@ def from_counts(counts: torch.Tensor, n: int, keep: list[int], tokenizer: Any, b
     total = float(counts.sum())
     coverage = float(counts[ids].sum()) / total if total else None
     return DraftVocab(ids, V, fingerprint(tokenizer, ids, V), built_from, coverage)
+
+
+def head_logits(logits: torch.Tensor, vocab: DraftVocab | None, vocab_size: int) -> torch.Tensor:
+    """A drafter head's logits -> those of the ids it may propose: all N rows of a draft vocabulary,
+    else the first V rows (a padded head's extra rows are no token)."""
+    return logits if vocab is not None else logits[..., :vocab_size]
+
+
+def on_target(probs: torch.Tensor, ids: torch.Tensor, vocab: DraftVocab | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities over head_logits' rows (..., N or V), ids drawn among those rows (...)) ->
+    (q over the target's V ids, the target ids): one draw in N rows instead of V."""
+    if vocab is None:
+        return probs, ids
+    return vocab.widen_probs(probs), vocab.ids.to(ids.device)[ids]
 
 
 def target_logits(logits: torch.Tensor, vocab: DraftVocab | None, vocab_size: int) -> torch.Tensor:

@@ -30,6 +30,11 @@
 #                 MODELS/dflash-drafter in fp16 (pair `smol-dflash`). The shipped one:
 #                 DFLASH_STEPS=550 (the DDiT's budget), then DFLASH_STEPS=1400, which resumes it (the
 #                 cosine learning rate then restarts at 0.78 x its peak at step 550)
+#   6. vocab      draft vocabularies (specdiff.vocab) of the three shipped drafters: MODELS/*/
+#                 draft_vocab.safetensors, the VOCAB_N (default 8,192) most frequent tokens of the
+#                 target's answers in WORK/data with its special tokens (training/vocab.py); the
+#                 counts also go to scripts/smol/answer-counts.safetensors, from which the maps are
+#                 rebuilt when WORK/data is gone (`specdiff drafter convert --frequencies` reads both)
 #
 # Resumable: every step is skipped when its output exists; the teacher data is written a chunk at
 # a time and training checkpoints every 100 steps (every 2 minutes for the AR drafter), so a rerun
@@ -40,6 +45,7 @@ work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${SMOL_STEPS:-1000}
 dflash_steps=${DFLASH_STEPS:-1400}
+vocab_n=${VOCAB_N:-8192}
 target=smollm2-135m-instruct
 mkdir -p "$work"
 
@@ -108,3 +114,17 @@ if [ ! "$models/dflash-drafter/config.json" -nt "$work/dflash/config.json" ]; th
 net, spec = load_dflash(Path(sys.argv[1])); save_dflash(Path(sys.argv[2]), net, spec, torch.float16)" \
     "$work/dflash" "$models/dflash-drafter"
 fi
+
+counts=scripts/smol/answer-counts.safetensors
+[ -f "$counts" ] || python -c "import sys; from pathlib import Path; from specdiff import load_target
+from specdiff.training.vocab import answer_counts, save_counts
+t = load_target(sys.argv[1]); counts, n = answer_counts(Path(sys.argv[2]), t.vocab_size, t.eos_token_id)
+save_counts(Path(sys.argv[3]), counts, t.tokenizer, f'the {n:,} answer tokens of the smol pair\'s teacher data')" \
+  "$target" "$work/data" "$counts"
+for drafter in drafter ar-drafter dflash-drafter; do
+  [ -f "$models/$drafter/draft_vocab.safetensors" ] ||
+    python -c "import sys; from pathlib import Path; from specdiff import load_target
+from specdiff.training.vocab import build_vocab
+t = load_target(sys.argv[1]); build_vocab(Path(sys.argv[2]), int(sys.argv[3]), t.tokenizer, t.eos_token_id).save(Path(sys.argv[4]))" \
+      "$target" "$counts" "$vocab_n" "$models/$drafter"
+done

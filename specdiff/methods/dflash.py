@@ -44,7 +44,7 @@ from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
-from ..vocab import target_logits
+from ..vocab import head_logits, on_target
 from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import check_drafts, rule_name
 
@@ -127,17 +127,20 @@ class DFlashDrafts:
         if not members:
             return drafts
         rows = [batch[b] for b in members]
-        logits = target_logits(self._logits(rows, members, batch, max(g[b] for b in members)),
-                               self.drafter.draft_vocab, self.target.vocab_size)  # (B', max g_b, V)
-        q = self.warping.probs(logits)  # (B', max g_b, V)
+        vocab = self.drafter.draft_vocab
+        logits = head_logits(self._logits(rows, members, batch, max(g[b] for b in members)), vocab,
+                             self.target.vocab_size)  # (B', max g_b, N or V): what the head may propose
+        probs = self.warping.probs(logits)  # (B', max g_b, N or V)
         for i, (b, row) in enumerate(zip(members, rows)):
-            q_b = q[i:i + 1, :g[b]]  # (1, g_b, V)
+            p_b = probs[i:i + 1, :g[b]]  # (1, g_b, N or V)
             if self.K == 1:
-                drafts[b] = Draft(self.sampling.sample(q_b, row.generator), q_b, calls=1)
+                q_b, tokens = on_target(p_b, self.sampling.sample(p_b, row.generator), vocab)
+                drafts[b] = Draft(tokens, q_b, calls=1)
             else:
                 argmax = logits[i:i + 1, :g[b]].argmax(-1)
-                drafts[b] = selection.Candidates(selection.draw_candidates(argmax, q_b, self.K, self.iid, row.generator),
-                                                 q_b, calls=1)
+                q_b, tokens = on_target(p_b, selection.draw_candidates(argmax, p_b, self.K, self.iid, row.generator),
+                                        vocab)
+                drafts[b] = selection.Candidates(tokens, q_b, calls=1)
         return drafts
 
     def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
