@@ -69,7 +69,8 @@ MODEL = {
                "feature_layers": Maybe([int]), "features": Maybe(int)},  # beside a DFlash drafter
     "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
                 "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
-                "defaults": Maybe(dict)},  # the draft settings it was trained for (check_recorded)
+                "defaults": Maybe(dict),  # the draft settings it was trained for (check_recorded)
+                "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},  # as a DFlash drafter's, below
     "dflash": {"kind": str, "name": str, "vocab_size": int, "mask_id": int, "block_size": int,
                "target_layer_ids": [int], "head_rows": int, "layers": int, "kv_heads": int, "head_dim": int,
                "features": int, "defaults": Maybe(dict),  # a DFlash drafter (graphs.dflash_spec)

@@ -87,13 +87,12 @@ class DraftVocab:
         at ids: (..., H) -> (..., N), where it lives and in its dtype; no gradient."""
         weight = cast(torch.Tensor, linear.weight).detach()
         bias = getattr(linear, "bias", None)
-        rows = nn.Linear(weight.shape[1], self.size, bias=bias is not None, device=weight.device, dtype=weight.dtype)
+        rows = nn.Linear(weight.shape[1], self.size, bias=bias is not None, device="meta")  # no random init
         index = self.ids.to(weight.device)
-        with torch.no_grad():
-            rows.weight.copy_(weight[index])
-            if bias is not None:
-                rows.bias.copy_(bias.detach()[index])
-        return rows.requires_grad_(False)
+        rows.weight = nn.Parameter(weight[index].clone(), requires_grad=False)
+        if bias is not None:
+            rows.bias = nn.Parameter(bias.detach()[index].clone(), requires_grad=False)
+        return rows
 
     def widen(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits (..., N) -> target logits (..., V): each at its target id, -inf elsewhere."""
@@ -241,9 +240,17 @@ def head_logits(logits: torch.Tensor, vocab: DraftVocab | None, vocab_size: int)
 def on_target(probs: torch.Tensor, ids: torch.Tensor, vocab: DraftVocab | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(probabilities over head_logits' rows (..., N or V), ids drawn among those rows (...)) ->
     (q over the target's V ids, the target ids): one draw in N rows instead of V."""
-    if vocab is None:
-        return probs, ids
-    return vocab.widen_probs(probs), vocab.ids.to(ids.device)[ids]
+    return target_probs(probs, vocab), target_ids(ids, vocab)
+
+
+def target_probs(probs: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
+    """Probabilities over head_logits' rows (..., N or V) -> over the target's V ids."""
+    return probs if vocab is None else vocab.widen_probs(probs)
+
+
+def target_ids(ids: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
+    """Rows of head_logits (...) -> the target ids they stand for."""
+    return ids if vocab is None else vocab.ids.to(ids.device)[ids]
 
 
 def target_logits(logits: torch.Tensor, vocab: DraftVocab | None, vocab_size: int) -> torch.Tensor:

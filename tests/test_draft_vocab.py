@@ -357,3 +357,31 @@ def test_a_missing_map_beside_the_graph_is_refused(exported, tmp_path):
     (copy / "draft_vocab.safetensors").unlink()
     with pytest.raises(LoadError):
         load_models("onnxruntime", copy)
+
+
+@pytest.mark.slow  # an export: CI's slow step
+def test_a_diffusion_drafter_with_a_map_on_onnxruntime_drafts_as_in_torch(tiny, reduced, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specdiff.runtimes import load_models
+    from specdiff_cli.main import cli
+
+    target, _, ref = reduced["gpt2"]
+    directory = shutil.copytree(tiny.drafter, tmp_path / "drafter")
+    emitted = sorted({t for o in ref.outputs for t in o.tokens})
+    vocab_of([t for t in range(300) if t not in emitted[::3]], tiny.tokenizer, 300).save(directory)
+    out = tmp_path / "export"
+    result = CliRunner().invoke(cli, ["export", "--target", str(tiny.gpt2), "--drafter", str(directory),
+                                      "--max-batch", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    graphs = load_models("onnxruntime", out)
+    assert graphs["drafter"].draft_vocab is not None
+    options = dict(method="specdiff", gamma=4, steps=2, max_new_tokens=MAX_NEW)
+    greedy = generate(PROMPTS, target=graphs["target"], drafter=graphs["drafter"], batch_size=3, **options)
+    assert [o.tokens for o in greedy.outputs] == [o.tokens for o in ref.outputs]
+    sampled = dict(options, temperature=1.0, seed=5)
+    on_graphs = generate(PROMPTS, target=graphs["target"], drafter=graphs["drafter"], **sampled)
+    in_torch = generate(PROMPTS, target=target, drafter=load_drafter(str(directory)), **sampled)
+    assert [o.tokens for o in on_graphs.outputs] == [o.tokens for o in in_torch.outputs]

@@ -28,6 +28,8 @@ class A2DDrafter(nn.Module):
     with the target (V; the mask is never proposed); length: the sequence length it was trained on,
     of which it keeps DRAFT_ROOM slots (or half) for the draft and reads the rest as context."""
 
+    draft_vocab = None  # the published head, every row (specdiff.vocab)
+
     def __init__(self, model: Any, *, mask_id: int, vocab_size: int, tokenizer: Any = None, source: str = "",
                  length: int = TRAINED_LENGTH):
         super().__init__()
@@ -40,10 +42,11 @@ class A2DDrafter(nn.Module):
         self.context_length = self.length - min(DRAFT_ROOM, self.length // 2)
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
-                  pad: torch.Tensor | None = None) -> torch.Tensor:
+                  pad: torch.Tensor | None = None, widen: bool = True) -> torch.Tensor:
         """(B, L) ids with mask slots, after pad[b] padding positions in row b -> logits of x0 over
         the real vocabulary at the last `last` positions (B, last, V) (default: all L), fp32; the
-        mask's column is -inf when it lies inside V."""
+        mask's column is -inf when it lies inside V. `widen`: DiffusionDrafter's; an A2D drafter
+        has no draft vocabulary (draft_vocab None), so its logits are always over V."""
         B, L = input_ids.shape
         device = input_ids.device
         pad = torch.zeros(B, dtype=torch.long, device=device) if pad is None else pad.to(device)

@@ -30,7 +30,7 @@ from ..errors import IncompatibleModelsError, UsageError
 from ..nets.dit import DDiT, DiTConfig
 from ..nets.parameterization import x0_logits
 from ..sampling import Generators, Sampling
-from ..vocab import DraftVocab, GatheredHead
+from ..vocab import DraftVocab, GatheredHead, target_ids, target_probs
 
 NOISE_EPS = 1e-3  # log-linear schedule of SEDD and MDLM
 
@@ -87,9 +87,14 @@ class DiffusionDrafter(nn.Module):
         if self.awaits_target:
             raise UsageError(f"drafter '{self.source}' reads its token embedding and output head from its "
                              "target: load it together with one")
-        if self._rows is None:
-            return self.backbone(input_ids, sigma, last, pad)
-        return self.backbone(input_ids, sigma, last, pad, self._rows(self.backbone.output_layer.linear))
+        head = self.head()
+        return self.backbone(input_ids, sigma, last, pad) if head is None else \
+            self.backbone(input_ids, sigma, last, pad, head)
+
+    def head(self) -> nn.Module | None:
+        """The rows of its output projection at its draft vocabulary's ids, gathered now if they
+        are not yet (an export gathers them before it traces); None without a draft vocabulary."""
+        return None if self._rows is None else self._rows(self.backbone.output_layer.linear)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> DiffusionDrafter:
         """.to() moves or casts the backbone; the draft vocabulary's rows are gathered again from it."""
@@ -114,13 +119,14 @@ class DiffusionDrafter(nn.Module):
             self._rows.reset()
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
-                  pad: torch.Tensor | None = None) -> torch.Tensor:
+                  pad: torch.Tensor | None = None, widen: bool = True) -> torch.Tensor:
         """(B, L) ids with mask slots (after pad[b] padding positions in row b) -> logits of x0
         over the real vocabulary at the last `last` positions (B, last, V) (default: all L), fp32,
         differentiable: x0_logits_from over this network. At masked slots their softmax is
-        exactly softmax(raw[..., :V]) (with a draft vocabulary: over its N rows, zero elsewhere)."""
+        exactly softmax(raw[..., :V]) (with a draft vocabulary: over its N rows, zero elsewhere;
+        widen=False: the N rows themselves, (B, last, N))."""
         return x0_logits_from(lambda ids, sigma: self(ids, sigma, last, pad), input_ids, self.parameterization,
-                              self.mask_id, self.vocab_size, last, pad, self.draft_vocab)
+                              self.mask_id, self.vocab_size, last, pad, self.draft_vocab, widen)
 
 
 Network = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids (B, L), sigma (B,)) -> raw (B, last, V_d)
@@ -128,7 +134,7 @@ Network = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids (B, L), s
 
 def x0_logits_from(network: Network, input_ids: torch.Tensor, parameterization: str, mask_id: int,
                    vocab_size: int, last: int | None = None, pad: torch.Tensor | None = None,
-                   vocab: DraftVocab | None = None) -> torch.Tensor:
+                   vocab: DraftVocab | None = None, widen: bool = True) -> torch.Tensor:
     """The one chain from a drafter's input to its x0 logits, whoever runs the network: drafting
     and training (DiffusionDrafter.x0_logits, which specdiff.training's losses read) and exported
     graphs (runtimes.models.GraphDrafter).
@@ -139,12 +145,12 @@ def x0_logits_from(network: Network, input_ids: torch.Tensor, parameterization: 
     the real vocabulary (B, last, vocab_size), fp32 (nets.parameterization.x0_logits). Out of place
     throughout, so gradients flow; the caller decides on no_grad (DiffusionProposer drafts under it).
     With a draft vocabulary the network's raw logits are its N rows (B, last, N), widened with -inf
-    outside the map: at masked slots that is the parameterisation's x0 distribution restricted to
-    the map, and drafting reads no other slot."""
+    outside the map (widen=False: not widened, (B, last, N)): at masked slots that is the
+    parameterisation's x0 distribution restricted to the map, and drafting reads no other slot."""
     sigma = loglinear_sigma(masked_fraction(input_ids, mask_id, pad))  # (B,)
     raw = network(input_ids, sigma)  # (B, last, V_drafter or N)
     if vocab is not None:
-        return vocab.widen(raw.float())
+        return vocab.widen(raw.float()) if widen else raw.float()
     return x0_logits(parameterization, raw, input_ids[:, -(last or 0):], sigma, mask_id, vocab_size)
 
 
@@ -242,6 +248,7 @@ class DiffusionProposer:
         record: the warping of the q recorded for each slot when it differs from the one the
         tokens are drawn with (`sampling`); specdiff.selection draws further candidates from it."""
         d = self.drafter
+        vocab = getattr(d, "draft_vocab", None)  # warped and drawn over its N rows (specdiff.vocab)
         ctx = context[:, -context_window(d, gamma):]  # (B, n)
         B, n = ctx.shape
         pad = None if lengths is None else (n - lengths).clamp_min(0)  # (B,) padding in the window
@@ -250,10 +257,10 @@ class DiffusionProposer:
         rows = torch.arange(B, device=ctx.device)[:, None]
         sizes = block_sizes(gamma, self.steps)
         for k in sizes:
-            logits = d.x0_logits(x, gamma, pad)  # (B, gamma, V)
+            logits = d.x0_logits(x, gamma, pad, widen=False)  # (B, gamma, V or N)
             probs = sampling.probs(logits)
             slots = self.schedule.pick(logits, x[:, n:] == d.mask_id, k)  # (B, k)
-            chosen = probs[rows, slots]  # (B, k, V)
-            x[rows, n + slots] = sampling.sample(chosen, generator)
-            q[rows, slots] = record.probs(logits[rows, slots]) if record else chosen
+            chosen = probs[rows, slots]  # (B, k, V or N)
+            x[rows, n + slots] = target_ids(sampling.sample(chosen, generator), vocab)
+            q[rows, slots] = target_probs(record.probs(logits[rows, slots]) if record else chosen, vocab)
         return Draft(tokens=x[:, n:], q=q, calls=len(sizes))

@@ -180,10 +180,10 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
         if isinstance(d, DFlashDrafter):
             assert t is not None  # _load: a DFlash drafter comes with its target
             module, spec, record = dflash_graph(d, t.vocab_size)
-            if d.draft_vocab is not None:
-                d.draft_vocab.save(tmp)  # record["draft_vocab"], hashed with the graphs
         else:
             module, spec, record = drafter_graph(d)
+        if d.draft_vocab is not None:
+            d.draft_vocab.save(tmp)  # record["draft_vocab"], hashed with the graphs
         components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset, d.mask_id)
         components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
     return {"dtype": dtype, "opset": opset, "limits": limits.to_json(), "tools": tool_versions(),

@@ -71,6 +71,7 @@ class Denoiser(nn.Module):
     def __init__(self, drafter: DiffusionDrafter):
         super().__init__()
         self.drafter = drafter
+        drafter.head()  # a draft vocabulary's rows gathered here, not inside the traced graph
 
     @staticmethod
     def pack(spec: GraphSpec, values: dict) -> tuple:
@@ -162,7 +163,11 @@ def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict]
               "time_conditioning": cfg.time_conditioning, "defaults": drafter.defaults, "head_rows": cfg.vocab_size,
               "untrained": drafter.untrained,
               "backbone": cfg.to_dict()}
-    return Denoiser(drafter.eval()), drafter_spec(cfg.vocab_size, cfg.time_conditioning), record
+    rows = cfg.vocab_size
+    if drafter.draft_vocab is not None:  # the graph's head is the map's N rows; the map goes beside the graph
+        rows = record["head_rows"] = drafter.draft_vocab.size
+        record.update(draft_vocab=VOCAB_FILE, vocab_rows=cfg.vocab_size)
+    return Denoiser(drafter.eval()), drafter_spec(rows, cfg.time_conditioning), record
 
 
 @contextlib.contextmanager

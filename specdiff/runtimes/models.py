@@ -103,12 +103,25 @@ class GraphTarget(CapturingRows):
             torch.cuda.synchronize(self.device)
 
 
+def exported_vocab(art: Artifacts, model: dict[str, Any]) -> DraftVocab | None:
+    """The draft vocabulary a drafter's record names (its file beside the graphs), None when none."""
+    if not model.get("draft_vocab"):
+        return None
+    vocab = load_draft_vocab(art.root)  # VOCAB_FILE, as `specdiff export` writes it
+    if vocab is None or vocab.size != model["head_rows"]:
+        raise LoadError(f"{art.root}: the drafter's draft vocabulary {model['draft_vocab']} is missing or not "
+                        f"of the graph's {model['head_rows']} rows")
+    return vocab
+
+
 class GraphDrafter:
     """A diffusion denoiser graph with the drafting interface of DiffusionDrafter.
     model: the manifest's `model` record of the drafter."""
 
-    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str):
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str,
+                 draft_vocab: DraftVocab | None = None):
         self.runtime = runtime
+        self.draft_vocab = draft_vocab  # the graph's logits are its N rows (specdiff.vocab)
         self.tokenizer = tokenizer
         self.source = model["name"]
         self.vocab_size = model["vocab_size"]
@@ -122,16 +135,18 @@ class GraphDrafter:
 
     @classmethod
     def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDrafter":
-        return cls(runtime, art.record("drafter")["model"], art.tokenizer, device)
+        model = art.record("drafter")["model"]
+        return cls(runtime, model, art.tokenizer, device, draft_vocab=exported_vocab(art, model))
 
     def x0_logits(self, input_ids: torch.Tensor, last: int | None = None,
-                  pad: torch.Tensor | None = None) -> torch.Tensor:
+                  pad: torch.Tensor | None = None, widen: bool = True) -> torch.Tensor:
         """(B, L) ids with mask slots (after pad[b] padding positions in row b) -> logits of x0
         over the real vocabulary at the last `last` positions (B, last, V) (default: all L),
-        fp32 (the graph computes all L)."""
+        fp32 (the graph computes all L); widen=False: a draft vocabulary's N rows, as
+        DiffusionDrafter.x0_logits."""
         if pad is not None and bool(pad.any()):  # no mask in the graph: rows of each padding unpadded
             groups = {n: (pad == n).nonzero()[:, 0] for n in pad.unique().tolist()}
-            parts = {n: self.x0_logits(input_ids[rows, n:], last) for n, rows in groups.items()}  # last given
+            parts = {n: self.x0_logits(input_ids[rows, n:], last, widen=widen) for n, rows in groups.items()}
             first = next(iter(parts.values()))
             out = first.new_empty(len(pad), *first.shape[1:])  # (B, last, V)
             for n, rows in groups.items():
@@ -141,7 +156,8 @@ class GraphDrafter:
         def network(ids: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:  # the graph computes all L
             feeds = {"input_ids": ids, **({"sigma": sigma} if self.time_conditioning else {})}
             return self.runtime.run(feeds)["logits"][:, -(last or 0):]  # (B, last, V_drafter)
-        return x0_logits_from(network, input_ids, self.parameterization, self.mask_id, self.vocab_size, last)
+        return x0_logits_from(network, input_ids, self.parameterization, self.mask_id, self.vocab_size, last,
+                              vocab=self.draft_vocab, widen=widen)
 
 
 class GraphDFlashDrafter:
@@ -172,11 +188,8 @@ class GraphDFlashDrafter:
     @classmethod
     def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDFlashDrafter":
         model = art.record("drafter")["model"]
-        vocab = load_draft_vocab(art.root) if model.get("draft_vocab") else None  # VOCAB_FILE, as export wrote it
-        if model.get("draft_vocab") and (vocab is None or vocab.size != model["head_rows"]):
-            raise LoadError(f"{art.root}: the drafter's draft vocabulary {model['draft_vocab']} is missing or not "
-                            f"of the graph's {model['head_rows']} rows")
-        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"], draft_vocab=vocab)
+        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"],
+                   draft_vocab=exported_vocab(art, model))
 
     @torch.no_grad()
     def __call__(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor, cache: ContextCache,
