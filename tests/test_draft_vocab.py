@@ -146,6 +146,14 @@ def test_dflash_with_a_draft_vocabulary_greedy_equals_ar(reduced, name, batch_si
     assert got.metrics.drafted > 0
 
 
+@pytest.mark.parametrize("options", [{"drafts": 3}, {"gamma": "auto"}], ids=["drafts-3", "gamma-auto"])
+def test_candidate_blocks_and_gamma_auto_with_a_draft_vocabulary_greedy_equal_ar(reduced, options):
+    target, drafter, ref = reduced["qwen3"]
+    got = generate(PROMPTS, target=target, drafter=drafter, method="dflash", max_new_tokens=MAX_NEW, batch_size=2,
+                   **{"gamma": 4, **options})
+    assert [o.tokens for o in got.outputs] == [o.tokens for o in ref.outputs]
+
+
 def test_the_reduced_head_drafts_only_inside_the_map(reduced):
     target, drafter, _ = reduced["gpt2"]
     drafts = generate(PROMPTS, target=target, drafter=drafter, method="dflash", gamma=4, temperature=1.0,
@@ -385,3 +393,26 @@ def test_a_diffusion_drafter_with_a_map_on_onnxruntime_drafts_as_in_torch(tiny, 
     on_graphs = generate(PROMPTS, target=graphs["target"], drafter=graphs["drafter"], **sampled)
     in_torch = generate(PROMPTS, target=target, drafter=load_drafter(str(directory)), **sampled)
     assert [o.tokens for o in on_graphs.outputs] == [o.tokens for o in in_torch.outputs]
+
+
+@pytest.mark.parametrize("rule,iid", [("select", False), ("multi", True)])
+def test_candidate_blocks_with_a_draft_vocabulary_have_the_target_distribution(small, rule, iid):
+    """K = 3 candidate blocks drawn over the map's rows (select: the argmax block then draws;
+    multi: i.i.d. draws, recursive rejection reading their q), verified as _verify_selected does."""
+    from specdiff import selection
+
+    target, drafters = small
+    s = exact.SAMPLINGS["t1"]
+    g = torch.Generator().manual_seed(11)
+    tokens, q = drafted_once(target, DFlashDrafts(target, drafters["map"], s, 3, iid=iid), g)  # (N, 3, gamma)
+    assert not bool((q[..., ~drafters["map"].draft_vocab.inside] > 0).any())
+    ctx = exact.CONTEXT.repeat_interleave(3, 0).repeat(exact.N, 1)
+    flat = tokens.reshape(exact.N * 3, exact.GAMMA)
+    seqs, inverse = torch.cat([ctx, flat], 1).unique(dim=0, return_inverse=True)
+    with torch.no_grad():
+        logits = target.model(seqs).logits[inverse, exact.CONTEXT.shape[1] - 1:]
+    p = s.target_probs(logits, ctx, flat).reshape(exact.N, 3, exact.GAMMA + 1, exact.V)
+    n, y, k = selection.RULES[rule](tokens, q, p, g)
+    cells = exact.first_tokens(target.model, tokens[torch.arange(exact.N), k], n, y, s, g)
+    assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
+    assert 0.05 < (n > 0).float().mean() < 0.95

@@ -8,7 +8,7 @@
 #                                             # shipped drafter by `drafter convert --draft-vocab`)
 #   scripts/smol/bench_vocab.sh table [OUT]   # dflash and specdiff (g=4), greedy and t=0.7 / top-p 0.95,
 #                                             # torch and ONNX Runtime, full head (DRAFTER_full) vs the
-#                                             # shipped map: two exports (OUT/onnx-*), 3 rounds each
+#                                             # shipped map: four exports (OUT/onnx-*), 2 rounds each
 # OUT defaults to build/smol/vocab. The maps come from scripts/smol/answer-counts.safetensors.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,9 +44,9 @@ for d in full shipped; do
   [ -f "$out/onnx-drafter-$d/manifest.json" ] ||
     specdiff export --target "$target" --drafter "$drafter" --out "$out/onnx-drafter-$d" >/dev/null
   specdiff bench --pair smol-dflash --drafter "$dflash" --methods ar,dflash --gamma 4 --temperature 0,0.7 \
-    --top-p 0.95 --repeats 3 --warmup 1 --check --artifacts "$out/onnx-dflash-$d" "${common[@]}" \
+    --top-p 0.95 --repeats 2 --warmup 0 --check --artifacts "$out/onnx-dflash-$d" "${common[@]}" \
     --out "$out/table-dflash-$d" > "$out/table-dflash-$d.txt"
   specdiff bench --pair smol --drafter "$drafter" --methods ar,specdiff --gamma 4 --steps 1 --temperature 0,0.7 \
-    --top-p 0.95 --repeats 3 --warmup 1 --check --artifacts "$out/onnx-drafter-$d" "${common[@]}" \
+    --top-p 0.95 --repeats 2 --warmup 0 --check --artifacts "$out/onnx-drafter-$d" "${common[@]}" \
     --out "$out/table-drafter-$d" > "$out/table-drafter-$d.txt"
 done
