@@ -144,3 +144,17 @@ def test_convert_reads_a_map_made_elsewhere(tiny, trained, tmp_path, form):
     assert result.exit_code == 0, (result.stderr, result.exception)
     vocab = load_draft_vocab(tmp_path / "cut")
     assert vocab is not None and torch.equal(vocab.ids, ids)
+
+
+def test_distill_refuses_to_start_from_a_diffusion_drafter_with_a_map(tiny, trained, tmp_path):
+    import shutil
+
+    out, _ = trained
+    drafter = shutil.copytree(tiny.drafter, tmp_path / "drafter")
+    shutil.copy(out / "draft_vocab.safetensors", drafter)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(TEXT * 8, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--drafter",
+                                      str(drafter), "--out", str(tmp_path / "out"), "--max-steps", "2",
+                                      "--num-prompts", "16", "--continuation-tokens", "16", "--threads", "1"])
+    assert result.exit_code != 0 and "has a draft vocabulary" in result.stderr and result.stderr.count("\n") == 1

@@ -25,6 +25,9 @@ def initial_drafter(cfg: DistillConfig, target: Teacher) -> DiffusionDrafter:
     if cfg.drafter is None:
         return _new_drafter(cfg, target.tokenizer)
     drafter = load_diffusion_drafter(cfg.drafter)
+    if drafter.draft_vocab is not None:  # its loss would be infinite at every answer token outside the map
+        raise UsageError(f"`drafter` {cfg.drafter} has a draft vocabulary (draft_vocab.safetensors): distill trains "
+                         "a diffusion drafter's whole head; start from it without the map and cut the head after")
     pair_models(target, drafter)
     if cfg.mask_token is not None and _mask_id(target.tokenizer, cfg.mask_token) != drafter.mask_id:
         raise UsageError(f"`mask_token` {cfg.mask_token!r} is not the mask id of {cfg.drafter} ({drafter.mask_id})")
