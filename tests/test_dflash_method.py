@@ -32,7 +32,7 @@ from specdiff.targets.causal import CausalLMTarget
 from specdiff_cli.main import cli
 
 import test_sampling_exact as exact
-from tiny import TEXT, make_dflash, make_llama, make_qwen3
+from tiny import TEXT, make_dflash, make_llama, make_qwen3, small_dflash_net
 
 WORDS = TEXT.split()
 PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 60, 2)]  # 30 prompts, 2-7 words
@@ -295,20 +295,11 @@ def test_output_does_not_depend_on_the_batch_size(models, target, options):
 @pytest.fixture(scope="module")
 def small():
     """The V = 8 target of test_sampling_exact and a DFlash drafter (block of 4: gamma 3) over it."""
-    from transformers import Qwen3Config
-
-    from specdiff.nets.dflash import DFlashNet, DFlashSpec
+    from specdiff.nets.dflash import DFlashSpec
 
     model = exact._gpt2(0, 60.0)
     target = CausalLMTarget(model, exact._tokenizer(), "v8")
-    torch.manual_seed(12)
-    net = DFlashNet(Qwen3Config(vocab_size=exact.V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                                max_position_embeddings=16), 1)
-    with torch.no_grad():
-        for p in net.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
+    net = small_dflash_net(exact.V)
     drafter = DFlashDrafter(net.eval(), DFlashSpec(exact.GAMMA + 1, exact.V - 1, (0,), 1))
     pair_models(target, drafter)
     return target, drafter

@@ -26,7 +26,8 @@ from specdiff.targets.causal import CausalLMTarget
 from specdiff.vocab import DraftVocab, fingerprint, from_counts, load_draft_vocab, read_map
 
 import test_sampling_exact as exact
-from tiny import make_dflash, make_llama, make_qwen3
+from test_dflash_method import drafted_once
+from tiny import make_dflash, make_llama, make_qwen3, small_dflash_net
 
 TARGETS = ("gpt2", "llama", "qwen3")
 PROMPTS = ["To be, or not to be", "It was the best of", "def main():", "The sea was calm and", "Call me"]
@@ -217,42 +218,18 @@ def test_diffusion_and_ar_steps_with_a_draft_vocabulary_have_the_target_distribu
 def small():
     """The V = 8 target of test_sampling_exact and DFlash drafters over one net: with the full head,
     with a map that leaves out the target's likeliest first token, and with that map one id off."""
-    from transformers import Qwen3Config
-
-    from specdiff.nets.dflash import DFlashNet, DFlashSpec
+    from specdiff.nets.dflash import DFlashSpec
 
     target = CausalLMTarget(exact._gpt2(0, 60.0), exact._tokenizer(), "v8")
-    torch.manual_seed(12)
-    net = DFlashNet(Qwen3Config(vocab_size=exact.V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                                max_position_embeddings=16), 1)
-    with torch.no_grad():
-        for p in net.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
+    net = small_dflash_net(exact.V)
     ids = likeliest_left_out(target.model)  # also leaves out V - 1: room to shift the map by one
     drafters = {}
     for name, vocab in (("full", None), ("map", ids), ("shifted", [t + 1 for t in ids])):
         spec = DFlashSpec(exact.GAMMA + 1, exact.V - 1, (0,), 1)
-        drafters[name] = DFlashDrafter(net.eval(), spec, draft_vocab=None if vocab is None else
+        drafters[name] = DFlashDrafter(net, spec, draft_vocab=None if vocab is None else
                                        vocab_of(vocab, target.tokenizer, exact.V))
         pair_models(target, drafters[name])
     return target, drafters
-
-
-def drafted_once(target, step, g):
-    """N rows of exact.CONTEXT drafted by `step` in one batched call -> (tokens (N, gamma), q)."""
-    from specdiff.decoding import Row
-
-    ctx = exact.CONTEXT.repeat(exact.N, 1)
-    rows = [Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g) for _ in range(exact.N)]
-    target.capture(step.layers)
-    try:
-        target.prefill(ctx[:, :-1])
-        drafts = step(rows, [exact.GAMMA] * exact.N)
-    finally:
-        target.capture(())
-    return torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])
 
 
 class Coupled:
@@ -273,8 +250,7 @@ class Coupled:
 @torch.no_grad()
 def samples(target, step, sampling, seed):
     g = torch.Generator().manual_seed(seed)
-    tokens, q = drafted_once(target, step, g)
-    ctx = exact.CONTEXT.repeat(exact.N, 1)
+    ctx, tokens, q = drafted_once(target, step, g)
     logits = target.model(torch.cat([ctx, tokens], 1)).logits[:, exact.CONTEXT.shape[1] - 1:]
     n, y = standard(tokens, q, sampling.target_probs(logits, ctx, tokens), g)
     return exact.first_tokens(target.model, tokens, n, y, sampling, g), n, tokens
@@ -404,7 +380,7 @@ def test_candidate_blocks_with_a_draft_vocabulary_have_the_target_distribution(s
     target, drafters = small
     s = exact.SAMPLINGS["t1"]
     g = torch.Generator().manual_seed(11)
-    tokens, q = drafted_once(target, DFlashDrafts(target, drafters["map"], s, 3, iid=iid), g)  # (N, 3, gamma)
+    _, tokens, q = drafted_once(target, DFlashDrafts(target, drafters["map"], s, 3, iid=iid), g)  # (N, 3, gamma)
     assert not bool((q[..., ~drafters["map"].draft_vocab.inside] > 0).any())
     ctx = exact.CONTEXT.repeat_interleave(3, 0).repeat(exact.N, 1)
     flat = tokens.reshape(exact.N * 3, exact.GAMMA)

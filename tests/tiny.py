@@ -137,6 +137,24 @@ def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: i
     return directory
 
 
+def small_dflash_net(V: int):
+    """A DFlash net of one layer, width 16, over a V-row vocabulary, random (normal 0.3, seed 12):
+    an adversarial drafter for the chi-square tests' V = 8 target."""
+    from transformers import Qwen3Config
+
+    from specdiff.nets.dflash import DFlashNet
+
+    torch.manual_seed(12)
+    net = DFlashNet(Qwen3Config(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                max_position_embeddings=16), 1)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return net.eval()
+
+
 def make_a2d(directory: Path, tokenizer, *, seed: int = 0, dim: int = 32, heads: int = 4, layers: int = 2,
              n_positions: int = 128, scale: float = 1.0) -> Path:
     """A random A2D masked-diffusion Qwen3 laid out as dllm publishes one (nets.a2d.save_a2d): a
