@@ -251,9 +251,3 @@ def target_probs(probs: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
 def target_ids(ids: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
     """Rows of head_logits (...) -> the target ids they stand for."""
     return ids if vocab is None else vocab.ids.to(ids.device)[ids]
-
-
-def target_logits(logits: torch.Tensor, vocab: DraftVocab | None, vocab_size: int) -> torch.Tensor:
-    """A drafter head's logits (..., N or its full rows) -> logits over the target's V tokens:
-    widened through the draft vocabulary, or the head's first V rows when it has none."""
-    return vocab.widen(logits) if vocab is not None else logits[..., :vocab_size]

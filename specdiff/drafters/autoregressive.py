@@ -18,7 +18,7 @@ from ..contracts import Draft
 from ..hf_cache import with_cache
 from ..sampling import Generators, Sampling
 from ..targets.causal import context_window, real_vocab_size
-from ..vocab import DraftVocab, GatheredHead, target_logits
+from ..vocab import DraftVocab, GatheredHead, on_target
 
 
 class ARDrafter(nn.Module):
@@ -39,13 +39,14 @@ class ARDrafter(nn.Module):
         return self.model(input_ids=input_ids).logits
 
     def next_logits(self, feed: torch.Tensor, **inputs: Any) -> torch.Tensor:
-        """The logits (B, V) over the target's vocabulary after feeding `feed` (B, S) with `inputs`
-        (cache, mask, positions): the head's first V rows, or its draft vocabulary's N rows widened."""
+        """The logits after feeding `feed` (B, S) with `inputs` (cache, mask, positions) of the ids
+        it may propose (vocab.head_logits): the head's first V rows (B, V), or its draft
+        vocabulary's N rows (B, N)."""
         if self._rows is None:
             return self.model(input_ids=feed, use_cache=True, **inputs).logits[:, -1, :self.vocab_size]
         hidden = self.model.base_model(input_ids=feed, use_cache=True, **inputs).last_hidden_state[:, -1]  # (B, H)
         head = self._rows(self.model.get_output_embeddings())
-        return target_logits(head(hidden.to(head.weight.dtype)).float(), self.draft_vocab, self.vocab_size)
+        return head(hidden.to(head.weight.dtype)).float()
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> ARDrafter:
         """.to() moves or casts the model; the draft vocabulary's rows are gathered again from it."""
@@ -88,8 +89,9 @@ class ARProposer:
         tokens, qs = [], []
         for _ in range(gamma):
             logits = self.drafter.next_logits(feed, **with_cache(model, self._cache), **ragged.step(feed))
-            q = sampling.probs(logits)  # (B, V)
-            feed = sampling.sample(q, generator)[:, None]  # (B, 1)
+            p = sampling.probs(logits)  # (B, V or N): warped and drawn over the rows it may propose
+            q, drawn = on_target(p, sampling.sample(p, generator), self.drafter.draft_vocab)  # (B, V), (B,)
+            feed = drawn[:, None]  # (B, 1)
             tokens.append(feed)
             qs.append(q)
         self._cached = torch.cat([context, *tokens[:-1]], dim=1)[0].cpu()

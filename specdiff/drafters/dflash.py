@@ -15,7 +15,8 @@ Slot k of the result (k = 1..S-1, row k - 1) predicts the token at position star
 Without a draft vocabulary the logits cover every row of the target's head and a method keeps the
 first V (the tokenizer's real vocabulary), as the target's own logits do. With one (specdiff.vocab,
 draft_vocab.safetensors beside the weights) the head is the target's rows at its N ids, gathered
-once when bound, and the logits are (..., N): vocab.target_logits widens them.
+once when bound, and the logits are (..., N): methods.dflash draws over them and widens q
+(vocab.head_logits, vocab.on_target).
 """
 
 from __future__ import annotations
