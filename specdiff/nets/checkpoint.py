@@ -79,9 +79,10 @@ def is_own_format(config: dict) -> bool:
 
 
 def save_tensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """save_file (with `metadata`, strings, beside its "format"), whose I/O errors (disk full, file too large) are OSErrors, as Python's own writes',
-    and whose file gets an ordinary file's mode (0o666 less the umask): safetensors writes 0o600,
-    which left weights beside 0o644 configs unreadable to other users."""
+    """save_file (with `metadata`, strings, beside its "format"), whose I/O errors (disk full, file
+    too large) are OSErrors, as Python's own writes', and whose file gets an ordinary file's mode
+    (0o666 less the umask): safetensors writes 0o600, which left weights beside 0o644 configs
+    unreadable to other users."""
     try:
         save_file(state, str(path), metadata={**(metadata or {}), "format": "pt"})
     except SafetensorError as e:
