@@ -4,10 +4,12 @@ The map itself: EAGLE-3's d2t / t2d and SGLang's hot-id list read and refused as
 the n most frequent ids with the always-kept ones, and a map counted on another tokenizer of the
 same size refused at pairing. Exactness with a map that leaves out tokens the target emits (so
 the residual path runs): DFlash greedy output token-identical to ar on the tiny GPT-2 / Llama /
-Qwen3 targets, batched; one sampled step has the target's distribution at temperature 1 and 0.7
-with top-k, and three broken couplings of draft and q fail the same chi-square test: q
-renormalised over the full head, a draft token outside the map treated as proposed, and the map
-applied one id off to q."""
+Qwen3 targets, batched, with candidate blocks and gamma auto; diffusion and AR drafters too, and
+the exported DFlash and diffusion graphs; one sampled step has the target's distribution (standard
+at temperature 1 and 0.7 with top-k, match, select and multi over candidate blocks; the l2r
+diffusion schedule and the AR drafter), and three broken couplings of draft and q fail the same
+chi-square test: q renormalised over the full head, a draft token outside the map treated as
+proposed, and the map applied one id off to q."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.acceptance import standard
+from specdiff.acceptance import match, standard
 from specdiff.contracts import Draft
 from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.errors import IncompatibleModelsError, LoadError
@@ -248,19 +250,20 @@ class Coupled:
 
 
 @torch.no_grad()
-def samples(target, step, sampling, seed):
+def samples(target, step, sampling, seed, rule=standard):
     g = torch.Generator().manual_seed(seed)
     ctx, tokens, q = drafted_once(target, step, g)
     logits = target.model(torch.cat([ctx, tokens], 1)).logits[:, exact.CONTEXT.shape[1] - 1:]
-    n, y = standard(tokens, q, sampling.target_probs(logits, ctx, tokens), g)
+    n, y = rule(tokens, q, sampling.target_probs(logits, ctx, tokens), g)
     return exact.first_tokens(target.model, tokens, n, y, sampling, g), n, tokens
 
 
-@pytest.mark.parametrize("sampling", ["t1", "t0.7-top3"])
-def test_a_dflash_step_with_a_draft_vocabulary_has_the_target_distribution(small, sampling):
+@pytest.mark.parametrize("sampling,rule", [("t1", standard), ("t0.7-top3", standard), ("t1", match)],
+                         ids=["t1-standard", "t0.7-top3-standard", "t1-match"])
+def test_a_dflash_step_with_a_draft_vocabulary_has_the_target_distribution(small, sampling, rule):
     target, drafters = small
     s = exact.SAMPLINGS[sampling]
-    cells, n, tokens = samples(target, Coupled(target, s, drafters["map"], drafters["map"]), s, seed=11)
+    cells, n, tokens = samples(target, Coupled(target, s, drafters["map"], drafters["map"]), s, seed=11, rule=rule)
     assert not bool(torch.isin(tokens, torch.tensor([t for t in range(exact.V)
                                                     if t not in drafters["map"].draft_vocab.ids])).any())
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
