@@ -34,6 +34,7 @@ from tiny import make_dflash, make_llama, make_qwen3, small_dflash_net
 TARGETS = ("gpt2", "llama", "qwen3")
 PROMPTS = ["To be, or not to be", "It was the best of", "def main():", "The sea was calm and", "Call me"]
 MAX_NEW = 24
+SLOW = pytest.mark.slow  # 6-9 s each: the default suite keeps one case of each test, CI's slow step the rest
 
 
 def vocab_of(ids: list[int], tokenizer, V: int, built_from: str = "test") -> DraftVocab:
@@ -190,7 +191,7 @@ def likeliest_left_out(target_model) -> list[int]:
     return [t for t in range(exact.V - 1) if t != likeliest]
 
 
-@pytest.mark.parametrize("kind,sampling", [("diffusion", "t1"), ("ar", "t0.7-top3")])
+@pytest.mark.parametrize("kind,sampling", [("diffusion", "t1"), pytest.param("ar", "t0.7-top3", marks=SLOW)])
 def test_diffusion_and_ar_steps_with_a_draft_vocabulary_have_the_target_distribution(kind, sampling):
     """The l2r diffusion schedule (T = 2) and the AR drafter under the standard rule, with a map
     that leaves out the target's likeliest first token."""
@@ -258,7 +259,8 @@ def samples(target, step, sampling, seed, rule=standard):
     return exact.first_tokens(target.model, tokens, n, y, sampling, g), n, tokens
 
 
-@pytest.mark.parametrize("sampling,rule", [("t1", standard), ("t0.7-top3", standard), ("t1", match)],
+@pytest.mark.parametrize("sampling,rule", [("t1", standard), pytest.param("t0.7-top3", standard, marks=SLOW),
+                                           pytest.param("t1", match, marks=SLOW)],
                          ids=["t1-standard", "t0.7-top3-standard", "t1-match"])
 def test_a_dflash_step_with_a_draft_vocabulary_has_the_target_distribution(small, sampling, rule):
     target, drafters = small
@@ -274,9 +276,9 @@ BROKEN = {"q-over-the-full-head": ("map", "full"), "out-of-map-token-proposed": 
           "map-one-id-off": ("map", "shifted")}
 
 
-@pytest.mark.parametrize("sampling", ["t1", "t0.7-top3"])
-@pytest.mark.parametrize("broken", [pytest.param(b, marks=[] if b == "out-of-map-token-proposed" else pytest.mark.slow)
-                                    for b in sorted(BROKEN)])  # 9 s each: the rest in CI's slow step
+@pytest.mark.parametrize("sampling", ["t1", pytest.param("t0.7-top3", marks=SLOW)])
+@pytest.mark.parametrize("broken", [pytest.param(b, marks=[] if b == "out-of-map-token-proposed" else SLOW)
+                                    for b in sorted(BROKEN)])
 def test_a_broken_coupling_of_map_and_q_fails_the_same_test(small, broken, sampling):
     target, drafters = small
     s = exact.SAMPLINGS[sampling]
@@ -374,7 +376,7 @@ def test_a_diffusion_drafter_with_a_map_on_onnxruntime_drafts_as_in_torch(tiny, 
     assert [o.tokens for o in on_graphs.outputs] == [o.tokens for o in in_torch.outputs]
 
 
-@pytest.mark.parametrize("rule,iid", [("select", False), ("multi", True)])
+@pytest.mark.parametrize("rule,iid", [pytest.param("select", False, marks=SLOW), ("multi", True)])
 def test_candidate_blocks_with_a_draft_vocabulary_have_the_target_distribution(small, rule, iid):
     """K = 3 candidate blocks drawn over the map's rows (select: the argmax block then draws;
     multi: i.i.d. draws, recursive rejection reading their q), verified as _verify_selected does."""
