@@ -28,7 +28,9 @@ def init(target: str, out: str, layers: int, dim: int, heads: int, context: int,
 
 @drafter.command("convert")
 @click.argument("src")
-@click.option("--out", required=True, metavar="DIR", help="New drafter directory (project format).")
+@click.option("--out", required=True, metavar="DIR",
+              help="New drafter directory (the project's format for a diffusion drafter; a DFlash or AR "
+                   "drafter keeps its own).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="fp32 is lossless; fp16 halves the size.")
 @click.option("--context", type=int, default=None, metavar="N",
