@@ -4,9 +4,10 @@ row d standing for the target id ids[d]; its q is zero at every other target id.
 Invariant: the target verifies over its full vocabulary, and every rule reads q only at the drafted
 tokens and through the residual max(0, p - q) (or not at all), so a q that is zero outside the N ids
 keeps each exact rule exact; only acceptance drops, by the target's mass outside them
-(docs/lossless.md, "Draft vocabularies"). `widen` is the one place where draft logits become
-target logits: -inf outside the N ids, so the warping (temperature, top-k, top-p), the argmax and
-every rule downstream run unchanged on (..., V).
+(docs/lossless.md, "Draft vocabularies"). Draft rows become target ids in one place each: `widen`
+(logits, -inf outside the N ids, so a warping, the argmax and every rule run unchanged on
+(..., V)), `widen_probs` / `target_probs` (q, zero outside) and `target_ids` (drawn rows); the
+drafters warp and draw over their N rows and widen after (the same distribution, N rows' work).
 
 A map only means something for the tokenizer it was counted on: a map of another target of the same
 size would silently repoint every draft id (SpecForge PR #764). Each map records the target's
@@ -162,17 +163,24 @@ def ids_from_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str) -> tor
     return ids
 
 
+def _buffers(path: Path) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, str]]:
+    """A .safetensors map -> (d2t, t2d or None, its metadata); one LoadError if unreadable."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            t2d = f.get_tensor("t2d") if "t2d" in set(f.keys()) else None
+            return f.get_tensor("d2t"), t2d, f.metadata() or {}
+    except Exception as e:  # safetensors' own error types for corrupt files, a missing tensor
+        raise LoadError(f"{path}: cannot read a draft vocabulary ({str(e).strip().splitlines()[0]})") from e
+
+
 def load_draft_vocab(directory: Path) -> DraftVocab | None:
     """The VOCAB_FILE of a drafter directory (None: it has none, the full head)."""
     path = directory / VOCAB_FILE
     if not path.exists():
         return None
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
-    except Exception as e:  # safetensors' own error types for corrupt files, a missing tensor
-        raise LoadError(f"{path}: cannot read the draft vocabulary ({str(e).strip().splitlines()[0]})") from e
+    d2t, t2d, meta = _buffers(path)
+    if t2d is None:
+        raise LoadError(f"{path}: no t2d: it does not say the size of the target vocabulary it was built for")
     if not meta.get("fingerprint"):
         raise LoadError(f"{path}: no fingerprint: it does not say which target vocabulary it was built for")
     try:
@@ -187,24 +195,18 @@ def read_map(path: Path, tokenizer: Any, vocab_size: int, built_from: str = "") 
     """A map made elsewhere, for the target whose tokenizer and V are given: a .safetensors file with
     EAGLE-3's d2t (and t2d), or SGLang's hot-id file (.pt: a list or 1-D tensor of target ids,
     loaded with weights_only). The ids are sorted; a t2d of another size than V is refused."""
-    try:
-        if path.suffix == ".safetensors":
-            with safe_open(str(path), framework="pt") as f:
-                names = set(f.keys())
-                d2t = f.get_tensor("d2t")
-                t2d = f.get_tensor("t2d") if "t2d" in names else None
-            if t2d is not None and len(t2d) != vocab_size:
-                raise LoadError(f"{path}: t2d covers {len(t2d)} target ids; this target has {vocab_size}")
-            ids = ids_from_d2t(d2t, t2d, str(path))
-        else:
-            hot = torch.load(path, weights_only=True)
-            ids = torch.as_tensor(hot)
-            if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
-                raise LoadError(f"{path}: a hot-id map is a 1-D list of integer target ids")
-    except LoadError:
-        raise
-    except Exception as e:  # torch's and safetensors' errors for unreadable files
-        raise LoadError(f"{path}: cannot read a draft vocabulary map ({str(e).strip().splitlines()[0]})") from e
+    if path.suffix == ".safetensors":
+        d2t, t2d, _ = _buffers(path)
+        if t2d is not None and len(t2d) != vocab_size:
+            raise LoadError(f"{path}: t2d covers {len(t2d)} target ids; this target has {vocab_size}")
+        ids = ids_from_d2t(d2t, t2d, str(path))
+    else:
+        try:
+            ids = torch.as_tensor(torch.load(path, weights_only=True))
+        except Exception as e:  # torch's errors for unreadable files
+            raise LoadError(f"{path}: cannot read a draft vocabulary ({str(e).strip().splitlines()[0]})") from e
+        if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise LoadError(f"{path}: a hot-id map is a 1-D list of integer target ids")
     ids = ids.long().sort().values
     if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
         raise LoadError(f"{path}: a target id appears twice in the map")

@@ -144,6 +144,11 @@ class DFlashDrafter(nn.Module):
         return self.net(embed(block).to(self.net.fc.weight.dtype), context, positions, cache, context_valid, attn_mask)
 
     @property
+    def spec(self) -> DFlashSpec:
+        """What its config.json records beyond the layers' shape (nets.dflash.save_dflash writes it)."""
+        return DFlashSpec(self.block_size, self.mask_id, tuple(self.target_layer_ids), self.num_target_layers)
+
+    @property
     def head_rows(self) -> int:
         """The rows its head scores: N with a draft vocabulary, else vocab_rows."""
         return self.vocab_rows if self.draft_vocab is None else self.draft_vocab.size

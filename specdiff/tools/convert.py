@@ -28,7 +28,7 @@ from ..drafters.diffusion import DiffusionDrafter
 from ..errors import LoadError, UsageError
 from ..loading import load_diffusion_drafter, load_drafter, load_target
 from ..nets.checkpoint import save_own
-from ..nets.dflash import DFlashSpec, save_dflash
+from ..nets.dflash import save_dflash
 from ..registry import Registry, as_registry
 from ..vocab import DraftVocab, read_map
 from ..training.vocab import build_vocab
@@ -88,21 +88,19 @@ def _vocab(drafter: Any, n: int | None, frequencies: str | Path | None, vocab_ma
         tokenizer = load_target(target, dtype="fp32", registry=registry).tokenizer
     if tokenizer is None:
         raise UsageError(f"drafter '{drafter.source}' carries no tokenizer: name its `target` to count tokens with")
-    banned = drafter.mask_id if isinstance(drafter, DiffusionDrafter) and drafter.mask_id < len(tokenizer) else None
     if vocab_map is not None:
         try:
             return read_map(Path(vocab_map), tokenizer, len(tokenizer))
         except LoadError as e:
             raise UsageError(str(e)) from e
     assert n is not None and frequencies is not None  # convert_drafter: both, or vocab_map
+    banned = drafter.mask_id if isinstance(drafter, DiffusionDrafter) and drafter.mask_id < len(tokenizer) else None
     return build_vocab(Path(frequencies), n, tokenizer, banned=banned)
 
 
 def _save(drafter: Any, out: Path, dtype: torch.dtype, context: int | None) -> None:
     if isinstance(drafter, DFlashDrafter):
-        spec = DFlashSpec(drafter.block_size, drafter.mask_id, tuple(drafter.target_layer_ids),
-                          drafter.num_target_layers)
-        save_dflash(out, drafter.net, spec, dtype)
+        save_dflash(out, drafter.net, drafter.spec, dtype)
     elif isinstance(drafter, ARDrafter):
         drafter.model.to(dtype).save_pretrained(str(out))
     else:

@@ -181,7 +181,7 @@ class DFlashTask:
         return round(sum(values) / len(values), 5)
 
     def save(self, directory: Path) -> None:
-        save_dflash(directory, self.module.net, spec_of(self.module))
+        save_dflash(directory, self.module.net, self.module.spec)
         if self.module.draft_vocab is not None:
             self.module.draft_vocab.save(directory)
 
@@ -199,10 +199,6 @@ def restricted(vocab: DraftVocab, labels: torch.Tensor, soft: tuple[torch.Tensor
     inside = ids >= 0
     p_out = (p * ~inside).sum(-1, keepdim=True)
     return index[labels], (ids.clamp(min=0), torch.where(inside, p, 0) / (1 - p_out).clamp(min=1e-6))
-
-
-def spec_of(drafter: DFlashDrafter) -> DFlashSpec:
-    return DFlashSpec(drafter.block_size, drafter.mask_id, tuple(drafter.target_layer_ids), drafter.num_target_layers)
 
 
 def new_drafter(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
