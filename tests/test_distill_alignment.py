@@ -47,8 +47,9 @@ def seqs(tiny):
     target = load_target(str(tiny.gpt2))
     ids = torch.tensor(target.tokenizer.encode(TEXT * 2))
     prompts = torch.stack([ids[i:i + P] for i in range(0, 60, 10)])
-    return continue_batch(target.model, prompts, L, target.vocab_size, Sampling(1.0),
-                          torch.Generator().manual_seed(0), None, soft_labels=K)
+    seqs, _ = continue_batch(target.model, prompts, L, target.vocab_size, Sampling(1.0),
+                             torch.Generator().manual_seed(0), None, soft_labels=K)
+    return seqs
 
 
 def _batch(seqs, drafter, seed=0):

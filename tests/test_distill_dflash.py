@@ -18,9 +18,11 @@ from specdiff import generate, load_drafter, load_target
 from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.training.config import DistillConfig
 from specdiff.training.dflash import block_logits, new_drafter
+from specdiff.sampling import Sampling
 from specdiff.training.features import sequence_features
+from specdiff.training.teacher import continue_batch
 from specdiff_cli.main import cli
-from tiny import TEXT
+from tiny import TEXT, make_llama
 
 SMALL = ["--method", "dflash", "--layers", "1", "--heads", "2", "--gamma", "4", "--num-prompts", "32",
          "--continuation-tokens", "24", "--batch-size", "8", "--anchors", "3", "--lr", "3e-3",
@@ -66,6 +68,39 @@ def test_a_training_block_is_exactly_a_drafting_call(tiny, tmp_path, pad):
             assert torch.allclose(trained[0, j], drafted[0], atol=1e-4), (pad, a)
     moved = block_logits(drafter, padded, features, torch.tensor([pad]), anchors + 1)
     assert not torch.allclose(moved[0, 0], trained[0, 0], atol=1e-2)  # the check can tell blocks apart
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_features_taken_while_generating_are_those_of_the_sequences(tiny, tmp_path, name):
+    """The teacher loop's features (prefill, one step per token, one more for the last) are the
+    target's hidden states of the finished rows, padding zero, as features.py computes them."""
+    path = tiny.gpt2 if name == "gpt2" else make_llama(tmp_path / "llama", tiny.tokenizer, scale=10, seed=4)
+    target = load_target(str(path))
+    ids = torch.tensor(target.tokenizer.encode(TEXT))
+    pad = torch.tensor([0, 2, 5])
+    prompts = torch.stack([ids[i:i + 12] for i in (0, 5, 9)])
+    prompts[torch.arange(12) < pad[:, None]] = 0
+    seqs, feats = continue_batch(target.model, prompts, 10, target.vocab_size, Sampling(1.0),
+                                 torch.Generator().manual_seed(0), None, pad=pad, layer_ids=(0, 1))
+    want = sequence_features(target.model, seqs.ids, pad, (0, 1))
+    assert feats.shape == want.shape == (3, 22, 2 * target.model.config.hidden_size)
+    torch.testing.assert_close(feats.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_features_of_rows_that_all_ended_stop_at_their_end(tiny):
+    """Every row ends (greedy, eos = the token it says at step 3): the loop stops; the features up to
+    there are the hidden states, the rest zeros (never read: anchors stay before each row's eos)."""
+    target = load_target(str(tiny.gpt2))
+    prompts = torch.tensor(target.tokenizer.encode(TEXT)[:8]).repeat(2, 1)
+    run = lambda eos: continue_batch(target.model, prompts, 12, target.vocab_size, Sampling(0.0),  # noqa: E731
+                                     torch.Generator().manual_seed(0), None, eos_id=eos, layer_ids=(1,))
+    plain, _ = run(None)
+    eos = int(plain.ids[0, 8 + 3])
+    end = 8 + int((plain.ids[0, 8:] == eos).long().argmax())  # the column of its first eos
+    seqs, feats = run(eos)
+    want = sequence_features(target.model, seqs.ids, torch.zeros(2, dtype=torch.long), (1,))
+    torch.testing.assert_close(feats[:, :end].float(), want[:, :end].float(), atol=2e-3, rtol=2e-3)
+    assert end < 19 and not feats[:, end:].any()
 
 
 def test_cli_run_lowers_validation_loss_and_publishes_a_dflash_checkpoint(trained):

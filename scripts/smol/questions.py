@@ -1,6 +1,7 @@
 """Instruction prompts for the smol pair, written from text that Python itself carries.
 
-    python scripts/smol/questions.py
+    python scripts/smol/questions.py            # the shipped training and held-out files
+    python scripts/smol/questions.py --large OUT  # a broad training set for the teacher data at scale
 
 Questions about the standard library (each public function's or class's docstring: what it does,
 how to use it, its summary explained), about its modules, about the language reference's help
@@ -11,6 +12,12 @@ questions (package data, `specdiff bench --pair smol` reads them) are drawn from
 Writes prompts/smol-train.txt (one question a line) and specdiff/data/prompts/smol-heldout.jsonl
 ({"prompt", "source"} a line). Deterministic on a given Python version: the same interpreter gives
 byte-identical files. Standard library only.
+
+`--large` writes about 34k training questions to OUT (answers.sh keeps it in its work folder), in
+a stable shuffled order (distill holds out the file's last tenth): every importable standard-library
+module outside HELD_OUT_MODULES (sys.stdlib_module_names), every public function, class and method
+with a one-sentence docstring, each in all LARGE_TEMPLATES, every help topic outside HELD_OUT_TOPICS
+in four phrasings, the FAQ; no question names a held-out module.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import hashlib
 import importlib
 import inspect
 import json
+import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -38,6 +47,7 @@ textwrap""".split()
 HELD_OUT_MODULES = ("calendar", "difflib", "fractions", "textwrap")
 HELD_OUT_TOPICS = ("assert", "with", "lambda", "yield")
 MAX_PER_MODULE = 40
+LARGE_PER_MODULE = 400
 HELDOUT_COUNT = 32
 
 
@@ -62,6 +72,60 @@ def object_questions(name: str, text: str) -> list[str]:
                  f"Write a small Python program that uses `{name}` and explain it.")
     first = pick(name, len(templates))
     return [templates[first], templates[(first + 1) % len(templates)]]
+
+
+LARGE_TEMPLATES = (
+    "What does `{name}` do in Python?",
+    "How do I use `{name}` in Python? Show a short example.",
+    "Explain this line of the Python documentation for `{name}` in simple words: {text}",
+    "Write a small Python program that uses `{name}` and explain it.",
+    "What are the arguments of `{name}` and what does it return?",
+    "When should I use `{name}` in Python, and when not?",
+    "What is a common mistake when using `{name}`?",
+    "Summarise in one paragraph: {text}",
+)
+LARGE_TOPICS = ("Explain {word} in Python, with an example.", "What should a beginner know about {word} in Python?",
+                "Give me three short examples of {word} in Python.", "What goes wrong most often with {word} in Python?")
+
+
+def public_objects(module: str, mod: object) -> list[tuple[str, object]]:
+    """(dotted name, object) of a module's own public functions and classes, and their methods."""
+    out: list[tuple[str, object]] = []
+    for n in sorted(n for n in getattr(mod, "__all__", dir(mod)) if not n.startswith("_")):
+        obj = getattr(mod, n, None)
+        if obj is None or not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+            continue
+        if (getattr(obj, "__module__", None) or module).split(".")[0].lstrip("_") != module.split(".")[0]:
+            continue  # re-exported from elsewhere
+        out.append((f"{module}.{n}", obj))
+        if inspect.isclass(obj):
+            out += [(f"{module}.{n}.{m}", getattr(obj, m)) for m in sorted(vars(obj))
+                    if not m.startswith("_") and callable(getattr(obj, m, None))]
+    return out
+
+
+def large_questions() -> list[str]:
+    """The broad training set (see the module docstring)."""
+    import pydoc_data.topics
+
+    out: list[str] = []
+    skip = {*HELD_OUT_MODULES, "this", "antigravity"}  # the last two print or open a browser on import
+    for module in sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in skip):
+        try:
+            mod = importlib.import_module(module)
+        except Exception:  # modules of other platforms, or with side effects on import
+            continue
+        out += [t.format(name=module, text="") for t in LARGE_TEMPLATES[:2] + LARGE_TEMPLATES[5:7]]
+        for name, obj in public_objects(module, mod)[:LARGE_PER_MODULE]:
+            text = summary(obj)
+            if text:
+                out += [t.format(name=name, text=text) for t in LARGE_TEMPLATES]
+    for topic in sorted(set(pydoc_data.topics.topics) - set(HELD_OUT_TOPICS)):
+        out += [t.format(word=topic.replace("-", " ")) for t in LARGE_TOPICS]
+    out += [line for line in FAQ.read_text(encoding="utf-8").splitlines() if line.strip()]
+    held = re.compile(r"\b(" + "|".join(HELD_OUT_MODULES) + r")\b")
+    kept = [q for q in dict.fromkeys(out) if not held.search(q)]
+    return sorted(kept, key=lambda q: pick(q, 1 << 30))  # the held-out tail of the file: a random share
 
 
 def module_questions(module: str) -> list[str]:
@@ -92,6 +156,11 @@ def main() -> None:
     import pydoc_data.topics
 
     warnings.simplefilter("ignore")
+    if sys.argv[1:2] == ["--large"]:
+        questions = large_questions()
+        Path(sys.argv[2]).write_text("".join(q + "\n" for q in questions), encoding="utf-8")
+        print(f"{len(questions)} training questions -> {sys.argv[2]}")
+        return
     train: list[str] = []
     held: list[dict] = []
     for module in MODULES:

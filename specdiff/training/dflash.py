@@ -52,7 +52,7 @@ from .checkpoints import TrainState, latest_checkpoint, publish, undone_if_diver
 from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory
 from .data import data_spec
 from .evaluation import evaluate_drafter
-from .features import cached_features, padding
+from .features import cached_features, features_directory, padding
 from .losses import kl_per_slot
 from .loop import train
 from .teacher import Sequences, build_sequences
@@ -313,10 +313,11 @@ def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
     target's features of it (cached or computed)."""
     P = cfg.prompt_tokens or CHAT_PROMPT_TOKENS
     data = data_directory(cfg)
-    train_seqs, val_seqs, generate_s = build_sequences(data, target, data_spec(cfg, target, P, None), progress)
+    layers = drafter.target_layer_ids
+    train_seqs, val_seqs, generate_s = build_sequences(data, target, data_spec(cfg, target, P, None), progress,
+                                                       (features_directory(data, layers), layers))
     pad_id = target.tokenizer.pad_token_id if cfg.chat else None
-    train_f, val_f = cached_features(data, target.model, train_seqs, val_seqs, pad_id, drafter.target_layer_ids,
-                                     progress)
+    train_f, val_f = cached_features(data, target.model, train_seqs, val_seqs, pad_id, layers, progress)
     eos = target.eos_token_id if cfg.chat else None
     sets = [corpus(s, f, pad_id, P, cfg.gamma, eos) for s, f in ((train_seqs, train_f), (val_seqs, val_f))]
     for name, s in zip(("training", "held-out"), sets):

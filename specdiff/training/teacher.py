@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 import torch
 from safetensors.torch import load_file
@@ -40,6 +40,7 @@ from ..atomic import new_file
 from ..errors import UsageError
 from ..hf_cache import returned_cache, with_cache
 from ..nets.checkpoint import save_tensors
+from ..nets.dflash import context_features
 from ..sampling import Sampling
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
@@ -118,20 +119,24 @@ def windows(tokens: torch.Tensor, count: int, length: int, generator: torch.Gene
 @torch.no_grad()
 def continue_batch(model: Any, prompts: torch.Tensor, length: int, vocab: int, teacher: Sampling,
                    generator: torch.Generator, banned_id: int | None, soft_labels: int = 0,
-                   pad: torch.Tensor | None = None, eos_id: int | None = None) -> Sequences:
+                   pad: torch.Tensor | None = None, eos_id: int | None = None,
+                   layer_ids: Sequence[int] = ()) -> tuple[Sequences, torch.Tensor | None]:
     """The target's continuation of equal-length prompts (B, P) -> (B, P + length), drawn from
     `teacher` (the target's p warped by its temperature / top-p), one batched decoding loop over
     its KV cache; with soft_labels = k, p's k most likely ids and probabilities at each
     continuation position (B, length, k). pad (B,): left padding of each prompt, kept out of
     attention and positions. eos_id: a row that has said it says it again (soft label one-hot on
-    it), and the loop stops once every row has."""
+    it), and the loop stops once every row has. layer_ids: also the outputs of those target layers
+    at every position (B, P + length, len(layer_ids) * H) fp16 (zeros on padding and past the stop),
+    the features of features.py taken from the same calls (one more step reads the last token), else
+    None."""
     B, P = prompts.shape
     pad = torch.zeros(B, dtype=torch.long, device=prompts.device) if pad is None else pad.to(prompts.device)
     mask = (torch.arange(P, device=prompts.device) >= pad[:, None]).long()  # (B, P)
     done = torch.zeros(B, dtype=torch.bool, device=prompts.device)
     out = model(input_ids=prompts, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
-                use_cache=True)
-    ids, soft = [prompts], []
+                use_cache=True, output_hidden_states=bool(layer_ids))
+    ids, soft, feats = [prompts], [], [_features(out, layer_ids, mask)]
     for i in range(length):
         logits = out.logits[:, -1, :vocab].float()  # (B, V) real vocabulary only
         if banned_id is not None:
@@ -146,16 +151,33 @@ def continue_batch(model: Any, prompts: torch.Tensor, length: int, vocab: int, t
         ids.append(nxt)
         if eos_id is not None:
             done |= nxt[:, 0] == eos_id
-        if i + 1 < length and not done.all():
+        if (i + 1 < length or layer_ids) and not done.all():
             mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
             out = model(input_ids=nxt, attention_mask=mask, position_ids=mask.sum(1, keepdim=True) - 1,
-                        use_cache=True, **with_cache(model, returned_cache(out)))
+                        use_cache=True, output_hidden_states=bool(layer_ids), **with_cache(model, returned_cache(out)))
+            feats.append(_features(out, layer_ids))
         elif i + 1 < length and eos_id is not None:  # every row ended: the rest is eos
-            return _finished(prompts, ids, soft, length, eos_id)
+            return _finished(prompts, ids, soft, length, eos_id), _joined(feats, P + length)
     if not soft:
-        return Sequences(torch.cat(ids, dim=1))
-    return Sequences(torch.cat(ids, dim=1), torch.stack([t.indices for t in soft], 1).int(),
-                     torch.stack([t.values for t in soft], 1).half())
+        return Sequences(torch.cat(ids, dim=1)), _joined(feats, P + length)
+    return (Sequences(torch.cat(ids, dim=1), torch.stack([t.indices for t in soft], 1).int(),
+                      torch.stack([t.values for t in soft], 1).half()), _joined(feats, P + length))
+
+
+def _features(out: Any, layer_ids: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A call's outputs of layers `layer_ids` (B, t, F) fp16 on the host, zero where mask (B, t) is 0."""
+    if not layer_ids:
+        return None
+    feats = context_features(out.hidden_states, layer_ids)
+    return (feats if mask is None else feats * mask[..., None]).half().cpu()
+
+
+def _joined(feats: list, width: int) -> torch.Tensor | None:
+    """Per-call features -> (B, width, F), zeros past the last call (rows that all ended early)."""
+    if feats[0] is None:
+        return None
+    joined = torch.cat(feats, dim=1)
+    return torch.nn.functional.pad(joined, (0, 0, 0, width - joined.shape[1]))[:, :width]
 
 
 def _finished(prompts: torch.Tensor, ids: list, soft: list, length: int, eos_id: int) -> Sequences:
@@ -192,10 +214,11 @@ def chat_prompts(path: str, tokenizer: Any, length: int) -> tuple[torch.Tensor, 
 
 
 def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
-              stream: int) -> Sequences:
-    """`count` prompts, S continuations of each -> (count * S, P + L): windows of a token stream
-    (prompts = (tokens (n,), None)) or rows of chat prompts (prompts = (ids (Q, P), pad (Q,)));
-    `stream` (0: validation, c + 1: training chunk c) makes each chunk's randomness its own."""
+              stream: int, layer_ids: Sequence[int]) -> tuple[Sequences, torch.Tensor | None]:
+    """`count` prompts, S continuations of each -> (count * S, P + L), and with layer_ids their
+    features (continue_batch): windows of a token stream (prompts = (tokens (n,), None)) or rows of
+    chat prompts (prompts = (ids (Q, P), pad (Q,))); `stream` (0: validation, c + 1: training chunk
+    c) makes each chunk's randomness its own."""
     generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + stream)
     tokens, pad = prompts
     if pad is None:
@@ -204,10 +227,11 @@ def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None]
         rows = torch.randint(0, len(tokens), (count,), generator=generator)
         ids, pad = tokens[rows], pad[rows]
     S = spec.samples_per_prompt
-    return continue_batch(target.model, ids.repeat_interleave(S, 0).to(target.device), spec.continuation_tokens,
-                          target.vocab_size, spec.teacher(stream), generator, spec.banned_id, spec.soft_labels,
-                          None if pad is None else pad.repeat_interleave(S, 0),
-                          target.eos_token_id if spec.chat else None).cpu()
+    seqs, feats = continue_batch(target.model, ids.repeat_interleave(S, 0).to(target.device), spec.continuation_tokens,
+                                 target.vocab_size, spec.teacher(stream), generator, spec.banned_id, spec.soft_labels,
+                                 None if pad is None else pad.repeat_interleave(S, 0),
+                                 target.eos_token_id if spec.chat else None, layer_ids)
+    return seqs.cpu(), feats
 
 
 def _check_meta(data: Path, spec: DataSpec) -> None:
@@ -247,9 +271,13 @@ def read_sequences(data: Path) -> tuple[Sequences, Sequences, DataSpec]:
     return train, _load(files[0]), spec
 
 
-def build_sequences(data: Path, target: Teacher, spec: DataSpec, progress: bool) -> tuple[Sequences, Sequences, float]:
+def build_sequences(data: Path, target: Teacher, spec: DataSpec, progress: bool,
+                    features: tuple[Path, Sequence[int]] | None = None) -> tuple[Sequences, Sequences, float]:
     """-> (train (num_prompts * S, P + L), val (val_prompts * S, P + L), seconds spent generating),
-    from the cache in `data` where it has them, else generated by the target and cached."""
+    from the cache in `data` where it has them, else generated by the target and cached. features
+    (directory, layer_ids): what is generated also leaves the outputs of those target layers there,
+    under its chunk's file name ({"features": (rows, P + L, F) fp16}, features.py's cache), written
+    before the chunk itself."""
     _check_meta(data, spec)
     files = _files(data, spec)
     todo = [k for k, f in files.items() if not f.is_file()]
@@ -259,7 +287,13 @@ def build_sequences(data: Path, target: Teacher, spec: DataSpec, progress: bool)
         _write_meta(data, spec)
         for k in tqdm(todo, disable=not progress, desc="target continuations", unit="chunk", leave=False):
             count = spec.val_prompts if k == 0 else min(CHUNK, spec.num_prompts - (k - 1) * CHUNK)
-            _save(files[k], _generate(target, val_prompts if k == 0 else train_prompts, count, spec, k))
+            seqs, feats = _generate(target, val_prompts if k == 0 else train_prompts, count, spec, k,
+                                    features[1] if features else ())
+            if features and feats is not None:
+                features[0].mkdir(parents=True, exist_ok=True)
+                with new_file(features[0] / files[k].name) as tmp:
+                    save_tensors({"features": feats}, tmp)
+            _save(files[k], seqs)
     seconds = (time.perf_counter() - start) if todo else 0.0
     train, val, _ = read_sequences(data)
     return train, val, seconds

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The smol pair's teacher data at scale: the target's own answers to the broad question set.
+#
+#   scripts/smol/answers.sh [WORK] [PARTS]   # default build/smol 16
+#
+# WORK/questions-large.txt: about 34k training questions (questions.py --large; no held-out module or
+# topic). WORK/answers/part-NN: PARTS parts of 2,048 answers each (128 tokens through the chat
+# template, chunks alternating greedy / temperature 0.7 / 1.0 at top-p 0.95, the target's top-32
+# soft labels) and the outputs of target layers 1, 14 and 27 that smol-dflash reads (taken from the
+# same calls, part-NN/features-1-14-27), part NN drawn with seed NN, so parts are independent samples of the questions and
+# any number of them can be trained on (`specdiff distill --data DIR,DIR,...`). About 37 minutes a
+# part on one core. Resumable: a part's chunks are written as they are made and a finished part is
+# skipped; run it with nothing else timing on the machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+work=${1:-build/smol}
+parts=${2:-16}
+target=smollm2-135m-instruct
+mkdir -p "$work/answers"
+[ -f "$work/questions-large.txt" ] || python scripts/smol/questions.py --large "$work/questions-large.txt"
+for ((i = 0; i < parts; i++)); do
+  part=$(printf '%s/answers/part-%02d' "$work" "$i")
+  [ -f "$part/val.safetensors" ] && [ -f "$part/train-00031.safetensors" ] && continue
+  specdiff distill --target "$target" --chat --prompts "$work/questions-large.txt" --data "$part" \
+    --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 --teacher-temperature 0,0.7,1 \
+    --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed "$i" --threads 1 \
+    --method dflash --target-layers 1,14,27 --layers 2 --heads 9 --gamma 7 --out "$work/answers/run" --data-only
+done
