@@ -86,10 +86,15 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
               "(longer questions are left out) [default: 96].")
 @click.option("--data", metavar="DIR", help="Teacher data cache [default: OUT/data]; runs with the same data "
               "settings may share one.")
+@click.option("--more-data", metavar="DIRS", callback=lambda ctx, param, value: tuple(value.split(",")) if value else (),
+              help="More teacher data caches (comma-separated, complete, made by the same target with the same "
+                   "prompt and answer lengths and soft labels) trained on beside --data; --data's held-out "
+                   "answers stay the validation set.")
 @click.option("--data-only", is_flag=True, help="Build the teacher data cache (--data), then stop.")
 @click.option("--from-target", is_flag=True, help="New drafter: the target's width, reading and writing through the "
               "target's own token embedding and output head (frozen).")
-@click.option("--drafter", metavar="DIR", help="Start from this diffusion drafter (else a new one, see --layers).")
+@click.option("--drafter", metavar="DIR", help="Start from this drafter, of the kind --method trains (else a new "
+              "one, see --layers); a DFlash drafter keeps its target layers, block and draft vocabulary.")
 @click.option("--layers", type=int, help="New drafter: DDiT blocks [default: 2].")
 @click.option("--dim", type=int, help="New drafter: hidden size [default: 128].")
 @click.option("--heads", type=int, help="New drafter: attention heads [default: 4].")

@@ -53,6 +53,18 @@ def trained(tiny, prompts, tmp_path_factory):
     return out, CliRunner().invoke(cli, args)
 
 
+def test_more_data_adds_another_caches_answers(tiny, prompts, trained, tmp_path):
+    base = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), *SMALL]
+    made = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "m"), "--data", str(tmp_path / "more"),
+                                    "--data-only", "--seed", "1"])
+    assert made.exit_code == 0, made.stderr
+    result = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "d"), "--data", str(trained[0] / "data"),
+                                      "--more-data", str(tmp_path / "more"), "--max-steps", "1", "--eval-prompts", "1"])
+    assert result.exit_code == 0, result.stderr
+    first, then = (json.loads((d / "report.json").read_text()) for d in (trained[0], tmp_path / "d"))
+    assert then["compute"]["train_sequences"] == 2 * first["compute"]["train_sequences"] > 0
+
+
 def test_cli_run_lowers_validation_loss_and_reports(trained):
     out, result = trained
     assert result.exit_code == 0, (result.stderr, result.exception)

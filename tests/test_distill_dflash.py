@@ -19,12 +19,14 @@ from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.training.config import DistillConfig
 from specdiff.training.dflash import block_logits, new_drafter
 from specdiff.sampling import Sampling
-from specdiff.training.features import sequence_features
+from specdiff.nets.checkpoint import save_tensors
+from specdiff.training.features import MappedFeatures, sequence_features
 from specdiff.training.teacher import continue_batch
 from specdiff_cli.main import cli
 from tiny import TEXT, make_llama
 
-SMALL = ["--method", "dflash", "--layers", "1", "--heads", "2", "--gamma", "4", "--num-prompts", "32",
+SHAPE = ["--layers", "1", "--heads", "2"]  # a new drafter's (a starting --drafter refuses them)
+SMALL = ["--method", "dflash", "--gamma", "4", "--num-prompts", "32",
          "--continuation-tokens", "24", "--batch-size", "8", "--anchors", "3", "--lr", "3e-3",
          "--eval-prompts", "2", "--threads", "1", "--loss", "ce"]
 
@@ -36,8 +38,9 @@ def prompts(tmp_path_factory):
     return path
 
 
-def _run(tiny, prompts, out, *extra):
-    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(out), *SMALL, *extra]
+def _run(tiny, prompts, out, *extra, shape=True):
+    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(out), *SMALL,
+            *(SHAPE if shape else []), *extra]
     return CliRunner().invoke(cli, args)
 
 
@@ -125,6 +128,46 @@ def test_the_result_drafts_losslessly(trained, tiny):
     dflash = generate(prompts, target=target, drafter=drafter, method="dflash", max_new_tokens=24)
     assert dflash.texts == ar.texts
     assert dflash.metrics.tau >= 1
+
+
+def test_mapped_features_read_the_rows_of_their_files(tmp_path):
+    parts = [torch.randn(n, 3, 2).half() for n in (4, 1, 5)]
+    for i, t in enumerate(parts):
+        save_tensors({"features": t}, tmp_path / f"{i}.safetensors")
+    mapped = MappedFeatures([tmp_path / f"{i}.safetensors" for i in range(2)]) + MappedFeatures([tmp_path / "2.safetensors"])
+    rows = torch.tensor([9, 0, 4, 4, 5, 3])
+    assert len(mapped) == 10 and torch.equal(mapped[rows], torch.cat(parts)[rows])
+
+
+def test_more_data_and_a_starting_drafter(tiny, prompts, trained, tmp_path):
+    """--more-data trains on both caches' answers (validation: --data's); --drafter starts from a
+    DFlash drafter: its first validation loss is the one it ended with on the same data."""
+    out, _ = trained
+    more = tmp_path / "more"
+    assert _run(tiny, prompts, tmp_path / "m", "--data", str(more), "--data-only", "--seed", "1").exit_code == 0
+    result = _run(tiny, prompts, tmp_path / "b", "--data", str(out / "data"), "--more-data", str(more),
+                  "--drafter", str(out), "--max-steps", "2", shape=False)
+    assert result.exit_code == 0, result.stderr
+    first, then = (json.loads((d / "report.json").read_text()) for d in (out, tmp_path / "b"))
+    assert then["compute"]["train_sequences"] == 2 * first["compute"]["train_sequences"] == 64
+    assert then["val_loss"]["history"][0][1] == pytest.approx(first["val_loss"]["final"], abs=1e-4)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--more-data", "{tmp}/none"], "not a complete teacher data cache"),
+    (["--more-data", "{other}"], "made with other continuation_tokens"),
+    (["--drafter", "{trained}", "--gamma", "3"], "drafts blocks of 5"),
+    (["--drafter", "{trained}", "--target-layers", "0"], "drop --target-layers"),
+])
+def test_bad_more_data_or_drafter_is_one_line(tiny, prompts, trained, tmp_path, args, fragment):
+    other = tmp_path / "other"
+    if "{other}" in args:
+        assert _run(tiny, prompts, tmp_path / "o", "--data", str(other), "--data-only",
+                    "--continuation-tokens", "20").exit_code == 0
+    args = [a.format(tmp=tmp_path, other=other, trained=trained[0]) for a in args]
+    result = _run(tiny, prompts, tmp_path / "x", "--data", str(trained[0] / "data"), *args, shape=False)
+    assert result.exit_code != 0 and fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr
 
 
 def test_resume_continues_exactly(tiny, prompts, tmp_path):

@@ -26,6 +26,7 @@ class DistillConfig:
     chat: bool = False  # prompts: one question a line, through the target's chat template
     prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
     data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
+    more_data: tuple[str, ...] = ()  # complete caches of the same target, P, L and k, trained on beside `data`
     data_only: bool = False  # build the teacher data cache, then stop (no drafter)
     from_target: bool = False  # a new drafter of the target's width that reads and writes through the target's
     # own (frozen) token embedding and output head, so that it starts from what the target knows of tokens
@@ -102,8 +103,8 @@ def _check_finite(cfg: DistillConfig) -> None:
 
 
 def _check_dflash(cfg: DistillConfig) -> None:
-    """A DFlash drafter is new (the target's width) and reads target layers; the diffusion
-    drafter's shape options mean nothing to it."""
+    """A DFlash drafter (new, or `drafter`) has the target's width and reads target layers; the
+    diffusion drafter's shape options mean nothing to it."""
     if cfg.method != "dflash":
         if cfg.target_layers is not None:
             raise UsageError("`target_layers` is for `method` dflash (the target layers its drafter reads)")
@@ -113,10 +114,12 @@ def _check_dflash(cfg: DistillConfig) -> None:
         return
     if cfg.draft_vocab is not None and cfg.draft_vocab < 1:
         raise UsageError(f"`draft_vocab` must be >= 1, got {cfg.draft_vocab}")
-    for name, value in (("drafter", cfg.drafter), ("context", cfg.context), ("raw_text", cfg.raw_text)):
+    for name, value in (("context", cfg.context), ("raw_text", cfg.raw_text)):
         if value is not None:
-            raise UsageError(f"`{name}` is not used by `method` dflash (a new drafter of the target's width, "
+            raise UsageError(f"`{name}` is not used by `method` dflash (a drafter of the target's width, "
                              "reading all of the context through the target's features)")
+    if cfg.drafter is not None and cfg.target_layers is not None:
+        raise UsageError("`drafter` fixes the target layers it reads: drop `target_layers`")
     if cfg.anchors < 1 or (cfg.target_layers is not None and (not cfg.target_layers or min(cfg.target_layers) < 0)):
         raise UsageError("`anchors` must be >= 1 and `target_layers` a non-empty list of layers >= 0")
 

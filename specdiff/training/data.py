@@ -12,7 +12,7 @@ from ..drafters.diffusion import DiffusionDrafter
 from ..errors import UsageError
 from .batches import Batch, Pattern, make_batch, split_limits
 from .config import CHAT_PROMPT_TOKENS, RAW_FRACTION, DistillConfig, data_directory
-from .teacher import DataSpec, Sequences, Teacher, build_sequences, read_tokens
+from .teacher import DataSpec, Sequences, Teacher, build_sequences, more_sequences, read_tokens
 
 VAL_EXAMPLES = 256
 
@@ -55,7 +55,9 @@ def prepare(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, prog
     raw = read_tokens(cfg.raw_text, target.tokenizer, "raw text") if cfg.raw_text else None
     if raw is not None and len(raw) < P + cfg.gamma:
         raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.gamma}")
+    more = [seqs for _, seqs, _ in more_sequences(cfg.more_data, spec)]  # refused before any generating
     train, val, generate_s = build_sequences(data_directory(cfg), target, spec, progress)
+    train = Sequences.cat([train, *more])
     pattern = Pattern(N, cfg.gamma, cfg.steps_per_draft, drafter.mask_id)
     eos = target.eos_token_id if cfg.chat else None
     g = torch.Generator().manual_seed(cfg.seed + 1)

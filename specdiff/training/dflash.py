@@ -52,10 +52,10 @@ from .checkpoints import TrainState, latest_checkpoint, publish, undone_if_diver
 from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory
 from .data import data_spec
 from .evaluation import evaluate_drafter
-from .features import cached_features, features_directory, padding
+from .features import MappedFeatures, cached_features, features_directory, padding
 from .losses import kl_per_slot
 from .loop import train
-from .teacher import Sequences, build_sequences
+from .teacher import Sequences, build_sequences, more_sequences
 from .vocab import build_vocab
 
 VAL_SEED_OFFSET = 2  # the fixed validation blocks' generator: seed + this
@@ -66,16 +66,26 @@ DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}  # for a target w
 @dataclass
 class Corpus:
     """Sequences (M, W) = prompt (P) + answer (L), left-padded by pad (M,); the target's features
-    (M, W, F) fp16; limits (M,): the first anchor column past the last usable one."""
+    (M, W, F) fp16 (read by rows: mapped from their files for training); limits (M,): the first
+    anchor column past the last usable one."""
 
     seqs: Sequences
-    features: torch.Tensor
+    features: torch.Tensor | MappedFeatures
     pad: torch.Tensor
     limits: torch.Tensor
 
     def rows(self) -> torch.Tensor:
         """The rows with at least one anchor."""
         return torch.nonzero(self.limits > 0)[:, 0]
+
+    @staticmethod
+    def cat(parts: list[Corpus]) -> Corpus:
+        """One Corpus of parts whose features are mapped (training sets), rows in order."""
+        features = parts[0].features
+        for part in parts[1:]:
+            features = features + part.features  # type: ignore[operator]
+        return Corpus(Sequences.cat([p.seqs for p in parts]), features, torch.cat([p.pad for p in parts]),
+                      torch.cat([p.limits for p in parts]))
 
 
 @dataclass
@@ -247,7 +257,7 @@ def mask_id(cfg: DistillConfig, target: CausalLMTarget) -> int:
     return max(free)
 
 
-def corpus(seqs: Sequences, features: torch.Tensor, pad_id: int | None, P: int, gamma: int, eos: int | None) -> Corpus:
+def corpus(seqs: Sequences, features: torch.Tensor | MappedFeatures, pad_id: int | None, P: int, gamma: int, eos: int | None) -> Corpus:
     """A Corpus: anchors a with a + gamma inside the row, drafting at or before its first eos."""
     limits = split_limits(seqs, P, gamma, eos) - 1  # split_limits bounds the first drafted column a + 1
     return Corpus(seqs, features, padding(seqs.ids, pad_id), torch.where(limits > P, limits, 0))
@@ -263,7 +273,7 @@ def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
     target.model.requires_grad_(False)
     out = Path(cfg.out)
     latest = latest_checkpoint(out / "checkpoints") if cfg.resume and not cfg.data_only else None
-    drafter, opt_state, state = _resumed(latest) if latest else (new_drafter(cfg, target), None, TrainState())
+    drafter, opt_state, state = _resumed(latest) if latest else (_first(cfg, target), None, TrainState())
     drafter.bind_target(target.model)
     drafter.to(cfg.device)
     with undone_if_diverged(out):
@@ -287,6 +297,19 @@ def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
     return report
 
 
+def _first(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
+    """The drafter training starts from: `drafter` (in fp32, its map kept), else a new one."""
+    if cfg.drafter is None:
+        return new_drafter(cfg, target)
+    if not (Path(cfg.drafter) / "config.json").is_file():
+        raise UsageError(f"`drafter` {cfg.drafter}: no DFlash drafter there (config.json missing)")
+    net, spec = load_dflash(Path(cfg.drafter))
+    if spec.block_size != cfg.gamma + 1:
+        raise UsageError(f"`gamma` {cfg.gamma}: {cfg.drafter} drafts blocks of {spec.block_size} "
+                         f"(`gamma` {spec.block_size - 1})")
+    return DFlashDrafter(net.float().train(), spec, source=str(cfg.out), draft_vocab=load_draft_vocab(Path(cfg.drafter)))
+
+
 def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
     net, spec = load_dflash(path)
     saved = torch.load(path / "state.pt", weights_only=True)
@@ -295,31 +318,37 @@ def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
 
 
 def _with_draft_vocab(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter, resumed: bool) -> None:
-    """A new drafter gets the map of `draft_vocab` (training/vocab.py, from the teacher data) and
-    its head rows; a resumed one keeps its checkpoint's, which the options must not contradict."""
+    """The head's map: a resumed checkpoint keeps its own, which `draft_vocab` must repeat; a
+    `drafter` with one keeps it (`draft_vocab` omitted or equal); otherwise `draft_vocab` N gives
+    the N most frequent answer tokens of the teacher data (training/vocab.py) and their head rows."""
     held = drafter.draft_vocab
-    if resumed and (held.size if held else None) != cfg.draft_vocab:
-        raise UsageError(f"`draft_vocab` {cfg.draft_vocab}: the checkpoint being resumed was trained with "
-                         f"{f'a head of {held.size} rows' if held else 'the whole head'}")
-    if cfg.draft_vocab is None or resumed:
-        return
-    drafter.draft_vocab = build_vocab(data_directory(cfg), cfg.draft_vocab, target.tokenizer, target.eos_token_id)
-    drafter.bind_target(target.model)
+    size = held.size if held else None
+    if (resumed and size != cfg.draft_vocab) or (held is not None and cfg.draft_vocab not in (None, size)):
+        raise UsageError(f"`draft_vocab` {cfg.draft_vocab}: {'the checkpoint being resumed' if resumed else cfg.drafter} "
+                         f"was trained with {f'a head of {size} rows' if held else 'the whole head'}")
+    if held is None and cfg.draft_vocab is not None:
+        drafter.draft_vocab = build_vocab(data_directory(cfg), cfg.draft_vocab, target.tokenizer, target.eos_token_id)
+        drafter.bind_target(target.model)
 
 
 def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
              progress: bool) -> tuple[Corpus, Corpus, int, float]:
-    """(train, val, P, seconds spent generating): the teacher data (cached or generated) and the
-    target's features of it (cached or computed)."""
+    """(train, val, P, seconds spent generating): the teacher data (cached or generated; with
+    `more_data`, those caches' training sequences too) and the target's features of it (cached or
+    computed)."""
     P = cfg.prompt_tokens or CHAT_PROMPT_TOKENS
-    data = data_directory(cfg)
-    layers = drafter.target_layer_ids
-    train_seqs, val_seqs, generate_s = build_sequences(data, target, data_spec(cfg, target, P, None), progress,
+    data, layers = data_directory(cfg), drafter.target_layer_ids
+    spec = data_spec(cfg, target, P, None)
+    more = more_sequences(cfg.more_data, spec)  # refused before any generating
+    train_seqs, val_seqs, generate_s = build_sequences(data, target, spec, progress,
                                                        (features_directory(data, layers), layers))
     pad_id = target.tokenizer.pad_token_id if cfg.chat else None
-    train_f, val_f = cached_features(data, target.model, train_seqs, val_seqs, pad_id, layers, progress)
     eos = target.eos_token_id if cfg.chat else None
-    sets = [corpus(s, f, pad_id, P, cfg.gamma, eos) for s, f in ((train_seqs, train_f), (val_seqs, val_f))]
+    pairs = []
+    for directory, train, val in [(data, train_seqs, val_seqs), *more]:
+        train_f, val_f = cached_features(directory, target.model, train, val, pad_id, layers, progress)
+        pairs.append((corpus(train, train_f, pad_id, P, cfg.gamma, eos), corpus(val, val_f, pad_id, P, cfg.gamma, eos)))
+    sets = [Corpus.cat([train for train, _ in pairs]), pairs[0][1]]  # held out: `data`'s own
     for name, s in zip(("training", "held-out"), sets):
         if not len(s.rows()):
             raise UsageError(f"no {name} answer is long enough for a block of {cfg.gamma + 1} tokens")
@@ -341,5 +370,6 @@ def _report(cfg: DistillConfig, target: CausalLMTarget, task: DFlashTask, state:
         "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
         "eval": evaluation,
         "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
-                    "wall_s": round(wall_s, 3), "device": cfg.device, "threads": torch.get_num_threads()},
+                    "train_sequences": len(task.train_set.seqs), "wall_s": round(wall_s, 3), "device": cfg.device,
+                    "threads": torch.get_num_threads()},
     }

@@ -91,7 +91,8 @@ def _report(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, stat
         "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
         "eval": evaluate_drafter(cfg, target, drafter, data.val, data.prompt_tokens),
         "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
-                    "generated_tokens": data.generated_tokens, "generate_s": round(data.generate_s, 3),
+                    "train_sequences": len(data.train), "generated_tokens": data.generated_tokens,
+                    "generate_s": round(data.generate_s, 3),
                     "wall_s": round(time.perf_counter() - wall, 3), "device": cfg.device, "threads": torch.get_num_threads()},
     }
 

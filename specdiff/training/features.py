@@ -9,15 +9,21 @@ target alone (no head), and cached beside the teacher data, a chunk at a time (r
 
 Row r's features are those the target computes at inference: its left padding (pad tokens before
 the templated prompt) is kept out of attention and positions, so position 0 is its first real
-token; the padding rows' features are zeros and never read (Blocks masks them).
+token; the padding rows' features are zeros and never read (Blocks masks them). The teacher loop
+leaves them itself when it generates a chunk (teacher.continue_batch); this pass fills the rest.
+
+Training reads the training rows from their files as it needs them (MappedFeatures: 1.6 GB per
+2,048 answers of SmolLM2, more than memory holds over many caches); the held-out ones are loaded.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tqdm import tqdm
 
@@ -53,17 +59,49 @@ def features_directory(data: Path, layer_ids: Sequence[int]) -> Path:
     return data / f"features-{'-'.join(map(str, layer_ids))}"
 
 
+class MappedFeatures:
+    """Rows (M, W, F) fp16 of a list of cache files ({"features": (m_i, W, F)}, M = sum of m_i, in
+    order), read from the files (memory-mapped by safetensors) a batch of rows at a time."""
+
+    def __init__(self, paths: Sequence[Path]):
+        self.paths = list(paths)
+        sizes = []
+        for path in self.paths:
+            with safe_open(str(path), framework="pt") as f:
+                sizes.append(f.get_slice("features").get_shape()[0])
+        self.starts = torch.tensor([0, *itertools.accumulate(sizes)])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (B,) -> (B, W, F), in that order."""
+        files = torch.searchsorted(self.starts, rows, right=True) - 1
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        for file in files.unique().tolist():
+            at = torch.nonzero(files == file)[:, 0].tolist()
+            with safe_open(str(self.paths[file]), framework="pt") as f:
+                chunk = f.get_slice("features")
+                for j in at:
+                    i = int(rows[j] - self.starts[file])
+                    out[j] = chunk[i:i + 1]
+        return torch.cat(out)  # type: ignore[arg-type]
+
+    def __add__(self, other: MappedFeatures) -> MappedFeatures:
+        return MappedFeatures(self.paths + other.paths)
+
+
 def cached_features(data: Path, model: Any, train: Sequences, val: Sequences, pad_id: int | None,
-                    layer_ids: Sequence[int], progress: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The features of the train and val sequences (M, W, F) fp16, read from the cache under `data`
-    or computed (a chunk of CHUNK rows a file, as the teacher data is written)."""
+                    layer_ids: Sequence[int], progress: bool) -> tuple[MappedFeatures, torch.Tensor]:
+    """The features of the train and val sequences (M, W, F) fp16 (the training rows mapped, the
+    held-out ones loaded), read from the cache under `data` or computed (a chunk of CHUNK rows a
+    file, as the teacher data is written)."""
     root = features_directory(data, layer_ids)
     root.mkdir(parents=True, exist_ok=True)
     chunks = [(root / f"train-{c:05d}.safetensors", train.ids[c * CHUNK:(c + 1) * CHUNK])
               for c in range(-(-len(train) // CHUNK))] + [(root / "val.safetensors", val.ids)]
     todo = sum(len(ids) for path, ids in chunks if not path.is_file())
     bar = tqdm(total=todo, disable=not progress or not todo, unit="seq", desc="target features")
-    parts = []
     for path, ids in chunks:
         if not path.is_file():
             pad = padding(ids, pad_id)
@@ -72,6 +110,5 @@ def cached_features(data: Path, model: Any, train: Sequences, val: Sequences, pa
             with new_file(path) as tmp:
                 save_tensors({"features": feats}, tmp)
             bar.update(len(ids))
-        parts.append(load_file(str(path))["features"])
     bar.close()
-    return torch.cat(parts[:-1]), parts[-1]
+    return MappedFeatures([path for path, _ in chunks[:-1]]), load_file(str(chunks[-1][0]))["features"]

@@ -271,6 +271,25 @@ def read_sequences(data: Path) -> tuple[Sequences, Sequences, DataSpec]:
     return train, _load(files[0]), spec
 
 
+SHARED = ("target", "prompt_tokens", "continuation_tokens", "soft_labels", "chat", "banned_id")  # more_data agrees
+
+
+def more_sequences(dirs: Sequence[str], spec: DataSpec) -> list[tuple[Path, Sequences, Sequences]]:
+    """(directory, train, val) of each complete cache in `dirs`, made like `spec` in SHARED."""
+    out = []
+    for name in dirs:
+        data = Path(name)
+        try:
+            train, val, other = read_sequences(data)
+        except (OSError, ValueError, TypeError) as e:
+            raise UsageError(f"`more_data` {name}: not a complete teacher data cache ({e})") from e
+        differ = [k for k in SHARED if getattr(other, k) != getattr(spec, k)]
+        if differ:
+            raise UsageError(f"`more_data` {name} was made with other {', '.join(differ)} than `data`")
+        out.append((data, train, val))
+    return out
+
+
 def build_sequences(data: Path, target: Teacher, spec: DataSpec, progress: bool,
                     features: tuple[Path, Sequence[int]] | None = None) -> tuple[Sequences, Sequences, float]:
     """-> (train (num_prompts * S, P + L), val (val_prompts * S, P + L), seconds spent generating),
