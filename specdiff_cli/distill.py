@@ -123,7 +123,7 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
 @click.option("--loss", default="ce", show_default=True,
               help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.training.losses.LOSSES); dflash: "
-                   "ce or kl (or ce+kl), per slot.")
+                   "ce, kl or lk (-log acceptance, arXiv 2602.23881), or sums such as ce+kl+lk, per slot.")
 @click.option("--draft-temperature", type=Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="The drafter's softmax temperature in the streak losses (its deployment temperature).")
 @click.option("--eval-temperature", type=Finite(min=0), default=1.0, show_default=True,

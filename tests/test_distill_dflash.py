@@ -21,6 +21,7 @@ from specdiff.training.dflash import block_logits, new_drafter
 from specdiff.sampling import Sampling
 from specdiff.nets.checkpoint import save_tensors
 from specdiff.training.features import MappedFeatures, sequence_features
+from specdiff.training.losses import lk_per_slot
 from specdiff.training.teacher import continue_batch
 from specdiff_cli.main import cli
 from tiny import TEXT, make_llama
@@ -128,6 +129,30 @@ def test_the_result_drafts_losslessly(trained, tiny):
     dflash = generate(prompts, target=target, drafter=drafter, method="dflash", max_new_tokens=24)
     assert dflash.texts == ar.texts
     assert dflash.metrics.tau >= 1
+
+
+def test_lk_is_minus_log_the_acceptance_probability_of_speculative_sampling():
+    """alpha = E_{x ~ q} min(1, p(x) / q(x)) over the whole vocabulary, p supported on the soft
+    labels (no tail); a draft closer to p is accepted more and scores lower."""
+    g = torch.Generator().manual_seed(0)
+    log_q = torch.randn(3, 7, generator=g).log_softmax(-1)
+    ids = torch.tensor([[0, 3, 5], [6, 1, 2], [4, 0, 1]])
+    p = torch.rand(3, 3, generator=g)
+    p = p / p.sum(-1, keepdim=True)
+    full = torch.zeros(3, 7).scatter(-1, ids, p)
+    q = log_q.exp()
+    alpha = (q * torch.where(q > 0, full / q, 0).clamp(max=1)).sum(-1)
+    torch.testing.assert_close(lk_per_slot(log_q, ids, p), -alpha.log())
+    closer = (0.5 * q + 0.5 * full).log()
+    assert (lk_per_slot(closer, ids, p) < lk_per_slot(log_q, ids, p)).all()
+
+
+def test_a_run_with_the_lk_loss_learns(tiny, prompts, tmp_path):
+    result = _run(tiny, prompts, tmp_path / "d", "--loss", "kl+lk", "--soft-labels", "8", "--max-steps", "12",
+                  "--val-every", "12", "--eval-prompts", "1")
+    assert result.exit_code == 0, result.stderr
+    history = json.loads((tmp_path / "d" / "report.json").read_text())["val_loss"]["history"]
+    assert history[-1][1] < history[0][1]
 
 
 def test_mapped_features_read_the_rows_of_their_files(tmp_path):

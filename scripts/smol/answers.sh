@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The smol pair's teacher data at scale: the target's own answers to the broad question set.
 #
-#   scripts/smol/answers.sh [WORK] [PARTS]   # default build/smol 16
+#   scripts/smol/answers.sh [WORK] [PARTS] [FIRST]   # default build/smol 16 0: parts FIRST .. PARTS - 1
 #
 # WORK/questions-large.txt: about 34k training questions (questions.py --large; no held-out module or
 # topic). WORK/answers/part-NN: PARTS parts of 2,048 answers each (128 tokens through the chat
@@ -10,15 +10,17 @@
 # same calls, part-NN/features-1-14-27), part NN drawn with seed NN, so parts are independent samples of the questions and
 # any number of them can be trained on (`specdiff distill --data DIR,DIR,...`). About 37 minutes a
 # part on one core. Resumable: a part's chunks are written as they are made and a finished part is
-# skipped; run it with nothing else timing on the machine.
+# skipped; run it with nothing else timing on the machine. Two cores: a second run with another
+# FIRST (say PARTS / 2) makes other parts at the same time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=${1:-build/smol}
 parts=${2:-16}
+first=${3:-0}
 target=smollm2-135m-instruct
 mkdir -p "$work/answers"
 [ -f "$work/questions-large.txt" ] || python scripts/smol/questions.py --large "$work/questions-large.txt"
-for ((i = 0; i < parts; i++)); do
+for ((i = first; i < parts; i++)); do
   part=$(printf '%s/answers/part-%02d' "$work" "$i")
   [ -f "$part/val.safetensors" ] && [ -f "$part/train-00031.safetensors" ] && continue
   specdiff distill --target "$target" --chat --prompts "$work/questions-large.txt" --data "$part" \

@@ -135,8 +135,10 @@ def _check_teacher(cfg: DistillConfig) -> None:
 
 
 def _check_data(cfg: DistillConfig) -> None:
-    if cfg.soft_labels < 0 or ("kl" in cfg.loss.split("+") and cfg.soft_labels == 0):
-        raise UsageError(f"`soft_labels` must be >= 0, and > 0 (e.g. 32) for the kl loss; got {cfg.soft_labels}")
+    soft = {"kl", "lk"} & set(cfg.loss.split("+"))
+    if cfg.soft_labels < 0 or (soft and cfg.soft_labels == 0):
+        raise UsageError(f"`soft_labels` must be >= 0, and > 0 (e.g. 32) for the {min(soft, default='kl')} loss; "
+                         f"got {cfg.soft_labels}")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
     if cfg.prompt_tokens is not None and (not cfg.chat or cfg.prompt_tokens < 1):

@@ -15,8 +15,9 @@ answers and hidden states.
              token at a, slots 1..gamma the mask; each block attends to the features of the
              sequence's positions < a and to itself, as drafting does (methods/dflash.py); all of
              a sequence's blocks run in one pass (DFlashNet's attn_mask)
-    loss     at slot k (the token at a + k): cross-entropy to the teacher's token (ce) and / or the
-             KL from the target's soft labels there (kl), weighted exp(-(k - 1) / (gamma / 2)):
+    loss     at slot k (the token at a + k): cross-entropy to the teacher's token (ce), the KL from
+             the target's soft labels there (kl) and / or -log of the acceptance probability
+             sum min(p, q) over them (lk, losses.lk_per_slot), weighted exp(-(k - 1) / (gamma / 2)):
              DFlash's decaying slot weights (a slot counts only when the ones before it are accepted)
     vocab    with `draft_vocab` N: the head is the target's rows at the N most frequent ids of the
              training answers (training/vocab.py), saved with every checkpoint; q can only be the
@@ -53,7 +54,7 @@ from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory
 from .data import data_spec
 from .evaluation import evaluate_drafter
 from .features import MappedFeatures, cached_features, features_directory, padding
-from .losses import kl_per_slot
+from .losses import kl_per_slot, lk_per_slot
 from .loop import train
 from .teacher import Sequences, build_sequences, more_sequences
 from .vocab import build_vocab
@@ -141,12 +142,14 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, soft: tuple[torch.Ten
     if "ce" in parts:
         flat = labels.reshape(-1, 1)
         per_slot = per_slot - log_q.gather(-1, flat.clamp(min=0))[:, 0] * (flat[:, 0] >= 0)
-    if "kl" in parts:
+    for name, part in (("kl", kl_per_slot), ("lk", lk_per_slot)):
+        if name not in parts:
+            continue
         if soft is None:
-            raise UsageError("the kl loss needs soft labels (`soft_labels` > 0)")
+            raise UsageError(f"the {name} loss needs soft labels (`soft_labels` > 0)")
         ids, p = soft
         k = ids.shape[-1]
-        per_slot = per_slot + kl_per_slot(log_q, ids.reshape(-1, k).long(), p.reshape(-1, k).float())
+        per_slot = per_slot + part(log_q, ids.reshape(-1, k).long(), p.reshape(-1, k).float())
     return (per_slot * weights).sum() / weights.sum()
 
 

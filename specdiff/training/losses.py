@@ -102,6 +102,17 @@ def kl_per_slot(log_q_all: torch.Tensor, ids: torch.Tensor, p: torch.Tensor) -> 
         + torch.xlogy(p_rest, p_rest) - p_rest * elsewhere.logsumexp(-1).clamp(min=-1e4)
 
 
+def lk_per_slot(log_q_all: torch.Tensor, ids: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """-log alpha (S,) of S slots, the LK loss (arXiv 2602.23881): alpha = sum_x min(p(x), q(x)),
+    the probability that speculative sampling accepts q's draft, here over the soft labels' ids
+    (a lower bound: the tail beyond the top k counts nothing). log q (S, V); ids, p (S, k).
+    Its gradient is TV's scaled by 1 / alpha, so it pushes hardest where acceptance is lowest."""
+    kept = p > 0
+    q = log_q_all.gather(-1, ids).exp()  # (S, k)
+    alpha = (torch.minimum(p, q) * kept).sum(-1)
+    return -alpha.clamp(min=1e-6).log()
+
+
 def expected_streak(log_q: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """log q_i (B, gamma), 0 where not scored; scored (B, gamma) -> sum over scored m of
     c_m = prod_{i <= m} q_i (B,): the expected accepted length if slot i is accepted with q_i."""
@@ -132,7 +143,7 @@ def ce_streak(s: Slots, temperature: float = 1.0) -> torch.Tensor:
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"ce": masked_ce, "mdlm": mdlm_elbo, "kl": soft_kl, "streak": streak,
                                                   "ce-streak": ce_streak}
 AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
-DFLASH_LOSSES = ("ce", "kl")  # training/dflash.py: per slot, weighted by the slot's reach
+DFLASH_LOSSES = ("ce", "kl", "lk")  # training/dflash.py: per slot, weighted by the slot's reach
 
 
 def loss_function(cfg: DistillConfig) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
