@@ -171,7 +171,7 @@ def test_more_data_and_a_starting_drafter(tiny, prompts, trained, tmp_path):
     more = tmp_path / "more"
     assert _run(tiny, prompts, tmp_path / "m", "--data", str(more), "--data-only", "--seed", "1").exit_code == 0
     result = _run(tiny, prompts, tmp_path / "b", "--data", str(out / "data"), "--more-data", str(more),
-                  "--drafter", str(out), "--max-steps", "2", shape=False)
+                  "--drafter", str(out), "--resume", "--max-steps", "2", shape=False)  # nothing to resume yet
     assert result.exit_code == 0, result.stderr
     first, then = (json.loads((d / "report.json").read_text()) for d in (out, tmp_path / "b"))
     assert then["compute"]["train_sequences"] == 2 * first["compute"]["train_sequences"] == 64

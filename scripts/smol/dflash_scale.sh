@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# smol-dflash on the teacher data at scale (answers.sh): continue the shipped drafter on every
+# finished part.
+#
+#   scripts/smol/dflash_scale.sh [WORK] [MODELS] [STEPS]   # default build/smol specdiff/data/models/smol 3000
+#   scripts/smol/dflash_scale.sh publish [WORK] [MODELS]    # the newest checkpoint -> MODELS/dflash-drafter
+#
+# WORK/dflash-scale: `specdiff distill --method dflash` started from MODELS/dflash-drafter (fp16 in
+# git: the checkpoint a new machine continues from; its 8,192-row draft vocabulary kept), trained on
+# WORK/answers/part-00 (its held-out answers: the validation set) and, with --more-data, every
+# other finished part; 16 answers x 8 anchors a step (896 scored slots: more anchors a row cost
+# little, the row's context is read once), ce + kl per slot, lr 5e-4 on a cosine over STEPS.
+# Checkpoints every 25 steps (about 3 minutes) and --resume: a rerun continues, with the parts
+# finished since (on a new machine, without WORK: from MODELS/dflash-drafter, the schedule anew).
+# `publish` writes the newest checkpoint (or the finished run) to MODELS/dflash-drafter in fp16 with
+# its map: do it, and commit, before work stops. Run it with nothing else timing on the machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = publish ]; then
+  work=${2:-build/smol}
+  models=${3:-specdiff/data/models/smol}
+  newest=$(ls -d "$work"/dflash-scale/checkpoints/step-* 2>/dev/null | sort | tail -1)
+  [ -f "$work/dflash-scale/config.json" ] && newest=$work/dflash-scale
+  [ -n "$newest" ] || { echo "dflash_scale.sh: no checkpoint in $work/dflash-scale" >&2; exit 1; }
+  python -c "import shutil, sys, tempfile, torch; from pathlib import Path
+from specdiff.nets.dflash import load_dflash, save_dflash
+net, spec = load_dflash(Path(sys.argv[1])); out = Path(sys.argv[2])
+tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix='.dflash-drafter-'))
+save_dflash(tmp, net, spec, torch.float16); shutil.copy(Path(sys.argv[1]) / 'draft_vocab.safetensors', tmp)
+shutil.copy(out / 'README.md', tmp); shutil.rmtree(out); tmp.chmod(0o755); tmp.rename(out)" "$newest" "$models/dflash-drafter"
+  echo "$newest -> $models/dflash-drafter"
+  exit 0
+fi
+work=${1:-build/smol}
+models=${2:-specdiff/data/models/smol}
+steps=${3:-3000}
+out=$work/dflash-scale
+more=()
+for part in "$work"/answers/part-*; do
+  [ "$part" != "$work/answers/part-00" ] && [ -f "$part/val.safetensors" ] &&
+    [ -f "$part/train-00031.safetensors" ] && more+=("$part")
+done
+extra=()
+[ ${#more[@]} -gt 0 ] && extra=(--more-data "$(IFS=,; echo "${more[*]}")")
+specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts "$work/questions-large.txt" \
+  --data "$work/answers/part-00" "${extra[@]}" --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
+  --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed 0 --threads 1 \
+  --gamma 7 --anchors 8 --batch-size 16 --lr 5e-4 --loss ce+kl --max-steps "$steps" --val-every 100 \
+  --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$out" --drafter "$models/dflash-drafter" --resume >>"$work/dflash-scale.log" 2>&1
