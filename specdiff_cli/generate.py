@@ -68,7 +68,8 @@ PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else 
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
               show_default=True, help="auto: fp32 on CPU, fp16 on CUDA.")
 @click.option("--runtime", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch",
-              show_default=True, help="What runs the models; onnxruntime / tensorrt need --artifacts.")
+              show_default=True, help="What runs the models. onnxruntime without --artifacts: the models exported "
+              "once into the user cache (a minute or two) and reused; tensorrt needs --artifacts.")
 @click.option("--compile", is_flag=True,
               help="torch runtime: static KV cache and torch.compile'd steps: the same tokens, compiled "
                    "before the first prompt decodes (seconds to a minute, warmup_s in --stats). Pays at batch "
@@ -126,7 +127,14 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
     set_threads(threads)
     if options["compile"] and options["runtime"] != "torch":
         raise click.UsageError("--compile is for the torch runtime; exported graphs are compiled by their runtime")
-    options.update(runtime_models(options.pop("runtime"), options.pop("artifacts"), options))
+    runtime, artifacts = options.pop("runtime"), options.pop("artifacts")
+    if runtime == "onnxruntime" and not artifacts:
+        from specdiff.exporters.cache import export_for
+        from specdiff.registry import as_registry
+
+        artifacts = str(export_for(options["pair"], options.pop("target"), options.pop("drafter"), options["method"],
+                                   as_registry(None)))
+    options.update(runtime_models(runtime, artifacts, options))
     p = plan(**options)
     if stream:
         _stats(stats, p, _stream(records, p, truncate_prompt, layout))

@@ -113,6 +113,29 @@ def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, meth
         assert o["metrics"]["accepted_length_histogram"] == w["metrics"]["accepted_length_histogram"]
 
 
+@pytest.mark.slow  # two tiny exports, 15-40 s
+def test_onnxruntime_without_artifacts_exports_once_into_the_user_cache(tiny, tmp_path, monkeypatch):
+    """The first run exports into $SPECDIFF_CACHE/onnx, later ones reuse it; a damaged entry is
+    exported again, saying so; ar exports the target alone; every output is torch's."""
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    common = ["generate", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--max-new-tokens", "16",
+              *[a for p in PROMPTS for a in ("--prompt", p)]]
+    want = run_cli([*common, "--method", "specdiff", "--gamma", "5"]).stdout
+    runs = [run_cli([*common, "--method", "specdiff", "--gamma", "5", "--runtime", "onnxruntime"]) for _ in range(2)]
+    assert [r.exit_code for r in runs] == [0, 0] and [r.stdout for r in runs] == [want, want], runs[0].stderr
+    assert "exporting" in runs[0].stderr and "exporting" not in runs[1].stderr
+    entry, = (tmp_path / "cache" / "onnx").iterdir()
+    (entry / "drafter.onnx").write_bytes((entry / "drafter.onnx").read_bytes()[:-1])
+    again = run_cli([*common, "--method", "specdiff", "--gamma", "5", "--runtime", "onnxruntime"])
+    assert again.exit_code == 0 and again.stdout == want and "does not open" in again.stderr
+    ar = run_cli([*common, "--method", "ar", "--runtime", "onnxruntime"])
+    assert ar.exit_code == 0 and ar.stdout == want  # greedy: ar's text is specdiff's
+    assert len(list((tmp_path / "cache" / "onnx").iterdir())) == 2
+    manifest = json.loads((next(e for e in (tmp_path / "cache" / "onnx").iterdir() if e != entry)
+                           / "manifest.json").read_text())
+    assert list(manifest["components"]) == ["target"]
+
+
 def test_runtime_refuses_a_mask_that_does_not_span_past_and_new(onnx_pair):
     target = load_models("onnxruntime", onnx_pair)["target"]
     target.prefill(torch.tensor([[1, 2, 3]]))

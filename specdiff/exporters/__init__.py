@@ -6,6 +6,7 @@ specdiff/artifacts.py the directory format).
     tensorrt.py   TensorRT engines built from the ONNX graphs
     export.py     the whole `specdiff export`: models -> directory with manifest.json
     manifest.py   what a manifest records beyond the graphs: source models, tool versions
+    cache.py      exports made on demand into the user cache (`--runtime onnxruntime`, no `--artifacts`)
 
 May import: the rest of specdiff (models, graphs and artifacts formats), which never imports this
 package, and, for validation only, specdiff.runtimes' ONNX Runtime; not the tools or specdiff_cli.
