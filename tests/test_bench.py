@@ -20,7 +20,7 @@ from specdiff.tools.bench import METHODS, Settings, available_methods, load_mode
 from specdiff_cli.main import cli
 
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
-ROW_FIELDS = {"label", "method", "gamma", "steps", "schedule", "tokens_per_s", "speedup", "speedup_range",
+ROW_FIELDS = {"label", "method", "gamma", "steps", "schedule", "tokens_per_s", "speedup", "speedup_range", "roofline",
               "new_tokens", "wall_s", "iterations", "tau", "alpha", "per_position_acceptance",
               "accepted_length_histogram", "time_s", "calls", "call_cost_s", "ideal", "memory",
               "matches_ar", "mismatches"}
@@ -235,6 +235,24 @@ def test_pair_names_its_ar_drafter(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert [r["method"] for r in report["rows"]] == ["ar", "spec-ar", "hf-assisted"]
+
+
+def test_rows_carry_their_calls_over_the_measured_floor(self_drafted):
+    """x floor = the verify (ar: decode) call's cost over max(weights / bandwidth, flops / peak) at
+    its width; the peaks are measured in the run and the floors follow from them."""
+    models, _, report = self_drafted
+    roof = report["roofline"]
+    assert roof["read_gb_s"] > 0 and roof["gflop_s"] > 0
+    assert roof["params"] == sum(p.numel() for p in {p.data_ptr(): p for p in models.target.model.parameters()}.values()
+                                 if p.data_ptr() != models.target.model.transformer.wte.weight.data_ptr()
+                                 or models.target.model.config.tie_word_embeddings)
+    floor = lambda w: max(roof["weight_bytes"] / (roof["read_gb_s"] * 1e9), 2 * roof["params"] * w / (roof["gflop_s"] * 1e9))  # noqa: E731
+    assert roof["floor_ms"][9] == pytest.approx(floor(9) * 1e3, abs=0.01)
+    for r in report["rows"]:
+        width = 1 + sum(g * n for g, n in enumerate(r["draft_length_histogram"])) / max(1, sum(r["draft_length_histogram"]))
+        assert r["roofline"]["width"] == pytest.approx(width, abs=0.01)
+        assert r["roofline"]["x_floor"] == pytest.approx(r["call_cost_s"]["verify"] / floor(round(width)), rel=0.01)
+    assert next(r for r in report["rows"] if r["label"] == "ar")["roofline"]["width"] == 1
 
 
 def test_unreliable_speedups_are_named_with_their_reasons():

@@ -7,6 +7,7 @@
     callstats.py     per-call accounting by forward hooks, for any decoding loop
     convert.py       a diffusion drafter in any readable format -> the project's own
     drafter_init.py  a randomly initialised diffusion drafter for a target
+    roofline.py      the hardware's floor for a target step, measured (bench's `x floor`)
 
 Distillation (`specdiff distill`) is a package of its own, specdiff.training.
 May import: the algorithm (generation, methods, loading, ...), which never imports the tools; none

@@ -37,7 +37,7 @@ def format_table(report: dict) -> str:
     """One line per row; the [min, max] of tokens/s over rounds only when there were several."""
     spread = report["config"]["repeats"] > 1
     head = f"{'method':30} {'tok/s':>8} " + (f"{'[min, max]':>17} " if spread else "") + \
-           f"{'speed-up':>8} {'tau':>5} {'alpha':>5} {'ideal':>6} {'meas/ideal':>10} {'match':>5}"
+           f"{'speed-up':>8} {'tau':>5} {'alpha':>5} {'ideal':>6} {'meas/ideal':>10} {'x floor':>7} {'match':>5}"
     lines = [head, "-" * len(head)]
     for r in report["rows"]:
         t, match = r["tokens_per_s"], {True: "yes", False: "NO", None: "-"}[r["matches_ar"]]
@@ -46,8 +46,18 @@ def format_table(report: dict) -> str:
         lines.append(f"{r['label']:30} {t['median']:8.1f} {span}"
                      f"{r['speedup']:7.2f}x {r['tau']:5.2f} {_f(r['alpha'], '5.2f'):>5} "
                      f"{_f(r['ideal']['speedup'], '6.2f'):>6} {_f(r['ideal']['measured_over_ideal'], '10.2f'):>10} "
-                     f"{'ref' if r['method'] == 'ar' else match:>5}")
-    return "\n".join(lines)
+                     f"{_f(r['roofline']['x_floor'], '7.2f'):>7} {'ref' if r['method'] == 'ar' else match:>5}")
+    return "\n".join(lines + _floor_lines(report.get("roofline")))
+
+
+def _floor_lines(roofline: dict | None) -> list[str]:
+    """What `x floor` divides by: the peaks measured in the run and the floors they give."""
+    if roofline is None:
+        return []
+    floors = ", ".join(f"{w} tokens {ms:.1f} ms" for w, ms in roofline["floor_ms"].items())
+    return [f"x floor: each row's verify call (ar: decode) over the least it can cost here: "
+            f"{roofline['weight_bytes'] / 1e6:.0f} MB of weights at {roofline['read_gb_s']:.1f} GB/s, "
+            f"{roofline['gflop_s']:.0f} GFLOP/s measured -> {floors}"]
 
 
 def summary(report: dict, out_dir: Path | None = None) -> dict:

@@ -27,12 +27,14 @@ batch size, and `memory.kv_cache_peak_mb` the largest KV cache its batches held.
 Rooms: config (Models, Variant, Settings, load_models), sweep (variants: the rows), passes (one
 typed Pass per method), measure (timing, memory, environment), report (rows, speed-ups, checks);
 this module runs them. Its output: tools/bench_output.py; block-diffusion targets: tools/bench_block.py.
-May import: the library and tools.callstats; never the CLI.
+May import: the library, tools.callstats and tools.roofline; never the CLI.
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+import torch
 
 from ...errors import UsageError
 from ...generation import TextOptions, encode_prompts, torch_threads
@@ -40,8 +42,9 @@ from ...targets.block import BlockDiffusionTarget
 from ...targets.causal import CausalLMTarget
 from .config import DEFAULT_PROMPTS, METHODS, NEEDS, Models, Settings, Variant, default_prompts, load_models
 from .measure import environment, memory_of, time_variants
+from ..roofline import measure_peaks, weight_cost
 from .passes import PASSES
-from .report import SPREAD_LIMIT, make_report, row_of, spread, unreliable
+from .report import SPREAD_LIMIT, Floor, make_report, row_of, spread, unreliable
 from .sweep import available_methods, check_models, check_rules, fits, variants
 
 __all__ = ["DEFAULT_PROMPTS", "METHODS", "NEEDS", "PASSES", "SPREAD_LIMIT", "Models", "Settings", "Variant",
@@ -65,7 +68,17 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
         out = [(row_of(v, r, encoded, memory_of(r), w, models.draft_vocab(v)), r)
                for v, r, w in zip(rows, repeats, warmups)]
         env = environment(models)
-    return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()})
+        floor = _floor(models)
+    return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()}, floor)
+
+
+def _floor(models: Models) -> Floor | None:
+    """The device's peaks and the target's step cost (tools/roofline.py), measured after the timed
+    passes with the same threads; None for a target that is not a Hugging Face causal LM."""
+    model = getattr(models.target, "model", None)
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
+        return None
+    return measure_peaks(str(models.target.device)), weight_cost(model)
 
 
 def _check_room(target: CausalLMTarget | BlockDiffusionTarget, rows: list[Variant], encoded: list[list[int]], max_new_tokens: int) -> None:

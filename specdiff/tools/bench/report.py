@@ -1,6 +1,7 @@
 """The report: each row's speeds, acceptance, call costs and ideal speed-up, its speed-up over ar
-in the same round, the greedy check against ar, and which speed-ups the rounds' spread voids.
-May import: bench.config, bench.measure, tools.callstats and the library.
+in the same round, its calls beside the hardware's floor, the greedy check against ar, and which
+speed-ups the rounds' spread voids.
+May import: bench.config, bench.measure, tools.callstats, tools.roofline and the library.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from typing import Any
 from ...metrics import Metrics
 from ...vocab import DraftVocab
 from ..callstats import mean_seconds, verifications
+from ..roofline import Peaks, WeightCost
 from .config import Settings, Variant
 from .measure import Repeat
+
+
+Floor = tuple[Peaks, WeightCost]  # the measured peaks and the target's step cost
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ReportRow:
     speedup: float  # median over rounds of its tokens/s over ar's in the same round
     speedup_range: list[float]
     ideal: dict[str, float | None]
+    roofline: dict[str, float | None]  # its verify (ar: decode) call's width and cost over the floor
     unreliable: list[str]
     mismatches: list[dict[str, Any]]
     matches_ar: bool | None  # None: not greedy, nothing to compare token by token
@@ -173,29 +179,52 @@ def unreliable(runs: list[float], ar_runs: list[float], speedup_range: list[floa
     return why
 
 
+def x_floor(m: Measured, floor: Floor | None) -> dict[str, float | None]:
+    """A row's verify calls (ar: its decode calls) beside the hardware's floor (tools/roofline.py):
+    their mean width (tokens a row per call: 1 + the mean draft length) and cost / floor, the floor
+    of a call of batch x width tokens."""
+    lengths = m.draft_length_histogram
+    width = 1 + sum(g * n for g, n in enumerate(lengths)) / sum(lengths) if sum(lengths) else 1.0
+    c_v = m.call_cost_s["verify"]
+    if floor is None or not c_v:
+        return {"width": round(width, 2), "x_floor": None}
+    peaks, weights = floor
+    return {"width": round(width, 2), "x_floor": round(c_v / peaks.floor_s(weights, round(width * m.variant.batch_size)), 2)}
+
+
+def roofline_summary(floor: Floor | None) -> dict[str, Any] | None:
+    """bench.json's `roofline`: the peaks measured, the weights a step reads, floors at common widths."""
+    if floor is None:
+        return None
+    peaks, weights = floor
+    return {**peaks.to_dict(), "params": weights.params, "weight_bytes": weights.bytes,
+            "floor_ms": {w: round(peaks.floor_s(weights, w) * 1e3, 2) for w in (1, 5, 9, 17)}}
+
+
 def make_report(out: list[tuple[Measured, list[Repeat]]], s: Settings, env: dict[str, Any],
-                context: dict[str, Any]) -> dict[str, Any]:
+                context: dict[str, Any], floor: Floor | None = None) -> dict[str, Any]:
     """Speed-up: per round of passes, a variant's tokens/s over ar's (at the same temperature) in
     the same round; the median over rounds, and its range. -> the report, bench.json's content."""
     def temperature(m: Measured) -> float:
         return s.temperature if m.variant.temperature is None else m.variant.temperature
 
     refs = {temperature(m): (m, passes) for m, passes in reversed(out) if m.variant.method == "ar"}
-    rows = [_compared(m, passes, *refs[temperature(m)], temperature(m) == 0) for m, passes in out]
+    rows = [_compared(m, passes, *refs[temperature(m)], temperature(m) == 0, floor) for m, passes in out]
     greedy = any(temperature(m) == 0 for m, _ in out)
     failed = [row.measured.variant.label for row in rows if row.mismatches]
     check = {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed}
     noisy = [row.measured.variant.label for row in rows if row.unreliable]
     reliability = {"spread_limit": SPREAD_LIMIT, "unreliable": noisy, "advice": ADVICE if noisy else None}
-    return {"config": {**asdict(s), **context}, "environment": env, "check": check, "reliability": reliability,
-            "rows": [row.to_dict() for row in rows]}
+    return {"config": {**asdict(s), **context}, "environment": env, "roofline": roofline_summary(floor),
+            "check": check, "reliability": reliability, "rows": [row.to_dict() for row in rows]}
 
 
-def _compared(m: Measured, passes: list[Repeat], ar: Measured, ar_passes: list[Repeat], greedy: bool) -> ReportRow:
+def _compared(m: Measured, passes: list[Repeat], ar: Measured, ar_passes: list[Repeat], greedy: bool,
+              floor: Floor | None) -> ReportRow:
     """The row of `m` beside ar's at its temperature (`ar`: it may be `m` itself)."""
     ratios = [p.tokens_per_s / a.tokens_per_s for p, a in zip(passes, ar_passes)]
     speedup, speedup_range = statistics.median(ratios), [min(ratios), max(ratios)]
     why = [] if m is ar else unreliable(m.tokens_per_s["runs"], ar.tokens_per_s["runs"], speedup_range)
     mismatches = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
-    return ReportRow(m, speedup, speedup_range, _ideal(m, speedup, ar.call_cost_s["verify"]), why, mismatches,
-                     not mismatches if greedy else None)
+    return ReportRow(m, speedup, speedup_range, _ideal(m, speedup, ar.call_cost_s["verify"]), x_floor(m, floor), why,
+                     mismatches, not mismatches if greedy else None)
