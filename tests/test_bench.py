@@ -17,10 +17,12 @@ from specdiff import acceptance, generate, methods
 from specdiff.registry import load_registry
 from specdiff.errors import UsageError
 from specdiff.tools.bench import METHODS, Settings, available_methods, load_models, run, variants
+from specdiff.tools.invariance import width_invariance
 from specdiff_cli.main import cli
 
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():"]
 ROW_FIELDS = {"label", "method", "gamma", "steps", "schedule", "tokens_per_s", "speedup", "speedup_range", "roofline",
+              "width_invariance",
               "new_tokens", "wall_s", "iterations", "tau", "alpha", "per_position_acceptance",
               "accepted_length_histogram", "time_s", "calls", "call_cost_s", "ideal", "memory",
               "matches_ar", "mismatches"}
@@ -253,6 +255,33 @@ def test_rows_carry_their_calls_over_the_measured_floor(self_drafted):
         assert r["roofline"]["width"] == pytest.approx(width, abs=0.01)
         assert r["roofline"]["x_floor"] == pytest.approx(r["call_cost_s"]["verify"] / floor(round(width)), rel=0.01)
     assert next(r for r in report["rows"] if r["label"] == "ar")["roofline"]["width"] == 1
+
+
+class WidthDependent:
+    """A broken control: a target whose multi-token calls' logits are those of another arithmetic
+    (noise of 0.5 on every logit), as low-precision kernels' are."""
+
+    def __init__(self, target):
+        self.target, self.device = target, target.device
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def extend(self, ids, new=None):
+        logits = self.target.extend(ids, new)
+        return logits + 0.5 * torch.randn_like(logits) if ids.shape[1] > 1 else logits
+
+
+def test_width_invariance_is_measured_per_runtime_and_catches_a_width_dependent_target(self_drafted):
+    models, _, report = self_drafted
+    torch_run = report["width_invariance"]["torch"]
+    assert torch_run["gap"] < 1e-4 and torch_run["margin"] > 0 and not torch_run["flip"]
+    assert all(r["width_invariance"] == torch_run for r in report["rows"] if r["runtime"] == "torch")
+    ids = models.target.tokenizer.encode(PROMPTS[0] * 3)
+    again = width_invariance(models.target, ids)
+    assert again["gap"] < 1e-4 and not again["flip"] and again["widths"] == [5, 9]
+    broken = width_invariance(WidthDependent(models.target), ids)
+    assert broken["gap"] > 0.5 and broken["flip"]
 
 
 def test_unreliable_speedups_are_named_with_their_reasons():

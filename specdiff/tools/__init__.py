@@ -8,6 +8,7 @@
     convert.py       a diffusion drafter in any readable format -> the project's own
     drafter_init.py  a randomly initialised diffusion drafter for a target
     roofline.py      the hardware's floor for a target step, measured (bench's `x floor`)
+    invariance.py    whether a target's logits depend on a call's width (greedy identity's premise)
 
 Distillation (`specdiff distill`) is a package of its own, specdiff.training.
 May import: the algorithm (generation, methods, loading, ...), which never imports the tools; none

@@ -47,7 +47,19 @@ def format_table(report: dict) -> str:
                      f"{r['speedup']:7.2f}x {r['tau']:5.2f} {_f(r['alpha'], '5.2f'):>5} "
                      f"{_f(r['ideal']['speedup'], '6.2f'):>6} {_f(r['ideal']['measured_over_ideal'], '10.2f'):>10} "
                      f"{_f(r['roofline']['x_floor'], '7.2f'):>7} {'ref' if r['method'] == 'ar' else match:>5}")
-    return "\n".join(lines + _floor_lines(report.get("roofline")))
+    return "\n".join(lines + _floor_lines(report.get("roofline")) + _invariance_lines(report.get("width_invariance")))
+
+
+def _invariance_lines(invariance: dict | None) -> list[str]:
+    """Per runtime: how far a wide call's logits are from one-token calls' (tools/invariance.py)."""
+    out = []
+    for runtime, m in (invariance or {}).items():
+        if m is None:
+            continue
+        verdict = "a greedy token could differ" if m["flip"] else "no greedy flip possible at what was seen"
+        out.append(f"width invariance, {runtime}: logits of {'/'.join(map(str, m['widths']))}-token calls within "
+                   f"{m['gap']:.2g} of one-token calls; smallest top-2 margin {m['margin']:.2g}: {verdict}")
+    return out
 
 
 def _floor_lines(roofline: dict | None) -> list[str]:

@@ -27,12 +27,12 @@ batch size, and `memory.kv_cache_peak_mb` the largest KV cache its batches held.
 Rooms: config (Models, Variant, Settings, load_models), sweep (variants: the rows), passes (one
 typed Pass per method), measure (timing, memory, environment), report (rows, speed-ups, checks);
 this module runs them. Its output: tools/bench_output.py; block-diffusion targets: tools/bench_block.py.
-May import: the library, tools.callstats and tools.roofline; never the CLI.
+May import: the library, tools.callstats, tools.roofline and tools.invariance; never the CLI.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -42,6 +42,7 @@ from ...targets.block import BlockDiffusionTarget
 from ...targets.causal import CausalLMTarget
 from .config import DEFAULT_PROMPTS, METHODS, NEEDS, Models, Settings, Variant, default_prompts, load_models
 from .measure import environment, memory_of, time_variants
+from ..invariance import width_invariance
 from ..roofline import measure_peaks, weight_cost
 from .passes import PASSES
 from .report import SPREAD_LIMIT, Floor, make_report, row_of, spread, unreliable
@@ -69,7 +70,17 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
                for v, r, w in zip(rows, repeats, warmups)]
         env = environment(models)
         floor = _floor(models)
-    return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()}, floor)
+        invariance = _invariance(models, {v.runtime for v in rows}, encoded[0] + repeats[0][0].tokens[0])
+    return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()}, floor, invariance)
+
+
+def _invariance(models: Models, runtimes: set[str], ids: list[int]) -> dict[str, Any]:
+    """Each runtime's width invariance (tools/invariance.py) on the first prompt and ar's answer
+    to it; the compiled runtime's static-cache target is made per plan, so it is not probed."""
+    targets = {"torch": models.target, **{r: g["target"] for r, g in models.graphs.items() if r in runtimes}}
+    if not isinstance(models.target, CausalLMTarget):
+        return {}
+    return {runtime: width_invariance(target, ids) for runtime, target in targets.items()}
 
 
 def _floor(models: Models) -> Floor | None:

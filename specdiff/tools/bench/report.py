@@ -55,6 +55,7 @@ class ReportRow:
     speedup_range: list[float]
     ideal: dict[str, float | None]
     roofline: dict[str, float | None]  # its verify (ar: decode) call's width and cost over the floor
+    width_invariance: dict[str, Any] | None  # its runtime's (tools/invariance.py; None: not probed)
     unreliable: list[str]
     mismatches: list[dict[str, Any]]
     matches_ar: bool | None  # None: not greedy, nothing to compare token by token
@@ -202,29 +203,32 @@ def roofline_summary(floor: Floor | None) -> dict[str, Any] | None:
 
 
 def make_report(out: list[tuple[Measured, list[Repeat]]], s: Settings, env: dict[str, Any],
-                context: dict[str, Any], floor: Floor | None = None) -> dict[str, Any]:
+                context: dict[str, Any], floor: Floor | None = None,
+                invariance: dict[str, Any] | None = None) -> dict[str, Any]:
     """Speed-up: per round of passes, a variant's tokens/s over ar's (at the same temperature) in
     the same round; the median over rounds, and its range. -> the report, bench.json's content."""
     def temperature(m: Measured) -> float:
         return s.temperature if m.variant.temperature is None else m.variant.temperature
 
     refs = {temperature(m): (m, passes) for m, passes in reversed(out) if m.variant.method == "ar"}
-    rows = [_compared(m, passes, *refs[temperature(m)], temperature(m) == 0, floor) for m, passes in out]
+    rows = [_compared(m, passes, *refs[temperature(m)], temperature(m) == 0, floor,
+                      (invariance or {}).get(m.variant.runtime)) for m, passes in out]
     greedy = any(temperature(m) == 0 for m, _ in out)
     failed = [row.measured.variant.label for row in rows if row.mismatches]
     check = {"greedy": greedy, "passed": not failed if greedy else None, "mismatched": failed}
     noisy = [row.measured.variant.label for row in rows if row.unreliable]
     reliability = {"spread_limit": SPREAD_LIMIT, "unreliable": noisy, "advice": ADVICE if noisy else None}
     return {"config": {**asdict(s), **context}, "environment": env, "roofline": roofline_summary(floor),
+            "width_invariance": invariance or {},
             "check": check, "reliability": reliability, "rows": [row.to_dict() for row in rows]}
 
 
 def _compared(m: Measured, passes: list[Repeat], ar: Measured, ar_passes: list[Repeat], greedy: bool,
-              floor: Floor | None) -> ReportRow:
+              floor: Floor | None, invariance: dict[str, Any] | None) -> ReportRow:
     """The row of `m` beside ar's at its temperature (`ar`: it may be `m` itself)."""
     ratios = [p.tokens_per_s / a.tokens_per_s for p, a in zip(passes, ar_passes)]
     speedup, speedup_range = statistics.median(ratios), [min(ratios), max(ratios)]
     why = [] if m is ar else unreliable(m.tokens_per_s["runs"], ar.tokens_per_s["runs"], speedup_range)
     mismatches = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
-    return ReportRow(m, speedup, speedup_range, _ideal(m, speedup, ar.call_cost_s["verify"]), x_floor(m, floor), why,
-                     mismatches, not mismatches if greedy else None)
+    return ReportRow(m, speedup, speedup_range, _ideal(m, speedup, ar.call_cost_s["verify"]), x_floor(m, floor),
+                     invariance, why, mismatches, not mismatches if greedy else None)
