@@ -37,7 +37,8 @@ def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: 
 def _list(kind: Callable[[str], T], what: str = "") -> Callable[[click.Context, click.Parameter, str | None],
                                                                 tuple[T, ...] | None]:
     """A click callback: 'a,b' -> (kind('a'), kind('b')); None stays None. what: the items, as
-    the error names them (default: kind's name, plural)."""
+    the error names them (default: kind's name, plural). A value listed twice is refused (it
+    would be two rows of one label), in every list option alike."""
     def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[T, ...] | None:
         if value is None:
             return None
@@ -48,6 +49,9 @@ def _list(kind: Callable[[str], T], what: str = "") -> Callable[[click.Context, 
                                      f"got {value!r}") from None
         if not items:
             raise click.BadParameter("empty list")
+        twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+        if twice is not None:
+            raise click.BadParameter(f"{twice} is listed twice (each value is one row): give it once")
         return items
     return parse
 
@@ -106,8 +110,10 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "its eager row; compile time is reported apart (compile_s) and timed in no pass.")
 @click.option("--artifacts", metavar="DIR",
               help="A `specdiff export` directory: also run ar and specdiff on its graphs with --runtime.")
-@click.option("--runtime", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime", show_default=True,
-              help="What runs the --artifacts graphs.")
+@click.option("--runtime", type=click.Choice(["onnxruntime", "tensorrt"]),
+              help="Also run ar and specdiff on graphs with this runtime: --artifacts' [default with --artifacts: "
+                   "onnxruntime]; onnxruntime without --artifacts: the bench's models exported once into the user "
+                   "cache and reused.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
@@ -126,7 +132,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
           steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
           draft_temperature: float | None, rules: tuple[str, ...] | None, temperatures: tuple[float, ...] | None,
           top_k: int, top_p: float, batch_sizes: tuple[int, ...] | None, compiled: bool, artifacts: str | None,
-          runtime: str, seed: int, out: str, check: bool, threads: int | None, device: str, dtype: str,
+          runtime: str | None, seed: int, out: str, check: bool, threads: int | None, device: str, dtype: str,
           truncate_prompt: bool, chat: bool | None, no_plots: bool) -> None:
     """Time plain decoding, AR-drafted and diffusion-drafted speculative decoding and Hugging Face
     assisted generation side by side on the same target; check every greedy output against ar.
@@ -140,6 +146,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
       specdiff bench --pair demo --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
       specdiff bench --pair demo --methods ar,specdiff --gamma auto,2,4,8 --batch-size 1,4,8,16 --temperature 0,0.7,1
       specdiff bench --pair demo --methods ar,specdiff --compile --artifacts demo-onnx --threads 1
+      specdiff bench --pair smol-dflash --methods ar,dflash --runtime onnxruntime --threads 1
       specdiff bench --target gpt2-xl --drafter mdlm-owt --ar-drafter gpt2 --check   # hub models: network
     Each row decodes every prompt (default: all the pair's held-out ones) --warmup + --repeats times.
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.
@@ -171,8 +178,9 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     if check and 0 not in (temperatures or (settings.temperature,)):
         raise UsageError("--check compares greedy outputs token by token; it needs 0 among --temperature")
     if getattr(models.target, "kind", None) == "block-diffusion":
-        if compiled or artifacts:
-            raise UsageError("--compile and --artifacts run causal LM targets; block-diffusion targets run eager")
+        if compiled or artifacts or runtime:
+            raise UsageError("--compile, --artifacts and --runtime run causal LM targets; block-diffusion targets "
+                             "run eager")
         unread = [flag for flag, value in (("--schedule", schedules), ("--drafts", drafts), ("--acceptance", rules),
                                            ("--batch-size", batch_sizes), ("--draft-temperature", draft_temperature))
                   if value] + ["--temperature (more than one)"] * (len(temperatures or ()) > 1)
@@ -184,6 +192,14 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
         _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],),
                      cast(tuple[int, ...], gammas or (pick["gamma"],)), pick, out, check)
         return
+    if runtime is not None and artifacts is None:
+        if runtime != "onnxruntime":
+            raise UsageError(f"--runtime {runtime} needs --artifacts (engines are built by `specdiff export`)")
+        from specdiff.exporters.cache import export_for
+        from specdiff.registry import as_registry
+
+        artifacts = str(export_for(pair, target, drafter, None, as_registry(None)))
+    runtime = runtime or "onnxruntime"
     rows = lib.variants(methods or lib.available_methods(models), swept,
                         steps or (pick["steps"],), schedules or (pick["schedule"],), drafts or (None,),
                         rules or (None,), temperatures if temperatures and len(temperatures) > 1 else (None,),

@@ -334,6 +334,22 @@ def test_bench_runs_ar_and_specdiff_on_the_exported_graphs_beside_eager(tiny, on
     assert rows["specdiff g=4 T=4 l2r onnxruntime"]["tau"] == rows["specdiff g=4 T=4 l2r"]["tau"]
 
 
+@pytest.mark.slow  # one tiny export
+def test_bench_runtime_without_artifacts_exports_into_the_cache_and_probes_its_width_invariance(tiny, tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    result = run_cli(["bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--methods", "ar,specdiff",
+                      "--runtime", "onnxruntime", "--gamma", "4", "--max-new-tokens", "12", "--num-prompts", "2",
+                      "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots",
+                      "--out", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    assert "exporting" in result.stderr and len(list((tmp_path / "cache" / "onnx").iterdir())) == 1
+    report = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert {"ar onnxruntime", "specdiff g=4 T=4 l2r onnxruntime"} <= {r["label"] for r in report["rows"]}
+    assert report["check"]["passed"] and set(report["width_invariance"]) == {"torch", "onnxruntime"}
+    assert not report["width_invariance"]["onnxruntime"]["flip"] and report["width_invariance"]["onnxruntime"]["gap"] < 1e-3
+
+
 @pytest.mark.parametrize("kind", ["target", "drafter"])
 def test_bench_refuses_graphs_of_another_model_with_the_same_tokenizer(tiny, onnx_pair, tmp_path, kind):
     """Graphs exported from another model with the same tokenizer were timed against the bench's
