@@ -1,5 +1,5 @@
-"""The README's links and the repository paths it names stay inside the repository and exist, so
-that a reader of a checkout (or of the wheel's metadata) is never sent elsewhere."""
+"""The README's and docs/*.md's links and the repository paths they name stay inside the repository
+and exist, so that a reader of a checkout (or of the wheel's metadata) is never sent elsewhere."""
 
 from __future__ import annotations
 
@@ -22,4 +22,10 @@ def test_named_repository_paths_exist():
     named = set(REPO_PATH.findall((ROOT / "README.md").read_text(encoding="utf-8")))
     assert "scripts/demo/corpus.sh" in named
     missing = [p for p in sorted(named) if not any(ROOT.glob(p))]
+    assert missing == []
+
+
+def test_docs_name_repository_paths_that_exist():
+    missing = [(doc.name, p) for doc in sorted((ROOT / "docs").glob("*.md"))
+               for p in sorted(set(REPO_PATH.findall(doc.read_text(encoding="utf-8")))) if not any(ROOT.glob(p))]
     assert missing == []
