@@ -3,22 +3,33 @@
 A failed write (disk full, file too large, read-only file system) becomes a WriteError that names
 the output; whatever the block left half-written is removed, also when the block is interrupted
 by an exception such as KeyboardInterrupt.
+
+A temporary directory (new_directory, temp_directory) is hidden beside its target and named for
+the process that writes it, `.<target>.<host>-<pid>-<random>.tmp`, where <host> hashes the host
+name and pid namespace (a pid names a process only there). A process killed outright (kill -9,
+power loss) cannot remove its own; the next temp_directory in the same folder, or remove_stale,
+removes each one of this host whose process no longer runs. Nothing else is ever removed: not
+other names, not a running process's directory, not another host's.
+Imports: errors.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import secrets
 import shutil
-import tempfile
-from contextlib import contextmanager
+import socket
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
 from .errors import UsageError, WriteError
 
 FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}  # the storage failed, not the request
+TEMP = re.compile(r"\..+\.([0-9a-f]{8})-([1-9][0-9]*)-[0-9a-f]{8}\.tmp")  # temp_path's names: host, pid
 
 
 def write_error(path: Path | str, e: OSError) -> WriteError:
@@ -60,17 +71,78 @@ def new_file(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def host() -> str:
+    """This host and pid namespace, hashed: where the pids in temp_path's names mean something."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # not Linux
+        namespace = ""
+    return hashlib.sha256(f"{socket.gethostname()} {namespace}".encode()).hexdigest()[:8]
+
+
+def temp_path(path: Path) -> Path:
+    """A new hidden name beside `path` that names this process (nothing is created)."""
+    return path.with_name(f".{path.name}.{host()}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process
+        return True
+    return True
+
+
+def remove_stale(folder: Path) -> None:
+    """Remove what temp_path named in `folder` for processes of this host that no longer run."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    here = host()
+    for entry in entries:
+        match = TEMP.fullmatch(entry.name)
+        if match and match[1] == here and not running(int(match[2])):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def temp_directory(path: Path) -> Path:
+    """A new hidden directory beside `path`, named for this process (temp_path), made after
+    removing those of processes that are gone. OSError if it cannot be made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(path.parent)
+    tmp = temp_path(path)
+    tmp.mkdir()
+    return tmp
+
+
+def remove(path: Path) -> None:
+    """Remove a file, link or directory tree, renamed to a temp_path first: removal interrupted
+    halfway leaves a name that remove_stale clears, never a half entry under the old name."""
+    trash = temp_path(path)
+    path.rename(trash)
+    if trash.is_dir() and not trash.is_symlink():
+        shutil.rmtree(trash)
+    else:
+        trash.unlink()
+
+
 @contextmanager
 def new_directory(out: Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `out` that becomes `out` if the block succeeds."""
+    """Yield a temporary directory beside `out` (temp_directory) that becomes `out` if the block
+    succeeds."""
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        tmp = temp_directory(out)
     except OSError as e:
         raise write_error(out, e) from e
     try:
         yield tmp
-        tmp.chmod(0o777 & ~umask())  # mkdtemp made it private; the result is an ordinary directory
         if out.exists():
             out.rmdir()  # empty, checked by check_new_directory
         tmp.rename(out)

@@ -1,6 +1,8 @@
 """GGUF targets: a tiny Llama written as llama.cpp writes one (the gguf package's writer, Q / K
 rows permuted for its rotary layout, one tensor Q8_0-quantized) loads through specdiff to exactly
-the weights it holds, and so to the same logits as those weights loaded from safetensors."""
+the weights it holds, and so to the same logits as those weights loaded from safetensors; malformed
+metadata is one LoadError line, before anything large is built. The cache's own checks and repair:
+test_cache_repair.py."""
 
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def q8_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)
 
 
-def write_gguf(model, tokenizer, path: Path) -> dict[str, torch.Tensor]:
-    """The model as a GGUF file -> the weights a reader must find (the embedding as Q8_0 restores it)."""
+def write_gguf(model, tokenizer, path: Path, metadata: dict | None = None) -> dict[str, torch.Tensor]:
+    """The model as a GGUF file -> the weights a reader must find (the embedding as Q8_0 restores it);
+    `metadata` {key: (value, GGUFValueType)} replaces fields of the header (malformed files)."""
     cfg, sd = model.config, {k: v.float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(cfg.num_hidden_layers)
@@ -63,6 +66,8 @@ def write_gguf(model, tokenizer, path: Path) -> dict[str, torch.Tensor]:
             if cpp in ("attn_q", "attn_k"):
                 t = permute(t, cfg.num_attention_heads if cpp == "attn_q" else cfg.num_key_value_heads)
             w.add_tensor(f"blk.{i}.{cpp}.weight", np.ascontiguousarray(t))
+    for key, (value, kind) in (metadata or {}).items():
+        w.add_key_value(key, value, kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -184,3 +189,48 @@ def test_a_file_that_is_not_gguf(cache, tmp_path):
     with pytest.raises(LoadError, match="bad.gguf"):
         load_target(str(bad))
     assert not cache.exists() or not any(p for p in (cache / "gguf").rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def llama(tiny, tmp_path_factory):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(make_llama(tmp_path_factory.mktemp("hf"), tiny.tokenizer, scale=10))
+
+
+V = gguf.GGUFValueType
+MALFORMED = {"absurd block_count": ({"llama.block_count": (10**9, V.UINT32)}, "1000000000 layers"),
+             "block_count a string": ({"llama.block_count": ("two", V.STRING)}, "num_hidden_layers"),
+             "huge embedding_length": ({"llama.embedding_length": (10**9, V.UINT32)}, "metadata makes it"),
+             "huge feed_forward_length": ({"llama.feed_forward_length": (10**9, V.UINT32)}, "metadata makes it"),
+             "epsilon a string": ({"llama.attention.layer_norm_rms_epsilon": ("x", V.STRING)}, "rms_norm_eps"),
+             "rope base a string": ({"llama.rope.freq_base": ("x", V.STRING)}, "str"),
+             "architecture a number": ({"general.architecture": (7, V.UINT32)}, "int"),
+             "no attention heads": ({"llama.attention.head_count": (0, V.UINT32)}, "zero")}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_metadata_is_one_line_before_anything_large(name, llama, tiny, cache, tmp_path):
+    """Each was a TypeError traceback, a converted entry that could not load, or (block_count
+    10**9) minutes of building layers into a MemoryError that left a temporary directory."""
+    metadata, says = MALFORMED[name]
+    path = tmp_path / "bad.gguf"
+    write_gguf(llama, tiny.tokenizer, path, metadata)
+    with pytest.raises(LoadError, match=f"GGUF file {path}|{path}: ") as e:
+        load_target(str(path))
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert not any((cache / "gguf").iterdir())
+
+
+def test_conversion_draws_no_progress_bar_off_a_terminal(llama_gguf, cache, capsys):
+    """transformers' GGUF reader drew "Converting and de-quantizing GGUF tensors..." frames (1.6 KB
+    for SmolLM2) into a log file, even with transformers' progress bars on."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # conftest turns bars off; a user may have them on
+    try:
+        load_target(str(llama_gguf[0]))
+    finally:
+        (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()
+    assert capsys.readouterr().err == ""

@@ -5,13 +5,14 @@ written to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; `resume` co
 newest. At the end the drafter is written to DIR in the project's format, config.json last (DIR is
 a drafter once config.json exists). Only finite weights are ever saved: a run whose loss or
 weights stop being finite raises DivergedError; a new run then removes what it wrote to DIR, a
-resumed one keeps the earlier checkpoints.
+resumed one keeps the earlier checkpoints. A checkpoint or drafter is written in a hidden directory
+named for the process (atomic.temp_directory); one left by a killed run is removed by the next
+checkpoint or publish in the same directory.
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..atomic import new_directory
+from ..atomic import new_directory, temp_directory
 from ..drafters.diffusion import DiffusionDrafter
 from ..errors import DivergedError
 from ..loading import pair_models
@@ -94,7 +95,7 @@ def publish(out: Path, save: Callable[[Path], None]) -> None:
     """Write a drafter's files (`save(directory)`) into `out`, config.json last (a drafter once it
     exists)."""
     (out / "config.json").unlink(missing_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".drafter-", dir=out))
+    tmp = temp_directory(out / "drafter")  # named for this process: a later run removes it if killed
     try:
         save(tmp)
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
