@@ -26,6 +26,7 @@ top-level models.yaml is a symbolic link to it). `path:` is relative to the file
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import os
 import re
@@ -231,7 +232,9 @@ def _entry(raw: Any, path: Path) -> ModelEntry | PairEntry:
     raw = dict(raw)
     where = f"{path}:{raw.pop('__line__')}"
     name, kind = raw.get("name"), raw.get("kind")
-    if not isinstance(name, str) or not name:
+    if name is not None and not isinstance(name, str):
+        raise RegistryError(f"{where}: {_not_text('name', name)}")
+    if not name:
         raise RegistryError(f"{where}: entry without a 'name'")
     where = f"{where}: entry '{name}'"
     if kind not in KINDS:
@@ -242,7 +245,7 @@ def _entry(raw: Any, path: Path) -> ModelEntry | PairEntry:
         raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
     bad = [k for k, v in raw.items() if k != "defaults" and not isinstance(v, str)]
     if bad:
-        raise RegistryError(f"{where}: {', '.join(bad)} must be text")
+        raise RegistryError(f"{where}: {_not_text(bad[0], raw[bad[0]])}")
     if kind == "pair":
         return _pair(raw, where, path)
     if sum(k in raw for k in ("hub", "path", "gguf")) != 1:
@@ -257,6 +260,18 @@ def _entry(raw: Any, path: Path) -> ModelEntry | PairEntry:
     if "gguf" in raw and "package" not in raw:
         raw["gguf"] = str((path.resolve().parent / raw["gguf"]).resolve())
     return ModelEntry(**raw)
+
+
+def _not_text(key: str, value: Any) -> str:
+    """Why a value is not the text it must be, and what to write: YAML reads an unquoted
+    all-digit sha256 as a number, `yes` as true, 2024-01-01 as a date."""
+    if value is None:
+        return f"{key} is empty: give it a value, or leave the key out"
+    read = ("true or false" if isinstance(value, bool) else "a number" if isinstance(value, (int, float))
+            else "a date" if isinstance(value, datetime.date) else None)
+    if read:
+        return f"{key} must be text, but YAML reads this unquoted value as {read}: put it in quotes ({key}: \"...\")"
+    return f"{key} must be text, got a {'mapping' if isinstance(value, dict) else type(value).__name__}"
 
 
 def _pair(raw: dict, where: str, path: Path) -> PairEntry:

@@ -78,6 +78,15 @@ def check_seed(seed: object) -> None:
         raise UsageError(f"seed must be an integer from 0 to 2**63 - 1, got {_short(seed)}")
 
 
+def check_indices(indices: object, n: int) -> list[int]:
+    """Each prompt's place in a larger input (stream's `indices`): n integers from 0 to
+    SEED_MAX, so that seed + index stays within torch's 64-bit seeds (2**64 overflowed inside it)."""
+    if not isinstance(indices, (list, tuple)) or len(indices) != n or \
+            not all(_is_int(i) and 0 <= i <= SEED_MAX for i in indices):
+        raise UsageError(f"`indices` must be {n} integers from 0 to 2**63 - 1, one per prompt, got {_short(indices)}")
+    return list(indices)
+
+
 def check_settings(values: dict[str, Any]) -> None:
     """Each declared setting (settings.py) that `values` holds, not None, has its type and bound."""
     for key, value in values.items():
@@ -106,10 +115,13 @@ def check_keywords(given: Iterable[str], known: Iterable[str]) -> None:
 
 def check_names(**names: object) -> None:
     """Settings that name something (method, schedule, acceptance, ...): a string, or None for
-    the default. A list or a number is refused here, not met later as a TypeError."""
+    the default. A list or a number is refused here, not met later as a TypeError; an empty
+    string names nothing and is refused, not taken for the default."""
     for key, value in names.items():
         if value is not None and not isinstance(value, str):
             raise UsageError(f"`{key}` must be a name (a string), got {_kind(value)}")
+        if value == "":
+            raise UsageError(f"`{key}` must be a name, got '' (None or leaving it out: the default)")
 
 
 def check_flags(**flags: object) -> None:
@@ -140,7 +152,8 @@ def check_request(target: Any, drafter: Any, *, seed: object, device: object, te
     check_seed(seed)
     check_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p,
                     "repetition_penalty": repetition_penalty, **options})
-    check_device_name(device)
+    if device is not None:  # None: a loaded model's device, else cpu (generation.loaded)
+        check_device_name(device)
     return _name(target), _name(drafter)
 
 

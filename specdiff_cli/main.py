@@ -1,9 +1,9 @@
 """Entry point. Errors become one line on stderr: exit 2 for usage errors, 1 for runtime errors
 (a failed write among them: disk full, `> /dev/full`), never a traceback; the library's warnings
-one line each, `specdiff: warning: ...`. A closed pipe on stdout (`specdiff generate ... |
-head -1`) ends the command quietly with exit 0. SIGTERM and SIGHUP become an exception, so that
-every `finally` removes its temporary files, and exit 128 + signum. Bare `specdiff` prints the
-help (on stderr, exit 2).
+one line each, `specdiff: warning: ...`. A stderr that takes no line (`2> /dev/full`) changes no
+exit code. A closed pipe on stdout (`specdiff generate ... | head -1`) ends the command quietly
+with exit 0. SIGTERM and SIGHUP become an exception, so that every `finally` removes its temporary
+files, and exit 128 + signum. Bare `specdiff` prints the help (on stderr, exit 2).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _warnings_as_lines() -> Iterator[None]:
         def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             if not issubclass(category, SpecdiffWarning):
                 return shown(message, category, *args, **kwargs)
-            click.echo(f"specdiff: warning: {to_flags(str(message))}".replace("\n", " "), err=True)
+            _say(f"specdiff: warning: {to_flags(str(message))}".replace("\n", " "))
 
         warnings.showwarning = show
         warnings.simplefilter("always", SpecdiffWarning)
@@ -85,8 +85,18 @@ def _quiet_when_run(command: click.Command) -> click.Command:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"specdiff: error: {message}", err=True)
+    _say(f"specdiff: error: {message}")
     sys.exit(code)
+
+
+def _say(text: str) -> None:
+    """text on stderr, if stderr takes it: the exit code (2 for usage) must not depend on it
+    (`2>/dev/full` made a usage error exit 1); what cannot be written is dropped."""
+    try:
+        click.echo(text, err=True)
+        sys.stderr.flush()
+    except OSError:
+        pass
 
 
 class Terminated(BaseException):
@@ -129,7 +139,7 @@ class SpecdiffGroup(click.Group):
         """No command: the help, as click >= 8.2 prints it (on stderr, exit 2), not a usage error
         flattened by main() into one line."""
         if not args and not ctx.resilient_parsing:
-            click.echo(ctx.get_help(), err=True, color=ctx.color)
+            _say(ctx.get_help())
             ctx.exit(2)
         return super().parse_args(ctx, args)
 

@@ -196,8 +196,8 @@ def test_an_integer_gamma_is_fixed_and_auto_needs_a_drafting_method(models):
     assert auto.draft.adaptive is True and auto.draft.gamma == 8  # no pair, no recorded gamma: the default cap
     capped = plan(target=models["gpt2"], drafter=models["diffusion"], gamma=5, adaptive=True)
     assert (capped.draft.gamma, capped.draft.adaptive) == (5, True)
-    with pytest.raises(UsageError, match="`gamma` auto needs spec-ar, specdiff or dflash"):
-        plan(target=models["gpt2"], method="ar", gamma="auto")
+    with pytest.raises(UsageError, match="^method 'ar' does not use `gamma`; it reads none of the draft settings$"):
+        plan(target=models["gpt2"], method="ar", gamma="auto")  # not: give an integer gamma (ar refuses one too)
     with pytest.raises(UsageError, match="`gamma` must be an integer >= 1 or auto, got 'banana'"):
         plan(target=models["gpt2"], drafter=models["diffusion"], gamma="banana")
 
@@ -226,7 +226,7 @@ def test_cli_reports_the_chosen_lengths_and_the_cost_table(tiny):
 @pytest.mark.parametrize("args,message", [
     (["--gamma", "banana"], "Invalid value for '--gamma': 'banana' is neither an integer nor auto"),
     (["--gamma", "0"], "--gamma must be an integer >= 1 or auto, got 0"),
-    (["--method", "ar", "--gamma", "auto"], "does not choose its draft length: --gamma auto needs spec-ar, specdiff or dflash"),
+    (["--method", "ar", "--gamma", "auto"], "method 'ar' does not use --gamma; it reads none of the draft settings"),
 ])
 def test_cli_refuses_a_bad_gamma_in_one_line(tiny, args, message):
     result = _cli("--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--prompt", "x", *args)

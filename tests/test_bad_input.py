@@ -4,6 +4,7 @@ a usage error and 1 for a runtime error, no traceback, nothing on stdout and no 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import specdiff
 from specdiff.errors import ContextWindowWarning
 from specdiff.tools.drafter_init import init_drafter
 from specdiff_cli.main import cli
+from tiny import make_dflash, with_defaults
 
 
 def permuted_copy(src: Path, dst: Path) -> Path:
@@ -64,7 +66,8 @@ def models(tiny, tmp_path_factory) -> dict[str, str]:
         "bigger_drafter": init_drafter(str(bigger), root / "bigger-drafter", **small),
         "truncated_drafter": truncated_copy(tiny.drafter, root / "truncated-drafter"),
         "truncated_target": truncated_copy(tiny.gpt2, root / "truncated-target"),
-        "broken_config": broken_config,
+        "broken_config": broken_config, "dflash": make_dflash(root / "dflash", Path(tiny.gpt2), seed=6),
+        "gamma_drafter": with_defaults(Path(tiny.drafter), root / "gamma-drafter", {"gamma": 200}),
     }
     return {k: str(v) for k, v in paths.items()}
 
@@ -89,12 +92,15 @@ def assert_one_line_error(result, code: int, *fragments: str) -> None:
         assert fragment in result.stderr, (fragment, result.stderr)
 
 
-def fail(tmp_path: Path, args: list[str], code: int, *fragments: str, input=None) -> None:
-    """Run `specdiff generate ARGS -o FILE` and check the error; -o must leave nothing behind."""
+def fail(tmp_path: Path, args: list[str], code: int, *fragments: str, input=None) -> str:
+    """Run `specdiff generate ARGS -o FILE` and check the error; -o must leave nothing behind.
+    -> the error line."""
     out = tmp_path / "out"
     out.mkdir()
-    assert_one_line_error(invoke(["generate", *args, "-o", str(out / "result.txt")], input), code, *fragments)
+    result = invoke(["generate", *args, "-o", str(out / "result.txt")], input)
+    assert_one_line_error(result, code, *fragments)
     assert list(out.iterdir()) == []
+    return result.stderr
 
 
 def expand(args: str, models: dict[str, str]) -> list[str]:
@@ -103,7 +109,7 @@ def expand(args: str, models: dict[str, str]) -> list[str]:
 
 USAGE = {  # the request itself is wrong: options, names, combinations
     "gamma < 1": ("--drafter {drafter} --gamma 0", "--gamma must be an integer >= 1 or auto, got 0"),
-    "gamma auto for ar": ("--method ar --gamma auto", "method 'ar' does not choose its draft length: --gamma auto"),
+    "gamma auto for ar": ("--method ar --gamma auto", "method 'ar' does not use --gamma; it reads none of the draft"),
     "steps < 1": ("--drafter {drafter} --steps 0", "--steps must be an integer >= 1, got 0"),
     "max-new-tokens < 1": ("--max-new-tokens 0", "--max-new-tokens must be an integer >= 1, got 0"),
     "temperature < 0": ("--temperature -0.5", "--temperature must be a finite number >= 0 (0 = greedy), got -0.5"),
@@ -120,8 +126,18 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "unknown pair": ("--pair no-such-pair", "unknown pair 'no-such-pair'"),
     "a target is not a pair": ("--pair gpt2", "'gpt2' is a target in models.yaml, not a pair"),
     "specdiff without a drafter": ("--method specdiff", "method 'specdiff' needs a diffusion drafter"),
-    "specdiff with an AR drafter": ("--drafter {ar} --method specdiff", "needs a diffusion drafter"),
-    "spec-ar with a diffusion drafter": ("--drafter {drafter} --method spec-ar", "needs an autoregressive"),
+    "specdiff with an AR drafter": ("--drafter {ar} --method specdiff", "needs a diffusion drafter; the --drafter "
+                                    "given", "is an autoregressive (causal LM) drafter: use --method spec-ar"),
+    "spec-ar with a diffusion drafter": ("--drafter {drafter} --method spec-ar", "needs an autoregressive",
+                                         "is a diffusion drafter: use --method specdiff, which drafts with it"),
+    "specdiff with a DFlash drafter": ("--drafter {dflash} --method specdiff", "method 'specdiff' needs a diffusion "
+                                       "drafter; the --drafter given", "is a DFlash drafter: use --method dflash"),
+    "schedule on dflash": ("--drafter {dflash} --method dflash --schedule l2r", "method 'dflash' does not use "
+                           "--schedule; it reads --gamma (an integer or auto), --drafts, --draft-temperature"),
+    "dflash compiled": ("--drafter {dflash} --method dflash --compile", "a compiled target does not keep: drop "
+                        "--compile"),
+    "recorded gamma past the context window": ("--drafter {gamma_drafter}", "gamma 200 (recorded by the drafter; "
+                                               "give --gamma to change it) does not fit the target's context window"),
     "greedy acceptance when sampling": ("--drafter {drafter} --acceptance greedy --temperature 1",
                                         "greedy acceptance needs --temperature 0"),
     "confidence with standard when sampling": (
@@ -161,9 +177,13 @@ USAGE = {  # the request itself is wrong: options, names, combinations
 
 @pytest.mark.parametrize("case", USAGE, ids=list(USAGE))
 def test_usage_errors_exit_2(tmp_path, models, case):
+    """... and every flag a message names, unquoted (click quotes a flag it does not know), is one
+    that generate has: dflash "reads --adaptive" named none."""
     args, *fragments = USAGE[case]
     target = [] if "--target" in args or "--pair" in args else ["--target", models["gpt2"]]
-    fail(tmp_path, [*target, *expand(args, models), "--prompt", "Hello"], 2, *fragments)
+    stderr = fail(tmp_path, [*target, *expand(args, models), "--prompt", "Hello"], 2, *fragments)
+    flags = {flag for param in cli.commands["generate"].params for flag in param.opts}
+    assert set(re.findall(r"(?<!')--[a-z][a-z-]*", stderr)) <= flags, stderr
 
 
 RUNTIME = {  # the request is fine, the files it names are not

@@ -176,6 +176,28 @@ def test_cli_usage_errors_are_one_line(tiny, tmp_path, extra, message):
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+LISTS = {"--methods": "ar,specdiff,specdiff", "--gamma": "auto,4,auto", "--steps": "2,2", "--schedule": "l2r,l2r",
+         "--drafts": "1,2,01", "--acceptance": "greedy,greedy", "--temperature": "0,0.0", "--batch-size": "1,4,1"}
+
+
+@pytest.mark.parametrize("flag", LISTS)
+def test_a_value_listed_twice_is_refused_in_every_list(tiny, tmp_path, flag):
+    """`--gamma 4,4` made two rows of one label and the JSON summary kept one: every list option
+    refuses a value it lists twice (as parsed: 1 and 01, 0 and 0.0), before any model loads; so
+    does variants() for the library."""
+    result = _cli(tiny, tmp_path, flag, LISTS[flag], "--no-plots", models=("--target", "no-such-model"))
+    assert result.exit_code == 2, result.stderr
+    assert "is listed twice (each value is one row): give it once" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    lists = {"methods": ["ar", "specdiff", "ar"], "gammas": [4, 4], "steps": [2, 2], "schedules": ["l2r", "l2r"],
+             "drafts": [1, 1], "rules": ["greedy", "greedy"], "temperatures": [0, 0.0], "batch_sizes": [1, 1]}
+    for name, values in lists.items():
+        with pytest.raises(UsageError, match=f"^`{name}` lists .* twice: each value is one row; give it once$"):
+            variants(**{"methods": ["ar", "specdiff"], name: values})
+    with pytest.raises(UsageError, match="^two rows would both be 'ar t=0.7': give values that differ in what"):
+        variants(["ar"], temperatures=[0.7, 0.7000001])  # distinct values, one label
+
+
 def test_shipped_prompt_sets_parse_and_are_the_default(tiny, tmp_path):
     from specdiff.tools.bench import DEFAULT_PROMPTS
     from specdiff_cli.prompts import parse_prompts

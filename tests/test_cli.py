@@ -274,6 +274,24 @@ def test_bare_specdiff_prints_the_help():
     assert "error" not in result.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args, code", [
+    ([], 2),  # the help, on stderr
+    (["generate", "--gama", "3"], 2),  # click's usage error
+    (["generate", "--pair", "no-such-pair", "--prompt", "x"], 2),  # the library's UsageError
+    (["generate", "--method", "ar", "--gamma", "auto", "--prompt", "x", "--pair", "demo"], 2),
+    (["models", "--help"], 0),
+])
+def test_the_exit_code_does_not_depend_on_stderr(args, code):
+    """A usage error with stderr full (`2>/dev/full`) exited 1: the line that could not be written
+    raised OSError, which became a runtime error. The exit code is the error's either way."""
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-c", "from specdiff_cli.main import main; main()", *args],
+                             stdout=subprocess.DEVNULL, stderr=full, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == code
+
+
 def test_version():
     result = CliRunner().invoke(cli, ["--version"], prog_name="specdiff")  # as main() names it
     assert result.exit_code == 0 and result.stdout == f"specdiff, version {specdiff.__version__}\n"

@@ -224,6 +224,33 @@ ENTRY_ERRORS = {
             drafter: a
             defaults: {gama: 5}
      """, 2, "entry 'a+a': unknown default 'gama'"),
+    "sha256 all digits, unquoted": ("""
+        models:
+          - name: a
+            kind: target
+            gguf: a.gguf
+            sha256: 1234567890123456789012345678901234567890123456789012345678901234
+     """, 2, 'entry \'a\': sha256 must be text, but YAML reads this unquoted value as a number: put it in quotes '
+            '(sha256: "...")'),
+    "name a year, unquoted": ("""
+        models:
+          - name: 2024
+            kind: target
+            hub: x/a
+     """, 2, 'name must be text, but YAML reads this unquoted value as a number: put it in quotes (name: "...")'),
+    "description a date, unquoted": ("""
+        models:
+          - name: a
+            kind: target
+            hub: x/a
+            description: 2024-01-01
+     """, 2, "entry 'a': description must be text, but YAML reads this unquoted value as a date"),
+    "hub empty": ("""
+        models:
+          - name: a
+            kind: target
+            hub:
+     """, 2, "entry 'a': hub is empty: give it a value, or leave the key out"),
     "defaults not a mapping": ("""
         models:
           - name: a+a

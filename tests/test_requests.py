@@ -39,11 +39,15 @@ BAD = {  # generate() keyword arguments -> the start of the error
     "gamma word": ({"gamma": "banana"}, "`gamma` must be an integer >= 1 or auto, got 'banana'"),
     "adaptive not a flag": ({"adaptive": "yes"}, "`adaptive` must be True or False, got 'yes'"),
     "device int": ({"device": 3}, "`device` must be a string such as 'cpu' or 'cuda:1', got int"),
-    "device None": ({"device": None}, "`device` must be a string such as 'cpu' or 'cuda:1', got None"),
+    "device list": ({"device": ["cpu"]}, "`device` must be a string such as 'cpu' or 'cuda:1', got list"),
     "target int": ({"target": 5}, "`target` must be a models.yaml name, a directory, a hub id or a loaded target"),
     "drafter list": ({"drafter": ["d"]}, "`drafter` must be a models.yaml name, a directory, a hub id or a loaded"),
     "schedule list": ({"schedule": ["l2r"]}, "`schedule` must be a name (a string), got list"),
     "method list": ({"method": ["ar"]}, "`method` must be a name (a string), got list"),
+    "method empty": ({"method": ""}, "`method` must be a name, got ''"),  # was: the default method
+    "acceptance empty": ({"acceptance": ""}, "`acceptance` must be a name, got ''"),
+    "dtype empty": ({"dtype": ""}, "`dtype` must be a name, got ''"),
+    "pair empty": ({"pair": ""}, "`pair` must be a name, got ''"),
     "chat str": ({"chat": "yes"}, "`chat` must be True or False, got 'yes'"),
     "repetition_penalty 1e-300": ({"repetition_penalty": 1e-300}, "`repetition_penalty` must be a finite number from"),
 }
@@ -216,9 +220,82 @@ def test_loaders_and_exports_refuse_misused_arguments_with_a_usage_error(tiny, t
 def test_stream_indices_and_api_threads_of_the_wrong_kind_are_usage_errors(tiny):
     """`indices=3` was a TypeError from len(); `threads=10**20` an overflow inside torch."""
     p = plan(target=str(tiny.gpt2), max_new_tokens=2)
-    for bad in (3, [True], "0", [-1]):
-        with pytest.raises(UsageError, match="`indices` must be 1 integers >= 0"):
+    for bad in (3, [True], "0", [-1], [2**64], [2**63]):  # 2**64 was a ValueError from torch's manual_seed
+        with pytest.raises(UsageError, match=r"`indices` must be 1 integers from 0 to 2\*\*63 - 1"):
             list(specdiff.stream(["Hello"], p, indices=bad))
+    last = plan(target=p.target, max_new_tokens=2, seed=2**63 - 1)  # seed + index: at most 2**64 - 2
+    assert len(list(specdiff.generation.iter_generate(["Hello"], last, indices=[2**63 - 1]))[0].tokens) == 2
     for threads in (10**20, 0, 2.0):
         with pytest.raises(UsageError, match="`threads` must be an integer from 1 to 1024"):
             specdiff.generate("Hello", target=str(tiny.gpt2), threads=threads)
+
+
+def test_a_loaded_target_decodes_one_stream_at_a_time(tiny):
+    """Two streams over one loaded target, advanced in turn, or a stream resumed after generate(),
+    shared its KV cache and met a raw torch size error: the second loop is refused while the first
+    is suspended, the first then finishes as if alone, and a closed or finished stream frees it."""
+    target, drafter = load_target(tiny.gpt2), load_drafter(tiny.drafter)
+    prompts, options = ["The sea was", "To be, or"], {"target": target, "drafter": drafter, "max_new_tokens": 6}
+    alone = specdiff.generate(prompts, **options).texts
+    first = specdiff.stream(prompts, **options)
+    next(first)
+    for second in (lambda: next(specdiff.stream(["Hello"], **options)), lambda: specdiff.generate("Hello", **options),
+                   lambda: specdiff.generate("Hello", target=target, method="ar", max_new_tokens=2)):
+        with pytest.raises(UsageError, match=r"^target '.*' is decoding a stream that has not finished: a loaded "
+                                             r"target decodes one stream at a time; exhaust or close\(\) that"):
+            second()
+    assert [o.text for o in specdiff.generation.in_order(first)] == alone  # the refusals left its cache alone
+    held = specdiff.stream(prompts, **options)
+    next(held)
+    held.close()
+    assert specdiff.generate(prompts, **options).texts == alone
+    twin = specdiff.stream(prompts, **{**options, "target": load_target(tiny.gpt2)})  # a target per stream
+    texts: tuple[dict, dict] = ({}, {})
+    for pair in zip(specdiff.stream(prompts, **options), twin):  # advanced in turn
+        for got, event in zip(texts, pair):
+            got.update({event.index: event.output.text} if event.output else {})
+    assert [[got[i] for i in range(2)] for got in texts] == [alone, alone]
+
+
+def test_device_and_dtype_apply_to_what_plan_loads_and_are_refused_where_they_cannot(tiny):
+    """With a loaded target, `device` and `dtype` were dropped: fp16 ran fp32, and 'gpu' or 'fp8',
+    refused by load_target, ran too. Values no loading takes are refused as load_target refuses
+    them; a loaded model's own device and dtype are accepted; others are refused by name."""
+    from specdiff import loading
+
+    target = load_target(tiny.gpt2)
+    for kwargs in ({"device": "gpu"}, {"device": "meta"}, {"dtype": "fp8"}, {"dtype": "float16"}):
+        with pytest.raises(UsageError) as by_name:
+            loading.load_target(tiny.gpt2, **kwargs)
+        with pytest.raises(UsageError) as loaded:
+            specdiff.generate("Hello", target=target, **kwargs)
+        assert str(loaded.value) == str(by_name.value), kwargs
+    with pytest.raises(UsageError, match=r"^`dtype` fp16 does not apply to target '.*', loaded already as fp32: "
+                                         r"drop `dtype`, or load the target with `dtype` fp16$"):
+        specdiff.generate("Hello", target=target, dtype="fp16")
+    with pytest.raises(UsageError, match=r"^`dtype` bf16 does not apply to drafter '.*', loaded already as fp32"):
+        plan(target=str(tiny.gpt2), drafter=load_drafter(tiny.drafter), dtype="bf16")
+    p = plan(target=target, device="cpu", dtype="fp32", max_new_tokens=2)
+    assert p.target is target and plan(target=target, device=torch.device("cpu"), dtype="auto").target is target
+    assert plan(target=target, drafter=str(tiny.drafter)).drafter.backbone.parameters().__next__().device.type == "cpu"
+
+
+def test_stream_takes_threads_as_generate_does(tiny):
+    """stream(threads=1) was "unknown option `threads` (did you mean `threshold`?)": it sets
+    torch's threads while each step runs, and the caller keeps its own between events."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        for event in specdiff.stream(["Hello", "The sea"], target=str(tiny.gpt2), max_new_tokens=3, threads=1):
+            seen.append(torch.get_num_threads())
+        assert seen and set(seen) == {2}
+        outputs = [e.output.text for e in specdiff.stream("Hello", target=str(tiny.gpt2), max_new_tokens=3,
+                                                          threads=1) if e.output]
+        assert outputs == specdiff.generate("Hello", target=str(tiny.gpt2), max_new_tokens=3, threads=1).texts
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(UsageError, match="`threads` must be an integer from 1 to 1024"):
+        specdiff.stream("Hello", target=str(tiny.gpt2), threads=0)
+    with pytest.raises(UsageError, match=r"^`threads` is set per call \(generate, stream\), not in a plan$"):
+        plan(target=str(tiny.gpt2), threads=1)

@@ -19,6 +19,7 @@ it was trained for), else its declared default (specdiff.settings; generation.ch
 tokenized and checked, before the first token is generated.
 
 Rooms: choosing (where each setting comes from), planning (Plan: models, method, decoder),
+loaded (models given loaded: their device and dtype, one decoding loop per target at a time),
 prompts (chat template, stop strings, prompt checks), streaming (stream, iter_generate). This
 module holds `generate` and re-exports what the others offer. May import: methods, loading,
 registry, requests, settings, decoding; never the CLI or bench.
@@ -46,7 +47,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              schedule: str | None = None, drafts: int | None = None, draft_temperature: float | None = None,
              acceptance: str | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
-             max_new_tokens: int | None = None, seed: int = 0, device: str = "cpu", dtype: str = "auto",
+             max_new_tokens: int | None = None, seed: int = 0, device: str | None = None, dtype: str | None = None,
              truncate_prompt: bool = False, progress: bool = False, chat: bool | None = None,
              system: str | None = None, stop: Iterable[str] | str | None = None,
              batch_size: int | None = None, remasking: str | None = None,
@@ -55,6 +56,9 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
 
     target / drafter: models.yaml names, local directories, hub ids, or loaded objects
     (`load_target`, `load_drafter`). pair: a models.yaml pair (its target, drafter and defaults).
+    device / dtype: what models given by name are loaded with (default: a loaded model's device,
+    else cpu; auto); a model given loaded keeps its own, and one it does not hold is refused.
+    A loaded target decodes one call or stream at a time (see `stream`).
     chat / system: prompts go through the target tokenizer's chat template. stop: strings that
     end a continuation (the text ends before the first one; as vLLM / OpenAI).
     repetition_penalty: Hugging Face's, applied to the target's p exactly as plain decoding does.

@@ -7,17 +7,20 @@ May import: specdiff.settings, methods (their families), drafters.diffusion (sch
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Iterator
 
 from ..drafters.diffusion import get_schedule
 from ..errors import UsageError
-from ..methods import Method, get_method
+from ..methods import METHODS, Method, get_method
 from ..requests import check_settings
 from ..settings import AUTO, DEFAULTS, METHOD_SETTINGS, family_default
 
 DEFAULT_STEPS = DEFAULTS["steps"]
 SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
+WHERE = {"pair": "the pair's default in models.yaml", "drafter": "recorded by the drafter"}  # values no option gave
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def named_method(chosen: dict[str, Setting]) -> Method | None:
     registry, not bounded) and the method's name; -> the method set (None: none)."""
     opts = values(chosen)
     check_settings(opts)  # the schedule's name too (settings.DraftSettings)
-    return get_method(opts["method"]) if opts["method"] else None
+    return get_method(opts["method"]) if opts["method"] is not None else None  # '' is no method
 
 
 def family_settings(method: Method, chosen: dict[str, Setting]) -> Any:
@@ -84,15 +87,44 @@ def check_used(chosen: dict[str, Setting], method: Method) -> None:
     """A draft setting given as an option that the method does not read would do nothing (a
     `threshold` for ar, a `schedule` for spec-ar): refuse it. Pair and drafter defaults are not
     options: they apply where they are read."""
-    if chosen["adaptive"].value and chosen["adaptive"].source == "option" and "adaptive" not in method.settings:
+    adaptive = chosen["adaptive"].value and chosen["adaptive"].source == "option"
+    if adaptive and "gamma" in method.settings and "adaptive" not in method.settings:
+        choosers = [m.name for m in METHODS.values() if "adaptive" in m.settings]
         raise UsageError(f"method '{method.name}' does not choose its draft length: `gamma` {AUTO} needs "
-                         "spec-ar, specdiff or dflash; give an integer `gamma`")
+                         f"{', '.join(choosers[:-1])} or {choosers[-1]}; give an integer `gamma`")
     for key in METHOD_SETTINGS:
-        if key != "adaptive" and chosen[key].source == "option" and key not in method.settings:
-            reads = ", ".join(f"`{k}`" for k in method.settings) or "none of the draft settings"
-            raise UsageError(f"method '{method.name}' does not use `{key}`; it reads {reads}")
+        if chosen[key].source == "option" and key not in method.settings:
+            if key == "adaptive" and (not adaptive or chosen["gamma"].source == "option"):
+                continue  # adaptive False sets nothing; a gamma given is named as itself
+            unused = "gamma" if key == "adaptive" else key  # `adaptive` is what `gamma` auto sets
+            raise UsageError(f"method '{method.name}' does not use `{unused}`; {_reads(method)}")
     if chosen["threshold"].source == "option" and chosen["remasking"].value != "dynamic":
         raise UsageError(f"`threshold` is read by `remasking` dynamic only, not {chosen['remasking'].value}")
+
+
+def _reads(method: Method) -> str:
+    """What the method reads, as a user sets it: `adaptive` is what `gamma` auto sets."""
+    reads = [f"`{k}`" + (f" (an integer or {AUTO})" if k == "gamma" and "adaptive" in method.settings else "")
+             for k in method.settings if k != "adaptive"]
+    return f"it reads {', '.join(reads)}" if reads else "it reads none of the draft settings"
+
+
+@contextmanager
+def said_where(chosen: dict[str, Setting]) -> Iterator[None]:
+    """A UsageError raised inside that names a setting's value (`gamma` 99) taken from the pair or
+    the drafter says so, and that the option changes it: the user gave no `gamma` (a declared
+    default is as the help says, and named as a setting)."""
+    try:
+        yield
+    except UsageError as e:
+        message = str(e)
+        for key, s in chosen.items():
+            if s.source in WHERE and s.value is not None:
+                message = re.sub(rf"`{key}` {re.escape(str(s.value))}(?![\w.])",
+                                 f"{key} {s.value} ({WHERE[s.source]}; give `{key}` to change it)", message)
+        if message == str(e):
+            raise
+        raise type(e)(message) from e
 
 
 def sources(chosen: dict[str, Setting], method: Method, drafter: Any) -> dict[str, str]:

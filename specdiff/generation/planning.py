@@ -1,6 +1,6 @@
 """A run's plan: the models loaded, the method chosen and prepared into its Decoder, every setting
 resolved once (choosing.py) and checked before the first token. May import: methods, loading,
-registry, requests, settings, compiled; not streaming or the CLI.
+registry, requests, settings, compiled, loaded; not streaming or the CLI.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from ..compiled import compile_models, compile_seconds
 from ..contracts import Decoder, Target
 from ..errors import UntrainedDrafterWarning, UsageError
 from ..loading import load_drafter, load_target, pair_models
-from ..methods import DRAFTER_KINDS, TARGET_KINDS, Method, Models, default_method
+from ..methods import DRAFTER_KINDS, METHODS, TARGET_KINDS, Method, Models, default_method
 from ..registry import Registry, as_registry
 from ..requests import check_flags, check_names, check_request, check_text_options
 from ..sampling import Sampling
 from ..targets.static import StaticTarget
-from .choosing import check_used, choose, family_settings, named_method, sources, values
+from .choosing import check_used, choose, family_settings, named_method, said_where, sources, values
+from .loaded import check_free, placement
 from .prompts import TextOptions, text_options
 
 
@@ -65,18 +66,23 @@ class Plan:
 
 
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
-         device: str = "cpu", dtype: str = "auto", seed: int = 0, acceptance: str | None = None,
+         device: str | None = None, dtype: str | None = None, seed: int = 0, acceptance: str | None = None,
          chat: bool | None = None, system: str | None = None, stop: Iterable[str] | str | None = None,
          registry: Registry | None = None, compile: bool = False, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), resolve the settings not given (choosing.choose:
     option > pair > drafter > declared default), prepare the method's decoder. With neither pair
-    nor target: the default pair. compile: run through specdiff.compiled (static cache, torch.compile)."""
+    nor target: the default pair. compile: run through specdiff.compiled (static cache, torch.compile).
+    device / dtype (None: a loaded model's, else cpu and auto): what models given by name load with;
+    one that a model given loaded does not hold is refused (loaded.placement)."""
     if not isinstance(compile, bool):
         raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
+    if "threads" in options:
+        raise UsageError("`threads` is set per call (generate, stream), not in a plan")
     target, drafter = check_request(target, drafter, seed=seed, device=device, **options)
     system, stop = check_text_options(system, stop)
     check_names(pair=pair, method=method, acceptance=acceptance, dtype=dtype)
     check_flags(chat=chat)
+    device, dtype = placement(target, drafter, device, dtype)
     registry = as_registry(registry)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
@@ -86,24 +92,26 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     if isinstance(drafter, str) and not (named and named.needs is None):
         drafter = load_drafter(drafter, device=device, dtype=dtype, registry=registry)
     _check_loaded(target, drafter)
+    check_free(target)  # plan() may touch the cache (dflash's capture): not while a stream holds it
     chosen = named or _default_method(drafter, target)
     uses = chosen.accepts(drafter)  # what a drafter it decodes without records is not this run's
     settings = choose(given, defaults, drafter if uses else None)
     chosen.check_target(target)
     if chosen.needs is not None:  # before compile: a drafter may take rows of the target's weights
-        chosen.check_drafter(drafter)
+        _check_drafter(chosen, drafter)
         pair_models(target, drafter)
     if compile:
         target, drafter = compile_models(target, drafter)
     opts = values(settings)
     sampling = Sampling(float(opts["temperature"]), int(opts["top_k"]), float(opts["top_p"]),
                         float(opts["repetition_penalty"]))
-    decoder = chosen.prepare(Models(target, drafter if uses else None), family_settings(chosen, settings), sampling,
-                             opts["acceptance"])
-    check_used(settings, chosen)
-    if uses:
-        _warn_untrained(drafter)
-    decoder.check_sizes(opts["batch_size"], opts["batch_size"], opts["max_new_tokens"], 0)
+    with said_where(settings):  # `gamma` 99 from a drafter's record is not an option given
+        decoder = chosen.prepare(Models(target, drafter if uses else None), family_settings(chosen, settings),
+                                 sampling, opts["acceptance"])
+        check_used(settings, chosen)
+        if uses:
+            _warn_untrained(drafter)
+        decoder.check_sizes(opts["batch_size"], opts["batch_size"], opts["max_new_tokens"], 0)
     return Plan(target, drafter if uses else None, chosen, sampling, decoder, opts["max_new_tokens"], seed,
                 text_options(target, opts["chat"], system, stop), sources(settings, chosen, drafter),
                 opts["batch_size"], compile)
@@ -123,13 +131,29 @@ def _warn_untrained(drafter: Any) -> None:
         "accepted, so this runs slower than plain decoding; train it with `specdiff distill`"), stacklevel=3)
 
 
+def _check_drafter(method: Method, drafter: Any) -> None:
+    """The method's kind of drafter; a drafter given of another kind is named, with the methods
+    that draft with it (a DFlash drafter given to specdiff: dflash)."""
+    if drafter is None or method.accepts(drafter):
+        method.check_drafter(drafter)  # none given: it says which kind to give
+        return
+    takers = [m.name for m in METHODS.values() if m.target == method.target and m.accepts(drafter)]
+    instead = f": use `method` {' or '.join(takers)}, which drafts with it" if takers else ""
+    raise UsageError(f"method '{method.name}' needs {DRAFTER_KINDS[cast(str, method.needs)][0]}; the `drafter` "
+                     f"given, '{_name(drafter)}', is {_kind(drafter)}{instead}")
+
+
+def _kind(drafter: Any) -> str:
+    return next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+
+
 def _default_method(drafter: Any, target: Any) -> Method:
     """The method no option or pair names: the first for this target that uses the drafter (its
     kind's reference without one). A drafter given that no such method can use is refused, not
     dropped silently."""
     method = default_method(drafter, target)
     if drafter is not None and not method.accepts(drafter):
-        kind = next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+        kind = _kind(drafter)
         target_kind = next(what for what, check in TARGET_KINDS.values() if check(target))
         raise UsageError(f"no method for {target_kind} drafts with {kind} ('{_name(drafter)}'): drop `drafter`, "
                          f"or name a `method` ({method.name} decodes without one)")

@@ -1,14 +1,14 @@
 """Decoding prompts with a plan: a stream of events as steps accept tokens (stream), the outputs
 in prompt order (in_order, iter_generate), and torch's thread count for a call (torch_threads).
 
-May import: planning, prompts, decoding (Row), metrics, text; not the CLI.
+May import: planning, choosing, loaded, prompts, decoding (Row), metrics, text; not the CLI.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -16,8 +16,10 @@ from tqdm import tqdm
 from ..decoding import Row
 from ..errors import UsageError
 from ..metrics import Metrics
-from ..requests import check_flags, check_prompts, check_threads
+from ..requests import check_flags, check_indices, check_prompts, check_threads
 from ..text import StopStrings
+from .choosing import Setting, said_where
+from .loaded import decoding
 from .planning import Plan, plan
 from .prompts import encode_prompts
 
@@ -57,26 +59,46 @@ class GenerationResult:
 
 
 def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: bool = False,
-           progress: bool = False, indices: list[int] | None = None, **options: Any) -> Iterator[Event]:
+           progress: bool = False, indices: list[int] | None = None, threads: int | None = None,
+           **options: Any) -> Iterator[Event]:
     """Decode the prompts, `p.batch_size` at a time, yielding an Event per decoding step of each
     prompt (the tokens it appended; prompts of one batch interleave) and a final Event per prompt
     holding its Output, as soon as it is finished. `p`: a Plan; else `options` (as for
     `generate`) make one. `indices`: each prompt's place in a larger input (default 0, 1, ...),
     which seeds its generator and numbers it in errors, so that a shard decodes as the whole
-    would; events are indexed by the position in `prompts` all the same."""
-    prompts = check_prompts(prompts)
+    would; events are indexed by the position in `prompts` all the same. threads: as for
+    `generate`, set while each step runs (the caller's code between events keeps its own).
+
+    A loaded target decodes one stream at a time (its KV cache is that stream's): another stream
+    or generate() on it, while this one is suspended, is refused (a UsageError) until this one is
+    exhausted or closed (`.close()`, or dropped); a target loaded twice decodes two side by side."""
+    check_threads(threads)
+    events = _stream(check_prompts(prompts), p, truncate_prompt, progress, indices, options)
+    return events if threads is None else _with_threads(events, threads)
+
+
+def _stream(prompts: list[str], p: Plan | None, truncate_prompt: bool, progress: bool,
+            indices: list[int] | None, options: dict[str, Any]) -> Generator[Event, None, None]:
     check_flags(truncate_prompt=truncate_prompt, progress=progress)
     if p is not None and not isinstance(p, Plan):
         raise UsageError(f"`p` must be a Plan (specdiff.generation.plan), got {type(p).__name__}")
     if p is not None and options:
         raise UsageError(f"`{next(iter(options))}` is a setting of a plan: pass the settings or the plan `p`, not both")
     p = p or plan(**options)
-    indices = list(range(len(prompts))) if indices is None else _check_indices(indices, len(prompts))
+    indices = list(range(len(prompts))) if indices is None else check_indices(indices, len(prompts))
+    with decoding(p.target):
+        yield from _decode(prompts, p, truncate_prompt, progress, indices)
+
+
+def _decode(prompts: list[str], p: Plan, truncate_prompt: bool, progress: bool,
+            indices: list[int]) -> Iterator[Event]:
+    """stream's loop, on a target it holds."""
     encoded = encode_prompts(p.target, prompts, p.max_new_tokens, truncate_prompt, p.text, indices)
     if prompts:
         longest = max(map(len, encoded)) + p.max_new_tokens  # the cache holds no more per row
         rows = min(p.batch_size, len(prompts))
-        p.decoder.check_sizes(rows, p.batch_size, p.max_new_tokens, longest)
+        with said_where({k: Setting(s["value"], s["from"]) for k, s in p.settings().items()}):
+            p.decoder.check_sizes(rows, p.batch_size, p.max_new_tokens, longest)
         if p.compiled:
             p.decoder.warm_up(rows, longest)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
@@ -97,11 +119,15 @@ def stream(prompts: str | list[str], p: Plan | None = None, *, truncate_prompt: 
                 yield Event(row.index, [], Output(prompts[row.index], text, row.new_tokens, row.metrics))
 
 
-def _check_indices(indices: list[int], n: int) -> list[int]:
-    if not isinstance(indices, (list, tuple)) or len(indices) != n or \
-            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
-        raise UsageError(f"`indices` must be {n} integers >= 0, one per prompt")
-    return list(indices)
+def _with_threads(events: Generator[Event, None, None], threads: int) -> Iterator[Event]:
+    """The events, torch's thread count `threads` while each is computed, restored between them."""
+    with closing(events):
+        while True:
+            with torch_threads(threads):
+                event = next(events, None)
+            if event is None:
+                return
+            yield event
 
 
 def in_order(events: Iterable[Event]) -> Iterator[Output]:

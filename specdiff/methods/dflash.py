@@ -220,10 +220,9 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     target, drafter = models.target, models.drafter
     if not is_dflash(drafter):
         raise UsageError("method 'dflash' needs a DFlash drafter (`drafter`)")
-    if not isinstance(target, CapturingTarget):  # a static-cache twin (--compile)
-        raise UsageError(f"method 'dflash' reads the target's hidden states: it needs the eager torch target or "
-                         f"an exported one (no `compile`); '{getattr(target, 'name', target)}' is "
-                         f"{type(target).__name__}")
+    if not isinstance(target, CapturingTarget):  # a static-cache twin (`compile`): nothing else is made here
+        raise UsageError("method 'dflash' reads the target's hidden states, which a compiled target does not keep: "
+                         "drop `compile` (dflash runs the eager torch target or an exported one)")
     why = target.can_capture(hidden_state_indices(drafter))
     if why is not None:
         raise UsageError(f"method 'dflash': {why}")

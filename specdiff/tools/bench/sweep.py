@@ -38,6 +38,8 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     for name, values in (("gamma", fixed), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
+    check_unique(methods=methods, gammas=gammas, steps=steps, schedules=schedules, drafts=drafts, rules=rules,
+                 temperatures=temperatures, batch_sizes=batch_sizes)
     check_rules(rules)
     rows = []
     for temperature in temperatures:
@@ -50,9 +52,21 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     if unused:
         raise UsageError(f"acceptance rule '{unused[0]}' fits none of the rows (single-draft rules for one draft, "
                          "greedy / select / multi for `drafts` > 1, greedy only at `temperature` 0; ar uses none)")
-    swept = [replace(v, batch_size=b, runtime=r) for v in rows for b in dict.fromkeys(batch_sizes)
-             for r in dict.fromkeys(runtimes)]
+    swept = [replace(v, batch_size=b, runtime=r) for v in rows for b in batch_sizes for r in dict.fromkeys(runtimes)]
+    labels = [v.label for v in swept if _runs(v)]
+    twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
+    if twice is not None:  # bench.json and the summary key rows by label: one would hide the other
+        raise UsageError(f"two rows would both be '{twice}': give values that differ in what the label shows")
     return [v for v in swept if _runs(v)]
+
+
+def check_unique(**lists: Sequence[object]) -> None:
+    """Each swept list names each value once: `gammas` 4, 4 made two rows of one label, and the
+    summary kept one. The CLI refuses its flags' duplicates first (bench's `_list`)."""
+    for name, values in lists.items():
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None:
+            raise UsageError(f"`{name}` lists {twice} twice: each value is one row; give it once")
 
 
 GRAPH_METHODS = ("ar", "specdiff", "dflash")  # what runs on exported graphs
