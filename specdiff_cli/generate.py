@@ -132,8 +132,11 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
         from specdiff.exporters.cache import export_for
         from specdiff.registry import as_registry
 
+        registry = as_registry(None)
+        if options["pair"] is None and options["target"] is None:
+            options["pair"] = registry.default_pair()  # its settings (chat, gamma) apply to the graphs as to torch
         artifacts = str(export_for(options["pair"], options.pop("target"), options.pop("drafter"), options["method"],
-                                   as_registry(None)))
+                                   registry))
     options.update(runtime_models(runtime, artifacts, options))
     p = plan(**options)
     if stream:

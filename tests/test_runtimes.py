@@ -136,6 +136,18 @@ def test_onnxruntime_without_artifacts_exports_once_into_the_user_cache(tiny, tm
     assert list(manifest["components"]) == ["target"]
 
 
+@pytest.mark.slow  # the demo pair's export, 20-40 s
+def test_onnxruntime_without_artifacts_or_pair_runs_the_default_pair_with_its_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECDIFF_PAIR", "demo")
+    args = ["generate", "--prompt", "Hello there", "--max-new-tokens", "8", "--stats"]
+    torch_run, ort_run = run_cli(args), run_cli([*args, "--runtime", "onnxruntime"])
+    assert torch_run.exit_code == ort_run.exit_code == 0, ort_run.stderr
+    assert ort_run.stdout == torch_run.stdout
+    settings = [json.loads(r.stderr.strip().splitlines()[-1])["settings"] for r in (torch_run, ort_run)]
+    assert settings[0] == settings[1] and any(v["from"] == "pair" for v in settings[1].values())
+
+
 def test_runtime_refuses_a_mask_that_does_not_span_past_and_new(onnx_pair):
     target = load_models("onnxruntime", onnx_pair)["target"]
     target.prefill(torch.tensor([[1, 2, 3]]))
@@ -291,7 +303,7 @@ def test_recorded_settings_travel_through_the_manifest_to_the_graph_drafter(tiny
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--runtime", "onnxruntime"], "--runtime onnxruntime needs --artifacts DIR"),
+    (["--runtime", "tensorrt"], "--runtime tensorrt needs --artifacts DIR"),  # onnxruntime: the user cache
     (["--artifacts", "{dir}"], "--artifacts needs --runtime onnxruntime or tensorrt"),
     (["--runtime", "onnxruntime", "--artifacts", "{dir}", "--target", "gpt2"], "drop --target"),
     (["--runtime", "tensorrt", "--artifacts", "{dir}"], "--runtime tensorrt runs on a CUDA GPU"),

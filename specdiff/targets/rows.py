@@ -104,12 +104,16 @@ class RowCache:
             self.kv = []
 
     def _align(self) -> torch.Tensor:
-        """Gather every row to end in the last column, with no all-padding column; -> lengths."""
+        """Gather every row to end in the last column, with no all-padding column; -> lengths. Rows
+        that all end in one column (one row always does: after a rollback) are sliced, not copied."""
         W = self.length
         if self.kv and not (bool((self.start + self.lengths == self.width).all()) and self.width == W):
-            cols = (self.start + self.lengths - W)[:, None] + torch.arange(W)  # (B, W)
-            index = cols.clamp_min(0)[:, None, :, None]  # padding columns take any real column
-            self.kv = [t.gather(2, index.to(t.device).expand(-1, t.shape[1], -1, t.shape[3])) for t in self.kv]
+            shift = self.start + self.lengths - W  # (B,) the column each row's last W start at
+            if bool((shift == shift[0]).all()) and int(shift[0]) >= 0:
+                self.kv = [t[:, :, int(shift[0]):int(shift[0]) + W] for t in self.kv]
+            else:
+                index = (shift[:, None] + torch.arange(W)).clamp_min(0)[:, None, :, None]  # padding: any real column
+                self.kv = [t.gather(2, index.to(t.device).expand(-1, t.shape[1], -1, t.shape[3])) for t in self.kv]
         self.start = W - self.lengths
         return self.lengths
 
