@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gamma auto beside fixed gammas and plain decoding, by batch size and temperature (issue 24's
-# figures in the README): `specdiff bench` runs, one thread, run with nothing else on the machine.
+# figures in docs/cli.md): `specdiff bench` runs, one thread, run with nothing else on the machine.
 #
 #   scripts/bench_adaptive.sh [OUT]     # default build/bench-adaptive
 #

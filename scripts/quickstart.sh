@@ -48,7 +48,7 @@ cat <<'TEXT'
      speed-up    tok/s over ar's at the same temperature, same run
      tau         tokens per target call (1 for ar); alpha: drafted tokens accepted
      match       greedy rows: yes = token-identical to ar on every question; sampled rows: '-'
-                 (their tokens are drawn, exactly from the target's distribution: see the README)
+                 (their tokens are drawn, exactly from the target's distribution: see docs/lossless.md)
    On a busy or shared machine speeds vary from run to run; the match column does not.
 
 TEXT

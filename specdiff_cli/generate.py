@@ -73,7 +73,7 @@ PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else 
 @click.option("--compile", is_flag=True,
               help="torch runtime: static KV cache and torch.compile'd steps: the same tokens, compiled "
                    "before the first prompt decodes (seconds to a minute, warmup_s in --stats). Pays at batch "
-                   "1 on long jobs and with inductor's cache warm; on a CPU at batch 8 it did not (README).")
+                   "1 on long jobs and with inductor's cache warm; on a CPU at batch 8 it did not (docs/compile.md).")
 @click.option("--artifacts", metavar="DIR", help="A `specdiff export` directory: its target / drafter replace --target / --drafter.")
 @click.option("--truncate-prompt", is_flag=True, help="Keep the end of prompts longer than the context window.")
 @click.option("--jsonl", is_flag=True, help="Write JSONL records (input fields with prompt, text, metrics).")

@@ -3,7 +3,7 @@
 The default leaves one usable CPU free. torch's threads meet at a barrier in every operation, so
 when another process takes one of the cores a run with one thread per core waits for the
 descheduled thread at each op: on a shared 2-vCPU machine the demo pair's `ar` ran at a median
-13 tokens/s [3.4, 129] over 8 rounds with 2 threads, 98 [60, 130] with 1 (README, Benchmark).
+13 tokens/s [3.4, 129] over 8 rounds with 2 threads, 98 [60, 130] with 1 (docs/bench.md).
 On a larger machine the cost of the spare core is small.
 """
 

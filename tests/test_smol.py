@@ -32,7 +32,7 @@ def test_greedy_specdiff_is_plain_decoding_on_the_smol_pair(questions):
         spec = generate(questions, target=p.target, drafter=p.drafter, pair="smol", max_new_tokens=48,
                         batch_size=batch_size, gamma=4)  # fixed: auto mostly takes plain steps with this drafter
         assert [o.tokens for o in spec.outputs] == [o.tokens for o in ar.outputs]
-        assert spec.metrics.tau > 1.2  # the trained drafter is accepted (measured: see the README)
+        assert spec.metrics.tau > 1.2  # the trained drafter is accepted (measured: see docs/pairs.md)
 
 
 def test_greedy_dflash_is_plain_decoding_on_the_smol_dflash_pair(questions):

@@ -8,7 +8,7 @@
 # template, chunks alternating greedy / temperature 0.7 / 1.0 at top-p 0.95, the target's top-32
 # soft labels) and the outputs of target layers 1, 14 and 27 that smol-dflash reads (taken from the
 # same calls, part-NN/features-1-14-27), part NN drawn with seed NN, so parts are independent samples of the questions and
-# any number of them can be trained on (`specdiff distill --data DIR,DIR,...`). About 37 minutes a
+# any number of them can be trained on (`specdiff distill --more-data DIR,DIR,...`). About 37 minutes a
 # part on one core. Resumable: a part's chunks are written as they are made and a finished part is
 # skipped; run it with nothing else timing on the machine. Two cores: a second run with another
 # FIRST (say PARTS / 2) makes other parts at the same time.

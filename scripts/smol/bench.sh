@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The smol pair's figures in the README and the drafter's card: two `specdiff bench` runs on the
+# The smol pair's figures in the README, docs/pairs.md and the drafter's card: two `specdiff bench` runs on the
 # held-out questions, 128 new tokens, batch 1, fp32, 1 thread (run it with nothing else on the machine):
 #
 #   scripts/smol/bench.sh [OUT] [N]     # default build/smol/bench, N = 6 questions

@@ -157,7 +157,7 @@ def _first_mismatches(reference: list[list[int]], passes: list[list[list[int]]])
     return []
 
 
-SPREAD_LIMIT = 0.5  # (max - min) / median of tokens/s over rounds; README, Benchmark, says why
+SPREAD_LIMIT = 0.5  # (max - min) / median of tokens/s over rounds; docs/bench.md says why
 ADVICE = "for a reliable speed-up: more `repeats`, fewer `threads`, or a quiet machine"
 
 
