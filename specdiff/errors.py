@@ -70,6 +70,11 @@ class UntrainedDrafterWarning(SpecdiffWarning):
     draft is accepted (tau about 1), so decoding is slower than plain ar, not faster."""
 
 
+class WidthDependenceWarning(SpecdiffWarning):
+    """Greedy speculative decoding in half precision: its logits depend on how many tokens a call
+    carries, so a verify call can pick another argmax than plain decoding's one-token call."""
+
+
 class ContextWindowWarning(SpecdiffWarning):
     """`max_new_tokens` reaches past the target's context window: generation stops at the window
     (stop reason "context") with fewer tokens than asked for."""

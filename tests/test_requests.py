@@ -299,3 +299,42 @@ def test_stream_takes_threads_as_generate_does(tiny):
         specdiff.stream("Hello", target=str(tiny.gpt2), threads=0)
     with pytest.raises(UsageError, match=r"^`threads` is set per call \(generate, stream\), not in a plan$"):
         plan(target=str(tiny.gpt2), threads=1)
+
+
+def test_a_value_no_option_gave_is_named_by_where_it_came_from(tiny, tmp_path):
+    """A drafter's recorded gamma 99 (an export's manifest) was reported as `gamma` 99, which the
+    CLI shows as --gamma 99: a flag the user never gave. A pair's or drafter's value says so."""
+    from tiny import with_defaults
+
+    registry = tmp_path / "models.yaml"
+    registry.write_text(f"models:\n  - name: t\n    kind: target\n    path: {tiny.gpt2}\n  - name: d\n    kind: drafter\n"
+                        f"    path: {tiny.drafter}\n  - name: t+d\n    kind: pair\n    target: t\n    drafter: d\n"
+                        "    defaults: {gamma: 300}\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"^gamma 300 \(the pair's default in models.yaml; give `gamma` to change "
+                                         r"it\) does not fit the target's context window"):
+        plan(pair="t+d", registry=load_registry(registry))
+    recorded = with_defaults(Path(tiny.drafter), tmp_path / "d", {"gamma": 300})
+    with pytest.raises(UsageError, match=r"^gamma 300 \(recorded by the drafter; give `gamma` to change it\)"):
+        plan(target=str(tiny.gpt2), drafter=recorded)
+    with pytest.raises(UsageError, match=r"^`gamma` 300 does not fit"):  # given: named as given
+        plan(target=str(tiny.gpt2), drafter=recorded, gamma=300)
+
+
+@pytest.mark.parametrize("dtype, temperature, warned", [("bf16", 0.0, True), ("fp16", 0.0, True),
+                                                        ("fp32", 0.0, False), ("bf16", 0.7, False)])
+def test_greedy_speculative_decoding_in_half_precision_warns_once(tiny, dtype, temperature, warned):
+    """Half-precision logits depend on a call's width (tools/invariance.py), so a greedy verify can
+    pick another token than plain decoding: said once per target; fp32 and sampling say nothing."""
+    import warnings
+
+    from specdiff.errors import WidthDependenceWarning
+
+    target = load_target(str(tiny.gpt2), dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            plan(target=target, drafter=str(tiny.drafter), method="specdiff", temperature=temperature)
+        plan(target=target, method="ar", temperature=temperature)
+    said = [w for w in caught if issubclass(w.category, WidthDependenceWarning)]
+    assert len(said) == int(warned) and all(dtype.replace("bf", "bfloat").replace("fp", "float") in str(w.message)
+                                            for w in said)

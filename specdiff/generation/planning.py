@@ -13,7 +13,7 @@ from typing import Any, Iterable, cast
 
 from ..compiled import compile_models, compile_seconds
 from ..contracts import Decoder, Target
-from ..errors import UntrainedDrafterWarning, UsageError
+from ..errors import UntrainedDrafterWarning, UsageError, WidthDependenceWarning
 from ..loading import load_drafter, load_target, pair_models
 from ..methods import DRAFTER_KINDS, METHODS, TARGET_KINDS, Method, Models, default_method
 from ..registry import Registry, as_registry
@@ -111,13 +111,14 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         check_used(settings, chosen)
         if uses:
             _warn_untrained(drafter)
+            _warn_width_dependent(target, sampling)
         decoder.check_sizes(opts["batch_size"], opts["batch_size"], opts["max_new_tokens"], 0)
     return Plan(target, drafter if uses else None, chosen, sampling, decoder, opts["max_new_tokens"], seed,
                 text_options(target, opts["chat"], system, stop), sources(settings, chosen, drafter),
                 opts["batch_size"], compile)
 
 
-_WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters already warned about
+_WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters, half-precision targets warned about
 
 
 def _warn_untrained(drafter: Any) -> None:
@@ -129,6 +130,24 @@ def _warn_untrained(drafter: Any) -> None:
     warnings.warn(UntrainedDrafterWarning(
         f"drafter '{_name(drafter)}' is untrained (random weights from `drafter init`): almost no draft will be "
         "accepted, so this runs slower than plain decoding; train it with `specdiff distill`"), stacklevel=3)
+
+
+HALF = ("float16", "bfloat16")
+
+
+def _warn_width_dependent(target: Any, sampling: Sampling) -> None:
+    """Say once per target that greedy speculative decoding in half precision may not be plain
+    decoding's tokens: measured here (tools/invariance.py, SmolLM2, 200 tokens), bf16 logits of
+    5- and 9-token calls differ from one-token calls' by up to 0.83 and tie at the top (margin
+    0); fp32's by 4.7e-5 (docs/lossless.md, "Where exactness ends")."""
+    dtype = getattr(target, "dtype", None) or getattr(getattr(target, "model", None), "dtype", None)
+    if sampling.temperature != 0 or str(dtype).removeprefix("torch.") not in HALF or target in _WARNED:
+        return
+    _WARNED.add(target)
+    warnings.warn(WidthDependenceWarning(
+        f"greedy tokens may differ from plain decoding's in {str(dtype).removeprefix('torch.')}: its logits depend "
+        "on how many tokens a call carries (`specdiff bench` measures the gap); `dtype` fp32 keeps them identical"),
+        stacklevel=3)
 
 
 def _check_drafter(method: Method, drafter: Any) -> None:

@@ -50,7 +50,7 @@ class GraphTarget(CapturingRows):
         self.eos_token_id = model["eos_token_id"]
         self._device = torch.device(device)
         self._heads, self._head_dim = model["kv_heads"], model["head_dim"]
-        self._kv_dtype = TORCH_DTYPES[dtype]
+        self._kv_dtype = self.dtype = TORCH_DTYPES[dtype]  # the graph's arithmetic (its logits are float32)
         self._past_names, self._present_names = past_names(model["layers"]), present_names(model["layers"])
         self.feature_layers = tuple(model.get("feature_layers", ()))  # HF hidden_states indices it outputs
 
