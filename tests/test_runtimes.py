@@ -307,6 +307,8 @@ def test_recorded_settings_travel_through_the_manifest_to_the_graph_drafter(tiny
     (["--artifacts", "{dir}"], "--artifacts needs --runtime onnxruntime or tensorrt"),
     (["--runtime", "onnxruntime", "--artifacts", "{dir}", "--target", "gpt2"], "drop --target"),
     (["--runtime", "tensorrt", "--artifacts", "{dir}"], "--runtime tensorrt runs on a CUDA GPU"),
+    (["--runtime", "onnxruntime", "--artifacts", "{dir}", "--dtype", "fp16"],  # was dropped: ran the export's fp32
+     "--dtype fp16 does not apply to target"),
 ])
 def test_runtime_options_are_checked(onnx_pair, args, message):
     result = run_cli(["generate", "--prompt", "x", *[a.format(dir=onnx_pair) for a in args]])

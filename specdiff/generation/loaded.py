@@ -64,11 +64,12 @@ def _check_held(role: str, model: Any, device: Any, dtype: Any) -> None:
                          f"`device`, or load the {role} on {device}")
     if dtype is None or dtype == "auto":
         return
-    wanted = DTYPES[dtype]
-    if kind != wanted:
-        what = f"loaded already as {_dtype_name(kind)}" if kind is not None else "loaded already"
-        raise UsageError(f"`dtype` {dtype} does not apply to {role} '{name}', {what}: drop `dtype`, or load "
-                         f"the {role} with `dtype` {dtype}")
+    if kind is None:  # an exported graph: its dtype is the export's
+        raise UsageError(f"`dtype` {dtype} does not apply to {role} '{name}', loaded already (in the dtype it was "
+                         "exported or loaded in): drop `dtype`")
+    if kind != DTYPES[dtype]:
+        raise UsageError(f"`dtype` {dtype} does not apply to {role} '{name}', loaded already as {_dtype_name(kind)}: "
+                         f"drop `dtype`, or load the {role} with `dtype` {dtype}")
 
 
 def _same_device(asked: torch.device, held: torch.device) -> bool:

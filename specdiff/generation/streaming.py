@@ -86,7 +86,8 @@ def _stream(prompts: list[str], p: Plan | None, truncate_prompt: bool, progress:
         raise UsageError(f"`{next(iter(options))}` is a setting of a plan: pass the settings or the plan `p`, not both")
     p = p or plan(**options)
     indices = list(range(len(prompts))) if indices is None else check_indices(indices, len(prompts))
-    with decoding(p.target):
+    chosen = {k: Setting(s["value"], s["from"]) for k, s in p.settings().items()}
+    with decoding(p.target), said_where(chosen):  # a pair's `drafts` 2 was no option given
         yield from _decode(prompts, p, truncate_prompt, progress, indices)
 
 
@@ -97,8 +98,7 @@ def _decode(prompts: list[str], p: Plan, truncate_prompt: bool, progress: bool,
     if prompts:
         longest = max(map(len, encoded)) + p.max_new_tokens  # the cache holds no more per row
         rows = min(p.batch_size, len(prompts))
-        with said_where({k: Setting(s["value"], s["from"]) for k, s in p.settings().items()}):
-            p.decoder.check_sizes(rows, p.batch_size, p.max_new_tokens, longest)
+        p.decoder.check_sizes(rows, p.batch_size, p.max_new_tokens, longest)
         if p.compiled:
             p.decoder.warm_up(rows, longest)
     stop = StopStrings(p.target.tokenizer, p.text.stop) if p.text.stop else None
