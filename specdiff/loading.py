@@ -14,13 +14,10 @@ import os
 import re
 import warnings
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
-from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
-from huggingface_hub.utils import get_session
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from transformers.utils import logging as hf_logging
@@ -31,6 +28,7 @@ from .drafters.autoregressive import ARDrafter
 from .drafters.dflash import DFlashDrafter, is_dflash_drafter
 from .drafters.diffusion import DiffusionDrafter
 from .gguf import GGUFSource, gguf_directory
+from .hub import fetch, hub_call
 from .errors import IncompatibleModelsError, LoadError, RegistryError, UsageError
 from .nets.a2d import is_a2d, mask_token_id, read_a2d_config
 from .nets.checkpoint import read_json
@@ -43,7 +41,6 @@ from .targets.block import BlockDiffusionTarget
 from .targets.causal import CausalLMTarget
 from .vocab import VOCAB_FILE, load_draft_vocab
 
-HUB_PROBE_TIMEOUT_S = 3.0  # one request to the hub's endpoint before transformers' retries (a minute offline)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
@@ -103,54 +100,9 @@ def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry)
     raise RegistryError(f"unknown model '{name}': not in models.yaml ({known}) and not a directory")
 
 
-def _hub_call(what: str, source: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a from_pretrained call, turning its many failure types into one LoadError line."""
-    if not Path(source).exists():
-        check_hub(source)
-    try:
-        return fn(source, *args, **kwargs)
-    except Exception as e:  # transformers raises OSError, ValueError, SafetensorError, ...
-        if not Path(source).exists() and hub_constants.HF_HUB_OFFLINE and not _cached(source):
-            raise LoadError(f"'{source}' is not a local directory and not in the local Hugging Face cache "
-                            "(HF_HUB_OFFLINE is set: cached models only); name a local directory, or "
-                            "download it once with network access") from e
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        hint = "" if Path(source).exists() else " (not a local directory; the hub needs network access)"
-        raise LoadError(f"cannot load {what} from '{source}'{hint}: {first}") from e
-
-
-def check_hub(repo_id: str) -> None:
-    """Fail in seconds, not after a minute of retries, when a hub id is not in the local Hugging
-    Face cache and the hub does not answer. Not asked with HF_HUB_OFFLINE set (the hub library then
-    reads the cache only) or when the id is cached."""
-    if hub_constants.HF_HUB_OFFLINE or _cached(repo_id):
-        return
-    failure = _hub_unreachable(hub_constants.ENDPOINT)
-    if failure:
-        raise LoadError(f"'{repo_id}' is not in the local Hugging Face cache and the hub ({hub_constants.ENDPOINT}) "
-                        f"does not answer ({failure}); name a local directory, or set HF_HUB_OFFLINE=1 to use "
-                        "cached models only")
-
-
-def _cached(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds the repository's config.json."""
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
-@lru_cache(maxsize=None)
-def _hub_unreachable(endpoint: str) -> str | None:
-    """None if the endpoint answers one HEAD request within HUB_PROBE_TIMEOUT_S (any HTTP status:
-    it is there), else why not. Through the hub library's session: its proxies and certificates."""
-    try:
-        get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
-    except Exception as e:  # the session's transport errors (httpx or requests, by hub version)
-        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return None
-
-
 def load_tokenizer(source: str) -> Any:
     """The transformers tokenizer at a directory or hub id (a LoadError line if none loads)."""
-    return _hub_call("tokenizer", source, AutoTokenizer.from_pretrained, trust_remote_code=False)
+    return hub_call("tokenizer", source, AutoTokenizer.from_pretrained, trust_remote_code=False)
 
 
 def _load_causal_lm(name: str | os.PathLike, kinds: tuple[str, ...], device: str, dtype: str,
@@ -160,7 +112,7 @@ def _load_causal_lm(name: str | os.PathLike, kinds: tuple[str, ...], device: str
     source, entry = resolve(name, kinds, registry)
     tokenizer = load_tokenizer(_tokenizer_source(entry, registry) or source)
     with _no_loading_bars():
-        model, info = _hub_call("model", source, AutoModelForCausalLM.from_pretrained,
+        model, info = hub_call("model", source, AutoModelForCausalLM.from_pretrained,
                                 dtype=resolve_dtype(dtype, device), trust_remote_code=False,
                                 output_loading_info=True, ignore_mismatched_sizes=True)
     _check_loading_info(source, info)
@@ -236,13 +188,13 @@ def _is_block(source: str) -> bool:
 
 def _config(source: str) -> dict:
     """config.json of a directory or hub id (fetched alone)."""
-    return read_json(_fetch(source, ("config.json",)) / "config.json")
+    return read_json(fetch(source, ("config.json",)) / "config.json")
 
 
 def _load_block(source: str, entry: ModelEntry | None, device: str, dtype: str,
                 registry: Registry) -> BlockDiffusionTarget:
     """An SDAR checkpoint in transformers' own Qwen3 class (nets/sdar.py), strictly loaded."""
-    directory = _fetch(source, BLOCK_FILES)
+    directory = fetch(source, BLOCK_FILES)
     config, block_size, mask_id = read_sdar_config(directory)
     model = _qwen3_model(source, directory, config, device, dtype)
     tokenizer = _quiet_tokenizer(_tokenizer_source(entry, registry) or str(directory))
@@ -254,7 +206,7 @@ def _qwen3_model(source: str, directory: Path, config: Qwen3Config, device: str,
     """transformers' own Qwen3ForCausalLM over a checkpoint whose model_type it does not know
     (SDAR, A2D: `config` read and checked by nets/), strictly loaded, on `device`."""
     with _no_loading_bars():
-        model, info = _hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
+        model, info = hub_call("model", str(directory), Qwen3ForCausalLM.from_pretrained, config=config,
                                 dtype=resolve_dtype(dtype, device), trust_remote_code=False,
                                 output_loading_info=True)
     _check_loading_info(source, info)
@@ -277,13 +229,6 @@ def _quiet_tokenizer(source: str) -> Any:
 def _tokenizer_source(entry: ModelEntry | None, registry: Registry) -> str | None:
     """Where a models.yaml entry's `tokenizer:` points, if it has one."""
     return resolve(entry.tokenizer, ("target", "drafter"), registry)[0] if entry and entry.tokenizer else None
-
-
-def _fetch(source: str, files: tuple[str, ...]) -> Path:
-    """A local directory as is; a hub id -> a local snapshot holding those of `files` it has."""
-    if Path(source).is_dir():
-        return Path(source)
-    return Path(_hub_call("model files", source, snapshot_download, allow_patterns=list(files)))
 
 
 def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
@@ -337,7 +282,7 @@ def _drafter_format(source: str, entry: ModelEntry | None) -> Format | None:
 def _load_dflash(source: str, entry: ModelEntry | None, device: str, dtype: str, registry: Registry) -> DFlashDrafter:
     """A DFlash draft exactly as published (nets/dflash.py), strictly loaded; its embedding and
     head are its target's (pair_models binds them)."""
-    directory = _fetch(source, ("config.json", DFLASH_WEIGHTS, MASK_OVERRIDE, VOCAB_FILE, *TOKENIZER_FILES))
+    directory = fetch(source, ("config.json", DFLASH_WEIGHTS, MASK_OVERRIDE, VOCAB_FILE, *TOKENIZER_FILES))
     net, spec = load_dflash(directory)
     drafter = DFlashDrafter(net, spec, tokenizer=_drafter_tokenizer(directory, entry, registry),
                             source=entry.name if entry else source, draft_vocab=load_draft_vocab(directory))
@@ -348,7 +293,7 @@ def _load_a2d(source: str, entry: ModelEntry | None, device: str, dtype: str, re
     """dllm's masked-diffusion Qwen3 in transformers' own Qwen3 class (nets/a2d.py), strictly
     loaded; the mask id is its tokenizer's, and the real vocabulary the tokenizer's tokens less that
     mask when it was added last (as dllm adds `<|mask|>`)."""
-    directory = _fetch(source, BLOCK_FILES)
+    directory = fetch(source, BLOCK_FILES)
     tokenizer = _drafter_tokenizer(directory, entry, registry)
     mask = mask_token_id(tokenizer, directory)
     model = _qwen3_model(source, directory, read_a2d_config(directory, mask), device, dtype)
@@ -358,7 +303,7 @@ def _load_a2d(source: str, entry: ModelEntry | None, device: str, dtype: str, re
 
 
 def _load_diffusion(source: str, entry: ModelEntry | None, fmt: Format, registry: Registry) -> DiffusionDrafter:
-    directory = _fetch(source, ("config.json", fmt.weights, VOCAB_FILE, *TOKENIZER_FILES))
+    directory = fetch(source, ("config.json", fmt.weights, VOCAB_FILE, *TOKENIZER_FILES))
     backbone, fields = load_checkpoint(directory, fmt)
     tokenizer = _drafter_tokenizer(directory, entry, registry)
     return DiffusionDrafter(backbone, tokenizer=tokenizer, source=entry.name if entry else source,

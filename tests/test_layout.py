@@ -190,3 +190,13 @@ def test_the_code_map_names_every_module_of_specdiff():
     rooms = [p.name if p.is_file() else p.name + "/" for p in (ROOT / "specdiff").iterdir()
              if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()]
     assert len(rooms) > 20 and [r for r in rooms if r not in doc] == []
+
+
+MAX_MODULE_LINES = 400  # docs/code-layout.md: a module is read whole; past this it holds two concerns
+
+
+def test_no_module_is_longer_than_a_reader_takes_in():
+    long = {str(p.relative_to(ROOT)): n for p in sorted([*(ROOT / "specdiff").rglob("*.py"),
+                                                        *(ROOT / "specdiff_cli").rglob("*.py")])
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}

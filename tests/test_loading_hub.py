@@ -12,6 +12,7 @@ import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
 
+import specdiff.hub as hub_access
 from specdiff import loading
 from specdiff.errors import LoadError
 from specdiff_cli.main import cli
@@ -24,9 +25,9 @@ def hub(monkeypatch, tmp_path):
     """An empty Hugging Face cache, online mode, and a settable endpoint; the probe's memo cleared."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    loading._hub_unreachable.cache_clear()
+    hub_access._hub_unreachable.cache_clear()
     yield lambda endpoint: monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
-    loading._hub_unreachable.cache_clear()
+    hub_access._hub_unreachable.cache_clear()
 
 
 def test_unreachable_hub_fails_fast_naming_hf_hub_offline(hub):
@@ -53,7 +54,7 @@ def test_a_hub_that_answers_passes_the_probe(hub):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         hub(f"http://127.0.0.1:{server.server_port}")
-        loading.check_hub("nobody/not-cached")
+        hub_access.check_hub("nobody/not-cached")
     finally:
         server.shutdown()
         server.server_close()
@@ -62,16 +63,16 @@ def test_a_hub_that_answers_passes_the_probe(hub):
 def test_no_probe_when_offline_or_cached(hub, monkeypatch, tmp_path):
     hub(CLOSED_PORT)
     with pytest.raises(LoadError, match="HF_HUB_OFFLINE=1"):
-        loading.check_hub("someone/cached")
+        hub_access.check_hub("someone/cached")
     commit = "0123456789abcdef0123456789abcdef01234567"
     folder = tmp_path / "models--someone--cached"
     (folder / "refs").mkdir(parents=True)
     (folder / "refs" / "main").write_text(commit)
     (folder / "snapshots" / commit).mkdir(parents=True)
     (folder / "snapshots" / commit / "config.json").write_text("{}")
-    loading.check_hub("someone/cached")  # in the cache: the hub is not asked
+    hub_access.check_hub("someone/cached")  # in the cache: the hub is not asked
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    loading.check_hub("nobody/not-cached")  # offline: the hub library reads the cache only
+    hub_access.check_hub("nobody/not-cached")  # offline: the hub library reads the cache only
 
 
 @pytest.mark.parametrize("load", [loading.load_target, loading.load_drafter])
