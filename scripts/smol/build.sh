@@ -35,6 +35,12 @@
 #                 target's answers in WORK/data with its special tokens (training/vocab.py); the
 #                 counts also go to scripts/smol/answer-counts.safetensors, from which the maps are
 #                 rebuilt when WORK/data is gone (`specdiff drafter convert --frequencies` reads both)
+#   7. data at scale  WORK/answers: the target's answers to ~34k broad questions in SMOL_PARTS (default
+#                 16) parts of 2,048, with the features smol-dflash reads (answers.sh; ~1 hour a part on
+#                 one core, so run it over days); both cores: a second `answers.sh WORK PARTS FIRST`
+#   8. dflash at scale  WORK/dflash-scale: smol-dflash continued on every finished part (dflash_scale.sh,
+#                 SMOL_SCALE_STEPS steps, default 3000), then published to MODELS/dflash-drafter in fp16
+#                 (`dflash_scale.sh publish`); commit it (and its card) whenever work stops
 #
 # Resumable: every step is skipped when its output exists; the teacher data is written a chunk at
 # a time and training checkpoints every 100 steps (every 2 minutes for the AR drafter), so a rerun
@@ -128,3 +134,7 @@ from specdiff.training.vocab import build_vocab
 t = load_target(sys.argv[1]); build_vocab(Path(sys.argv[2]), int(sys.argv[3]), t.tokenizer, t.eos_token_id).save(Path(sys.argv[4]))" \
       "$target" "$counts" "$vocab_n" "$models/$drafter"
 done
+
+bash scripts/smol/answers.sh "$work" "${SMOL_PARTS:-16}"
+bash scripts/smol/dflash_scale.sh "$work" "$models" "${SMOL_SCALE_STEPS:-3000}"
+bash scripts/smol/dflash_scale.sh publish "$work" "$models"
