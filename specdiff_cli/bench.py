@@ -12,7 +12,7 @@ import click
 
 from specdiff import names
 
-from .flags import gamma, to_flags
+from .flags import DEFAULT_PAIR, check_pair, check_setting, gamma, to_flags
 from .prompts import read_prompts
 from .threads import default_threads, threads_option
 
@@ -34,12 +34,16 @@ def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: 
         return load_models(runtime, artifacts, device, sources=sources)
 
 
-def _list(kind: Callable[[str], T], what: str = "") -> Callable[[click.Context, click.Parameter, str | None],
-                                                                tuple[T, ...] | None]:
+def _list(kind: Callable[[str], T], what: str = "", choices: Sequence[T] = (), setting: str = "") -> Callable[
+        [click.Context, click.Parameter, str | None], tuple[T, ...] | None]:
     """A click callback: 'a,b' -> (kind('a'), kind('b')); None stays None. what: the items, as
-    the error names them (default: kind's name, plural). A value listed twice is refused (it
-    would be two rows of one label), in every list option alike."""
+    the errors name them (default: kind's name, plural); choices: the items allowed, checked here,
+    before any model loads (none: any); setting: the declared setting each item is a value of,
+    checked here too (settings.py). A value listed twice is refused (it would be two rows of
+    one label), in every list option alike."""
     def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[T, ...] | None:
+        from specdiff.requests import check_settings
+
         if value is None:
             return None
         try:
@@ -49,6 +53,11 @@ def _list(kind: Callable[[str], T], what: str = "") -> Callable[[click.Context, 
                                      f"got {value!r}") from None
         if not items:
             raise click.BadParameter("empty list")
+        for x in items if setting else ():
+            check_settings({setting: x})
+        unknown = [x for x in items if choices and x not in choices]
+        if unknown:
+            raise click.BadParameter(f"unknown {what} '{unknown[0]}' (choose from {', '.join(map(str, choices))})")
         twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
         if twice is not None:
             raise click.BadParameter(f"{twice} is listed twice (each value is one row): give it once")
@@ -69,11 +78,11 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 @click.command()
-@click.option("--pair", help="A models.yaml pair [default: demo, if models.yaml has it].")
+@click.option("--pair", callback=check_pair, help=f"A models.yaml pair [default without --target: {DEFAULT_PAIR}].")
 @click.option("--target", help="Target model: models.yaml name, directory or hub id.")
 @click.option("--drafter", help="Diffusion drafter (or a causal LM, used as the AR drafter).")
 @click.option("--ar-drafter", help="Causal-LM drafter for spec-ar and hf-assisted [default: the pair's ar_drafter].")
-@click.option("--methods", callback=_list(str), metavar="LIST",
+@click.option("--methods", callback=_list(str, "method", (*names.METHODS, *names.PEERS)), metavar="LIST",
               help=f"Comma-separated, from {', '.join((*names.METHODS, *names.PEERS))} "
                    "[default: every one the models allow]. ar always runs: it is the reference.")
 @click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: the pair's held-out prompts, else the 32 held-out "
@@ -88,7 +97,7 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "the drafter's, else 8) [default: auto and that gamma].")
 @click.option("--steps", callback=_list(int), metavar="LIST",
               help="Denoising steps T to sweep (specdiff) [default: the pair's, else the drafter's, else 4].")
-@click.option("--schedule", "schedules", callback=_list(str), metavar="LIST",
+@click.option("--schedule", "schedules", callback=_list(str, "schedule", names.SCHEDULES), metavar="LIST",
               help="Schedules to sweep (specdiff): l2r, oneshot, confidence [default: the pair's, "
                    "else the drafter's, else l2r].")
 @click.option("--drafts", callback=_list(int), metavar="LIST",
@@ -98,10 +107,12 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Acceptance rules to sweep for spec-ar / specdiff, each on the rows it fits (single-draft "
                    "rules for K = 1, greedy / select / multi for K > 1, greedy only at temperature 0) "
                    "[default: greedy at temperature 0, else select for K > 1, else standard].")
-@click.option("--temperature", "temperatures", callback=_list(float), metavar="LIST",
+@click.option("--temperature", "temperatures", callback=_list(float, setting="temperature"), metavar="LIST",
               help="Temperatures to sweep, each with its own ar reference; 0 = greedy [default: 0].")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Sampling rows: top-k (0 = all).")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="Sampling rows: nucleus mass in (0, 1].")
+@click.option("--top-k", type=click.IntRange(min=0), callback=check_setting, default=0, show_default=True,
+              help="Sampling rows: top-k (0 = all).")
+@click.option("--top-p", type=float, callback=check_setting, default=1.0, show_default=True,
+              help="Sampling rows: nucleus mass in (0, 1].")
 @click.option("--batch-size", "batch_sizes", callback=_list(int), metavar="LIST",
               help="Prompts per forward pass to sweep, e.g. 1,4,8,16 (ar, spec-ar, specdiff; the HF peers "
                    "run batch 1) [default: 1].")
@@ -114,7 +125,7 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Also run ar and specdiff on graphs with this runtime: --artifacts' [default with --artifacts: "
                    "onnxruntime]; onnxruntime without --artifacts: the bench's models exported once into the user "
                    "cache and reused.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, callback=check_setting, default=0, show_default=True)
 @click.option("--out", default="bench-out", show_default=True, metavar="DIR", callback=_report_dir,
               help="Where bench.json and the plots go.")
 @click.option("--check", is_flag=True, help="Exit 1 if any method's greedy output differs from ar's (the rows at "
@@ -141,7 +152,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     Examples:
       specdiff bench --pair demo --gamma 4,8 --num-prompts 8 --repeats 1     # about a minute, offline
       specdiff bench --pair smol --methods ar,specdiff --num-prompts 2 --repeats 1 --check   # a few minutes
-      specdiff bench --pair demo --methods ar,specdiff --drafts 1,4 --acceptance select,multi \
+      specdiff bench --pair demo --methods ar,specdiff --drafts 1,4 --acceptance select,multi \\
           --temperature 0,0.8 --top-p 0.95
       specdiff bench --pair demo --methods ar,specdiff --batch-size 1,4,8,16 --threads 1
       specdiff bench --pair demo --methods ar,specdiff --gamma auto,2,4,8 --batch-size 1,4,8,16 --temperature 0,0.7,1
@@ -155,12 +166,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     from specdiff.tools import bench as lib
     from specdiff.tools.bench_output import format_table, require_matplotlib, summary, write_report
     from specdiff.errors import UsageError
-    from specdiff.requests import check_seed, check_settings
 
-    check_seed(seed)  # before minutes of loading and timing, not at the first plan()
-    for t in temperatures or ():
-        check_settings({"temperature": t})
-    check_settings({"top_k": top_k, "top_p": top_p})
     lib.check_rules(rules or ())
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target)), sys.stdin.buffer, input_format)
@@ -211,6 +217,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     click.echo(format_table(report))
     _warn_mismatches(report)
     _warn_unreliable(report)
+    _warn_run(report)
     click.echo(json.dumps(summary(report, Path(out))))
     if check and report["check"]["passed"] is False:
         raise click.ClickException(f"greedy outputs differ from ar: {', '.join(report['check']['mismatched'])}")
@@ -230,6 +237,7 @@ def _bench_block(lib: ModuleType, models: Models, prompts: list[str], methods: S
     write_report(report, out, plots=False)  # bench.json, written whole or not at all
     click.echo(format_block_table(report))
     _warn_unreliable(report)
+    _warn_run(report)
     click.echo(json.dumps(summary(report, Path(out))))  # the same line as a causal target's
     if check and report["check"]["passed"] is False:
         raise click.ClickException(f"greedy outputs differ from block: {', '.join(report['check']['mismatched'])}")
@@ -256,6 +264,21 @@ def _warn_unreliable(report: dict) -> None:
                        f"{'; '.join(row['unreliable'])}", err=True)
     if report["reliability"]["advice"]:
         click.echo(f"specdiff: warning: {to_flags(report['reliability']['advice'])}", err=True)
+
+
+BUSY = 0.25  # CPU cores other processes may keep busy before bench says its speeds are off
+
+
+def _warn_run(report: dict) -> None:
+    """What makes a whole run's speeds doubtful: one timed pass per row (nothing shows their
+    spread), or other processes keeping more than BUSY of a core busy while it timed."""
+    if report["config"]["repeats"] == 1:
+        click.echo("specdiff: warning: --repeats 1: one timed pass per row, so nothing shows how much its speed "
+                   "varies from pass to pass; --repeats 3 or more shows the spread", err=True)
+    load, cpus = report["environment"].get("foreign_cpu_load"), report["environment"].get("cpus")
+    if isinstance(load, float) and load > BUSY:
+        click.echo(f"specdiff: warning: other processes kept {load:.2f} CPU cores busy (of {cpus}) while bench "
+                   "timed: its speeds are lower and noisier than on a quiet machine", err=True)
 
 
 def _warn_mismatches(report: dict) -> None:

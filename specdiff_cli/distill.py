@@ -142,7 +142,7 @@ def distill(threads: int | None, **options: Any) -> None:
       specdiff distill --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --from-target --dim 576 --heads 9 --out smol-drafter      # hours on a CPU: scripts/smol/build.sh
       specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2   # hub: network
-      specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \
+      specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --layers 2 --heads 9 --gamma 7 --loss ce+kl --soft-labels 32 --out smol-dflash   # scripts/smol/build.sh
     """
     import torch

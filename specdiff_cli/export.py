@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import click
 
+from .flags import check_pair
+
 
 @click.command()
 @click.option("--target", help="Target model: models.yaml name, directory or hub id.")
 @click.option("--drafter", help="Diffusion drafter: models.yaml name, directory or hub id.")
-@click.option("--pair", help="A models.yaml pair: export its target and drafter.")
+@click.option("--pair", callback=check_pair, help="A models.yaml pair: export its target and drafter.")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "tensorrt", "all"]), default="onnx",
               show_default=True, help="onnx: graphs; tensorrt: engines only (needs a GPU); all: both.")
 @click.option("--out", required=True, metavar="DIR", help="New directory (written complete or not at all).")

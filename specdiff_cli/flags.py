@@ -1,5 +1,8 @@
 """Library errors name parameters (`truncate_prompt`), never command-line flags; the CLI shows them
-as the flags that set them (--truncate-prompt). Also the value type of --gamma (an integer or auto)."""
+as the flags that set them (--truncate-prompt). Also the value type of --gamma (an integer or auto),
+--pair's check against models.yaml and the bounds of generate's settings (check_setting), made
+while the arguments are parsed: a bad value is refused before a command imports torch and
+transformers (seconds)."""
 
 from __future__ import annotations
 
@@ -32,3 +35,30 @@ class Gamma(click.ParamType):
             return gamma(str(value))
         except ValueError:
             self.fail(f"{value!r} is neither an integer nor auto", param, ctx)
+
+
+DEFAULT_PAIR = "the default pair (smol when installed, else demo)"  # registry.default_pair(), in --help
+
+
+def check_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --pair callback: a name that is not a pair of models.yaml is a usage error now."""
+    from specdiff.errors import UsageError
+    from specdiff.registry import load_registry
+
+    if value is not None:
+        registry = load_registry()  # a broken models.yaml: its own error, not --pair's
+        try:
+            registry.pair(value)
+        except UsageError as e:
+            raise click.BadParameter(str(e), ctx, param) from None
+    return value
+
+
+def check_setting(ctx: click.Context, param: click.Parameter, value: object) -> object:
+    """A callback for an option that sets a declared setting (settings.py) or the seed: its type
+    and bound, checked now, in the library's words (a UsageError, as plan() would raise)."""
+    from specdiff.requests import check_seed, check_settings
+
+    if value is not None:
+        check_seed(value) if param.name == "seed" else check_settings({str(param.name): value})
+    return value

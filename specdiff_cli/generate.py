@@ -12,7 +12,7 @@ import click
 from specdiff import names
 from specdiff.settings import help_text
 
-from .flags import Gamma
+from .flags import DEFAULT_PAIR, Gamma, check_pair, check_setting
 from .output import check_output, check_stdout, open_output
 from .prompts import Layout, read_prompts, unescape
 from .prompts import PromptRecord
@@ -35,34 +35,39 @@ PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else 
               show_default=True, help="How to read the prompt file or stdin.")
 @click.option("--whole", is_flag=True,
               help="The whole prompt file or stdin is one prompt (less one final line end).")
-@click.option("--target", help="Target model: models.yaml name, directory or hub id [default: the demo pair].")
+@click.option("--target", help=f"Target model: models.yaml name, directory or hub id [default: the target of "
+              f"{DEFAULT_PAIR}].")
 @click.option("--drafter", help="Drafter: models.yaml name, directory or hub id.")
-@click.option("--pair", help="A models.yaml pair: target, drafter and their defaults.")
+@click.option("--pair", callback=check_pair,
+              help=f"A models.yaml pair: target, drafter and their defaults [default: {DEFAULT_PAIR}].")
 @click.option("--method", type=click.Choice(names.METHODS),
               help="Decoding method [default: the pair's, else from the drafter, else ar].")
-@click.option("--gamma", type=Gamma(), help="Draft length, fixed (an integer), or auto: chosen each step from the "
+@click.option("--gamma", callback=check_setting, type=Gamma(),
+              help="Draft length, fixed (an integer), or auto: chosen each step from the "
               "acceptance so far and measured costs, 0 (a plain step) to the pair's, else the drafter's, else "
               "8 [default: auto].")
-@click.option("--steps", type=int, help=help_text("steps", PAIR_DRAFTER) + " Block-diffusion targets: the block size. oneshot: 1.")
+@click.option("--steps", callback=check_setting, type=int,
+              help=help_text("steps", PAIR_DRAFTER) + " Block-diffusion targets: the block size. oneshot: 1.")
 @click.option("--schedule", type=click.Choice(names.SCHEDULES), help=help_text("schedule", PAIR_DRAFTER))
 @click.option("--remasking", type=click.Choice(names.REMASKING), help=help_text("remasking"))
-@click.option("--threshold", type=float, help=help_text("threshold"))
-@click.option("--drafts", type=int, help=help_text("drafts") + " specdiff only.")
-@click.option("--draft-temperature", type=float,
+@click.option("--threshold", callback=check_setting, type=float, help=help_text("threshold"))
+@click.option("--drafts", callback=check_setting, type=int, help=help_text("drafts") + " specdiff only.")
+@click.option("--draft-temperature", callback=check_setting, type=float,
               help="Temperature candidates 2..K are sampled at [default: --temperature, 1 when greedy].")
 @click.option("--acceptance", type=click.Choice(names.RULES),
               help="Verification rule [default: greedy at temperature 0, else select with --drafts > 1, else standard].")
-@click.option("--temperature", type=float, help=help_text("temperature", PAIR))
-@click.option("--top-k", type=int, help=help_text("top_k", PAIR))
-@click.option("--top-p", type=float, help=help_text("top_p", PAIR))
-@click.option("--repetition-penalty", type=float, help=help_text("repetition_penalty", PAIR))
+@click.option("--temperature", callback=check_setting, type=float, help=help_text("temperature", PAIR))
+@click.option("--top-k", callback=check_setting, type=int, help=help_text("top_k", PAIR))
+@click.option("--top-p", callback=check_setting, type=float, help=help_text("top_p", PAIR))
+@click.option("--repetition-penalty", callback=check_setting, type=float,
+              help=help_text("repetition_penalty", PAIR))
 @click.option("--stop", multiple=True, metavar="TEXT",
               help="End a continuation at this text, which is left out (repeatable).")
 @click.option("--chat/--no-chat", default=None, help=help_text("chat", PAIR))
 @click.option("--system", metavar="TEXT", help="A system message for --chat.")
-@click.option("--max-new-tokens", type=int, help=help_text("max_new_tokens", PAIR))
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=int, help=help_text("batch_size", PAIR))
+@click.option("--max-new-tokens", callback=check_setting, type=int, help=help_text("max_new_tokens", PAIR))
+@click.option("--seed", callback=check_setting, type=int, default=0, show_default=True)
+@click.option("--batch-size", callback=check_setting, type=int, help=help_text("batch_size", PAIR))
 @threads_option
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",

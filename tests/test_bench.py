@@ -5,6 +5,7 @@ PNGs, and a deliberately wrong acceptance rule is caught by the greedy check."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -343,7 +344,8 @@ def test_cli_warns_when_rounds_disagree(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(measure, "PASSES", {"ar": fake_pass, "spec-ar": fake_pass})
     result = _cli(tiny, tmp_path, "--methods", "spec-ar", "--gamma", "2", "--repeats", "3", "--no-plots")
     assert result.exit_code == 0, result.output
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("specdiff: warning:")]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("specdiff: warning:")
+                and "other processes kept" not in line]  # this machine's load: the test below
     assert warnings == [
         "specdiff: warning: spec-ar g=2: speed-up 3.00x is unreliable: ar's tokens/s varied by 100% of the "
         "median across rounds (limit 50%)",
@@ -351,6 +353,79 @@ def test_cli_warns_when_rounds_disagree(tiny, tmp_path, monkeypatch):
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert report["reliability"]["unreliable"] == ["spec-ar g=2"] and report["rows"][0]["unreliable"] == []
     assert json.loads(result.stdout.strip().splitlines()[-1])["unreliable"] == ["spec-ar g=2"]
+
+
+def rows_with_rounds(**runs: list[float]) -> list[dict]:
+    return [{"label": label.replace("_", " "), "speedup_runs": r} for label, r in runs.items()]
+
+
+def test_best_is_named_only_when_it_was_the_fastest_in_every_round():
+    from specdiff.tools.bench_output import best_row
+
+    assert best_row(rows_with_rounds(ar=[1, 1, 1], specdiff=[1.2, 1.1, 1.3])) == (
+        "specdiff", "faster than every other row in each of the 3 rounds")
+    assert best_row(rows_with_rounds(ar=[1, 1, 1], specdiff=[1.2, 0.9, 1.3], ar_onnx=[1.1, 1.5, 1.2])) == (
+        None, "no row was the fastest in every round (round 1: specdiff; round 2: ar onnx; round 3: specdiff)")
+    assert best_row(rows_with_rounds(ar=[1, 1], specdiff=[0.8, 0.7])) == (
+        "ar", "faster than every other row in each of the 2 rounds")  # plain decoding is the best
+    assert best_row(rows_with_rounds(ar=[1.0], ar_t=[1.0]))[0] is None  # a tie names none
+    assert best_row(rows_with_rounds(ar=[1.0], specdiff=[1.1])) == (
+        "specdiff", "the fastest row in the one round (repeats 1: no spread to judge it by)")
+
+
+def test_foreign_cpu_load_is_the_machines_busy_time_less_benchs_own_over_the_wall_time(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdiff.tools.bench import measure
+
+    busy, own, clock = iter([100.0, 103.0]), iter([5.0, 6.0]), iter([10.0, 12.0])
+    monkeypatch.setattr(measure, "_busy_s", lambda: next(busy))
+    monkeypatch.setattr(measure, "_own_cpu_s", lambda: next(own))
+    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    with measure.CpuLoad() as load:
+        pass
+    assert load.cores == 1.0  # (3 s busy - 1 s its own) / 2 s
+    clock, own = iter([10.0, 12.0]), iter([5.0, 6.0])
+    monkeypatch.setattr(measure, "_busy_s", lambda: None)  # no /proc/stat, no psutil
+    with measure.CpuLoad() as unknown:
+        pass
+    assert unknown.cores is None
+    monkeypatch.undo()
+    assert measure._busy_s() is not None or not Path("/proc/stat").exists()
+
+
+class BusyMachine:
+    """CpuLoad as if other processes had kept 1.2 cores busy."""
+
+    def __enter__(self):
+        self.cores = 1.2
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_cli_says_when_the_run_cannot_show_its_spread_or_the_machine_was_busy(tiny, tmp_path, monkeypatch):
+    """--repeats 1: a warning (no spread to see); other processes busy: a warning and bench.json's
+    environment.foreign_cpu_load; --warmup 0: no warm-up lines."""
+    import specdiff.tools.bench as lib
+
+    monkeypatch.setattr(lib, "CpuLoad", BusyMachine)
+    result = _cli(tiny, tmp_path, "--methods", "ar", "--no-plots")  # --repeats 1 --warmup 0
+    assert result.exit_code == 0, result.output
+    assert "warm-up" not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("specdiff: warning:")]
+    assert warnings == [
+        "specdiff: warning: --repeats 1: one timed pass per row, so nothing shows how much its speed varies from "
+        "pass to pass; --repeats 3 or more shows the spread",
+        f"specdiff: warning: other processes kept 1.20 CPU cores busy (of {os.cpu_count()}) while bench timed: its "
+        "speeds are lower and noisier than on a quiet machine"]
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["environment"]["foreign_cpu_load"] == 1.2
+    assert json.loads(result.stdout.strip().splitlines()[-1])["foreign_cpu_load"] == 1.2
+    assert report["prompt_texts"] == PROMPTS and len(report["rows"][0]["texts"]) == len(PROMPTS)
+    quiet = _cli(tiny, tmp_path, "--methods", "ar", "--no-plots", "--repeats", "2", "--warmup", "1")
+    assert "--repeats 1" not in quiet.stderr and "bench: warm-up ar" in quiet.stderr
 
 
 def test_batch_sizes_are_swept_with_throughput_per_row_and_kv_peak(tiny):

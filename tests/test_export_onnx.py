@@ -34,6 +34,29 @@ def run_cli(args: list[str]):
     return CliRunner().invoke(cli, args)
 
 
+STAGES = ("specdiff: loading ", "specdiff: exporting the ", "specdiff: validating ")
+
+
+def error_line(stderr: str) -> str:
+    """The one error line of a failed export, after the lines of the stages it started."""
+    *stages, last = stderr.splitlines()
+    assert all(line.startswith(STAGES) for line in stages), stderr
+    return last
+
+
+@pytest.mark.slow  # an export of its own, about 10 s: CI's slow step
+def test_each_stage_says_when_it_starts(tiny, tmp_path):
+    """An export prints nothing else for a minute or two on a CPU: each stage says it started."""
+    result = run_cli(["export", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--out",
+                      str(tmp_path / "e")])
+    assert result.exit_code == 0, result.stderr
+    lines = [line.split("'")[0].split(" (")[0] for line in result.stderr.splitlines()]
+    assert lines == ["specdiff: loading ", "specdiff: exporting the target graph target.onnx",
+                     "specdiff: validating target.onnx against PyTorch", "specdiff: target ",
+                     "specdiff: exporting the drafter graph drafter.onnx",
+                     "specdiff: validating drafter.onnx against PyTorch", "specdiff: drafter "], result.stderr
+
+
 def test_manifest_records_sources_tokenizer_io_tools_and_validation(tiny, onnx_pair):
     m = manifest(onnx_pair)
     assert (m["format"], m["dtype"], m["opset"]) == ("specdiff-export", "fp32", 18)
@@ -130,8 +153,8 @@ def test_failed_validation_leaves_no_directory(tiny, tmp_path, monkeypatch):
     monkeypatch.setitem(TOLERANCE, "fp32", (0.0, 0.0))  # nothing matches exactly
     out = tmp_path / "never"
     result = run_cli(["export", "--drafter", str(tiny.drafter), "--out", str(out)])
-    assert result.exit_code == 1 and result.stderr.startswith("specdiff: error: drafter.onnx disagrees with PyTorch")
-    assert result.stderr.count("\n") == 1
+    error = error_line(result.stderr)
+    assert result.exit_code == 1 and error.startswith("specdiff: error: drafter.onnx disagrees with PyTorch")
     assert list(tmp_path.iterdir()) == []  # neither the directory nor its temporary twin
 
 
@@ -156,5 +179,5 @@ def test_export_refuses_bad_requests_with_one_line(tiny, tmp_path, args, code, m
     (tmp_path / "full" / "keep.txt").write_text("x")
     fill = {"tmp": tmp_path, "ar": tiny.ar, "gpt2": tiny.gpt2, "drafter": tiny.drafter}
     result = run_cli(["export", *[a.format(**fill) for a in args]])
-    assert result.exit_code == code and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert result.exit_code == code and message in error_line(result.stderr), result.stderr
     assert not (tmp_path / "x").exists()

@@ -6,7 +6,9 @@ the drafter reads, and the drafter's graph holds the target's embedding and head
 
 Everything is written to a temporary directory beside `out` and renamed to it only once every
 graph has been exported, checked against its spec, validated against PyTorch (and built into a
-TensorRT engine for --format tensorrt | all): the directory is complete or absent.
+TensorRT engine for --format tensorrt | all): the directory is complete or absent. Each stage says
+on stderr when it starts (loading, exporting each graph, validating it, building engines) and each
+graph when it is done: an export takes a minute or two on a CPU.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: s
         manifest = _export_onnx(tmp, target, drafter, dtype, opset, max_batch, max_seq, device, registry)
         if engines is not None:
             trt, gpu = engines
+            log(f"building TensorRT engines on {gpu}")
             build_engines(tmp, manifest, trt, gpu)
             manifest["tools"]["tensorrt"] = trt.__version__
         if "onnx" not in FORMATS[fmt]:
@@ -138,6 +141,7 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
                                        DiffusionDrafter | DFlashDrafter | None, Any]:
     """-> (target, drafter, the tokenizer of the export)."""
     _check_causal(target, drafter, registry)
+    log(f"loading {' and '.join(repr(name) for name in (target, drafter) if name)}")
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
     if isinstance(d, DFlashDrafter) and t is None:
@@ -195,12 +199,14 @@ def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dic
                mask_id: int | None = None) -> dict:
     """Export, check against the spec, validate against PyTorch; -> the manifest record."""
     path = tmp / f"{kind}.onnx"
+    log(f"exporting the {kind} graph {path.name} ({dtype}, opset {opset})")
     start = time.perf_counter()
     export_graph(module, spec, dtype, path, opset)
     took = time.perf_counter() - start
     problems = check_graph(path, spec, dtype)
     if problems:
         raise ExportValidationError(path.name, problems, len(spec.inputs) + len(spec.outputs))
+    log(f"validating {path.name} against PyTorch")
     validation = validate(module, spec, path, dtype, mask_id)
     size = sum(p.stat().st_size for p in tmp.glob(f"{kind}.onnx*"))
     verdict = "skipped: " + validation["skipped"] if validation["passed"] is None else \

@@ -24,7 +24,7 @@ from ..settings import BlockSettings
 from ..generation import Output, Plan, iter_generate, plan, torch_threads
 from ..methods import METHODS
 from ..metrics import Metrics
-from .bench import Models, Settings, environment, spread, unreliable
+from .bench import CpuLoad, Models, Settings, environment, spread, unreliable
 from .bench.report import ADVICE, SPREAD_LIMIT
 
 BLOCK_METHODS = tuple(name for name, m in METHODS.items() if m.target == "block-diffusion")
@@ -55,16 +55,18 @@ def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Set
             for g in (gammas if m == "simsd-exact" else (None,))]
     plans = [_plan(models, m, s, steps=t, gamma=g, remasking=remasking, threshold=threshold) for m, t, g in rows]
     with torch_threads(s.threads):
-        for (m, t, g), p in zip(rows, plans):
-            log(f"bench: warm-up {m} steps={_steps(p)}{f' gamma={g}' if g else ''}")
-            for _ in range(s.warmup):
-                list(iter_generate(prompts, p, s.truncate_prompt))
-        passes: list[list[list[Output]]] = [[] for _ in rows]  # per row, per pass, per prompt
-        for i in range(s.repeats):
-            log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} rows")
-            for p, out in zip(plans, passes):
-                out.append(list(iter_generate(prompts, p, s.truncate_prompt)))
-        env = environment(models)  # the threads it ran with
+        with CpuLoad() as load:
+            for (m, t, g), p in zip(rows, plans):
+                if s.warmup:
+                    log(f"bench: warm-up {m} steps={_steps(p)}{f' gamma={g}' if g else ''}")
+                for _ in range(s.warmup):
+                    list(iter_generate(prompts, p, s.truncate_prompt))
+            passes: list[list[list[Output]]] = [[] for _ in rows]  # per row, per pass, per prompt
+            for i in range(s.repeats):
+                log(f"bench: timed pass {i + 1}/{s.repeats} of {len(rows)} rows")
+                for p, out in zip(plans, passes):
+                    out.append(list(iter_generate(prompts, p, s.truncate_prompt)))
+        env = environment(models, load)  # the threads it ran with
     table = _rows(rows, plans, passes)
     return {"config": {**vars(s), "prompts": len(prompts), "remasking": remasking, "threshold": threshold},
             "environment": env, **checks(table, s.temperature == 0), "rows": table}
@@ -97,7 +99,8 @@ def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
         out.append({"label": label, "method": m, "steps": block.steps, "gamma": g and block.gamma,
                     "remasking": block.remasking, "exact": METHODS[m].exact,
                     "tokens_per_s": spread(speeds), "speedup": statistics.median(ratios),
-                    "speedup_range": [min(ratios), max(ratios)], "new_tokens": total.new_tokens,
+                    "speedup_range": [min(ratios), max(ratios)], "speedup_runs": ratios,
+                    "new_tokens": total.new_tokens,
                     "target_calls": total.target_calls, "drafter_calls": total.drafter_calls,
                     "tokens_per_target_call": total.new_tokens / max(total.target_calls, 1), "alpha": total.alpha,
                     "identical_prompts": sum(a == 1.0 and len(r.tokens) == len(o.tokens)

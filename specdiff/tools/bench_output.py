@@ -46,8 +46,13 @@ def format_table(report: dict) -> str:
         lines.append(f"{r['label']:30} {t['median']:8.1f} {span}"
                      f"{r['speedup']:7.2f}x {r['tau']:5.2f} {_f(r['alpha'], '5.2f'):>5} "
                      f"{_f(r['ideal']['speedup'], '6.2f'):>6} {_f(r['ideal']['measured_over_ideal'], '10.2f'):>10} "
-                     f"{_f(r['roofline']['x_floor'], '7.2f'):>7} {'ref' if r['method'] == 'ar' else match:>5}")
+                     f"{_f(r['roofline']['x_floor'], '7.2f'):>7} {'ref' if _is_reference(r) else match:>5}")
     return "\n".join(lines + _floor_lines(report.get("roofline")) + _invariance_lines(report.get("width_invariance")))
+
+
+def _is_reference(row: Row) -> bool:
+    """ar on eager torch at batch 1: the row every other at its temperature is compared with."""
+    return row["method"] == "ar" and row.get("runtime", "torch") == "torch" and row.get("batch_size", 1) == 1
 
 
 def _invariance_lines(invariance: dict | None) -> list[str]:
@@ -74,13 +79,31 @@ def _floor_lines(roofline: dict | None) -> list[str]:
 
 def summary(report: dict, out_dir: Path | None = None) -> dict:
     rows, env = report["rows"], report["environment"]
-    best = max(rows, key=lambda r: r["speedup"])
+    best, why = best_row(rows)
     return {"bench_json": str(out_dir / "bench.json") if out_dir else None, "device": env["device"],
-            "threads": env["threads"], "prompts": report["config"]["prompts"],
+            "threads": env["threads"], "foreign_cpu_load": env.get("foreign_cpu_load", "unknown"),
+            "prompts": report["config"]["prompts"],
             "max_new_tokens": report["config"]["max_new_tokens"], "check": report["check"]["passed"],
-            "best": best["label"], "unreliable": report["reliability"]["unreliable"],
+            "best": best, "best_reason": why, "unreliable": report["reliability"]["unreliable"],
             "speedup": {r["label"]: round(r["speedup"], 3) for r in rows},
             "tokens_per_s": {r["label"]: round(r["tokens_per_s"]["median"], 2) for r in rows}}
+
+
+def best_row(rows: list[Row]) -> tuple[str | None, str]:
+    """(the row that was the fastest in every round, why) or (None, why none is named). Each round
+    compares the rows' speed-ups over ar in that round (`speedup_runs`: ar itself is 1.0), so a row
+    is named only when no round saw another row as fast."""
+    rounds = len(rows[0]["speedup_runs"])
+    leaders = []
+    for i in range(rounds):
+        top = max(r["speedup_runs"][i] for r in rows)
+        leaders.append([r["label"] for r in rows if r["speedup_runs"][i] == top])
+    if all(lead == leaders[0] for lead in leaders) and len(leaders[0]) == 1:
+        if rounds == 1:
+            return leaders[0][0], "the fastest row in the one round (repeats 1: no spread to judge it by)"
+        return leaders[0][0], f"faster than every other row in each of the {rounds} rounds"
+    seen = "; ".join(f"round {i + 1}: {' = '.join(lead)}" for i, lead in enumerate(leaders))
+    return None, f"no row was the fastest in every round ({seen})"
 
 
 REPORT_FILES = ("bench.json", *PLOTS)

@@ -41,16 +41,16 @@ from ...generation import TextOptions, encode_prompts, torch_threads
 from ...targets.block import BlockDiffusionTarget
 from ...targets.causal import CausalLMTarget
 from .config import DEFAULT_PROMPTS, METHODS, NEEDS, Models, Settings, Variant, default_prompts, load_models
-from .measure import environment, memory_of, time_variants
+from .measure import CpuLoad, environment, memory_of, time_variants
 from ..invariance import width_invariance
 from ..roofline import measure_peaks, weight_cost
 from .passes import PASSES
 from .report import SPREAD_LIMIT, Floor, make_report, row_of, spread, unreliable
 from .sweep import available_methods, check_models, check_rules, fits, variants
 
-__all__ = ["DEFAULT_PROMPTS", "METHODS", "NEEDS", "PASSES", "SPREAD_LIMIT", "Models", "Settings", "Variant",
-           "available_methods", "check_rules", "default_prompts", "environment", "fits", "load_models", "run",
-           "spread", "unreliable", "variants"]
+__all__ = ["DEFAULT_PROMPTS", "METHODS", "NEEDS", "PASSES", "SPREAD_LIMIT", "CpuLoad", "Models", "Settings",
+           "Variant", "available_methods", "check_rules", "default_prompts", "environment", "fits", "load_models",
+           "run", "spread", "unreliable", "variants"]
 
 
 def run(models: Models, prompts: list[str], rows: list[Variant], settings: Settings,
@@ -65,13 +65,19 @@ def run(models: Models, prompts: list[str], rows: list[Variant], settings: Setti
                              TextOptions(chat=settings.chat))
     _check_room(models.target, rows, encoded, settings.max_new_tokens)
     with torch_threads(settings.threads):
-        repeats, warmups = time_variants(models, rows, settings, prompts, encoded, log)
+        with CpuLoad() as load:
+            repeats, warmups = time_variants(models, rows, settings, prompts, encoded, log)
         out = [(row_of(v, r, encoded, memory_of(r), w, models.draft_vocab(v)), r)
                for v, r, w in zip(rows, repeats, warmups)]
-        env = environment(models)
+        env = environment(models, load)
         floor = _floor(models)
         invariance = _invariance(models, {v.runtime for v in rows}, encoded[0] + repeats[0][0].tokens[0])
-    return make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()}, floor, invariance)
+    report = make_report(out, settings, env, {"prompts": len(prompts), "models": models.names()}, floor, invariance)
+    report["prompt_texts"] = prompts  # and what each row answered to them, to read beside ar's answers
+    decode = models.target.tokenizer.decode
+    for row, (_, passes) in zip(report["rows"], out):
+        row["texts"] = [decode(tokens, skip_special_tokens=True) for tokens in passes[0].tokens]
+    return report
 
 
 def _invariance(models: Models, runtimes: set[str], ids: list[int]) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """Timing: warm-up passes, then timed passes round-robin, every forward call logged where it can
-be (callstats); the process's memory and the machine it ran on.
+be (callstats); the process's memory, the machine it ran on and how busy other processes kept it
+(CpuLoad).
 May import: bench.config, bench.passes, tools.callstats and the library.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -71,7 +74,8 @@ def time_variants(models: Models, rows: list[Variant], s: Settings, prompts: lis
     rows: spent before their first pass decoded, in no pass's time)."""
     passes = [PASSES[v.method](models, v, s) for v in rows]
     for v, one_pass in zip(rows, passes):
-        log(f"bench: warm-up {v.label}")
+        if s.warmup:
+            log(f"bench: warm-up {v.label}")
         one_pass.prime(len(prompts))
         for _ in range(s.warmup):
             for _ in one_pass(prompts, encoded):
@@ -93,13 +97,55 @@ def memory_of(repeats: list[Repeat]) -> dict:
     return {"peak_rss_mb": rss, "cuda_peak_mb": max(cuda) if cuda else None, "kv_cache_peak_mb": kv or None}
 
 
-def environment(models: Models) -> dict:
+def environment(models: Models, load: CpuLoad | None = None) -> dict:
+    """The machine and software a run had; `foreign_cpu_load`: the cores other processes kept busy
+    during it (`load`; "unknown" where that cannot be read)."""
     device = models.target.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return {"device": str(device), "device_name": name, "dtype": str(models.target.model.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "cpus": os.cpu_count(),
+            "foreign_cpu_load": "unknown" if load is None or load.cores is None else load.cores}
+
+
+class CpuLoad:
+    """How many CPU cores other processes kept busy while it was open (`cores`): the machine's
+    busy time (/proc/stat; else psutil, if installed) less this process's own CPU time, over the
+    wall time. None: no way to read the machine's busy time here (bench.json: "unknown")."""
+
+    def __enter__(self) -> CpuLoad:
+        self.cores: float | None = None
+        self._start = (time.perf_counter(), _own_cpu_s(), _busy_s())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall, own, busy = time.perf_counter(), _own_cpu_s(), _busy_s()
+        if busy is not None and self._start[2] is not None and wall > self._start[0]:
+            foreign = (busy - self._start[2]) - (own - self._start[1])
+            self.cores = round(max(foreign, 0.0) / (wall - self._start[0]), 3)
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _busy_s() -> float | None:
+    """Seconds of CPU time the whole machine has spent busy (all cores) since boot; None: unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()  # cpu user nice system idle iowait irq softirq steal ...
+        ticks = [int(x) for x in fields[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil  # optional, not a dependency
+    except ImportError:
+        return None
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
 def _cpu_name() -> str:

@@ -53,6 +53,7 @@ class ReportRow:
     measured: Measured
     speedup: float  # median over rounds of its tokens/s over ar's in the same round
     speedup_range: list[float]
+    speedup_runs: list[float]  # per round, its tokens/s over ar's in that round
     ideal: dict[str, float | None]
     roofline: dict[str, float | None]  # its verify (ar: decode) call's width and cost over the floor
     width_invariance: dict[str, Any] | None  # its runtime's (tools/invariance.py; None: not probed)
@@ -230,5 +231,5 @@ def _compared(m: Measured, passes: list[Repeat], ar: Measured, ar_passes: list[R
     speedup, speedup_range = statistics.median(ratios), [min(ratios), max(ratios)]
     why = [] if m is ar else unreliable(m.tokens_per_s["runs"], ar.tokens_per_s["runs"], speedup_range)
     mismatches = _first_mismatches(ar_passes[0].tokens, [p.tokens for p in passes]) if greedy else []
-    return ReportRow(m, speedup, speedup_range, _ideal(m, speedup, ar.call_cost_s["verify"]), x_floor(m, floor),
-                     invariance, why, mismatches, not mismatches if greedy else None)
+    return ReportRow(m, speedup, speedup_range, ratios, _ideal(m, speedup, ar.call_cost_s["verify"]),
+                     x_floor(m, floor), invariance, why, mismatches, not mismatches if greedy else None)
