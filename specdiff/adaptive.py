@@ -12,7 +12,12 @@ draft length fixed before the draft is drawn). G = 0 is a plain step.
 c_v(R, w): one target call verifying w tokens for each of R rows; c_d(R, g): drafting g tokens for R
 rows (c_d(R, 0) = 0): `Costs`, timed once before decoding (`measure`: the fastest of REPEATS calls
 per cell, then made non-decreasing in w and g by pooling adjacent violators, since a wider call
-measured faster is noise). One G for the batch, not
+measured faster is noise) at 1 row and at R_t = min(R, ROWS) rows, never more: a call's cost is
+c(1) plus a per-row cost (each row's tokens, its own cache), so c(R) = c(1) + (R - 1) (c(R_t) -
+c(1)) / (R_t - 1), interpolated up to R_t and extrapolated beyond it (the per-row part made
+non-negative and non-decreasing in w and g too). Timing is then bounded whatever the batch:
+(2 gamma_max + 1) REPEATS calls at 1 row and as many at R_t; the loop counts its seconds in the
+run (Metrics.costs_s: time_s.costs, in the first step's rows' wall_s). One G for the batch, not
 one per row: the verify call's width is max_b g_b + 1 whatever the others draft, so a row drafting
 less saves no verify time, and rows of different lengths cost one drafter call each. Rows still
 differ where their room clips them (the loop's min(G, room_b - 1)).
@@ -43,13 +48,14 @@ STRENGTH = 16.0  # pseudo-observations of the run's pooled acceptance in each ro
 PROBE = 16  # plain steps in a row before a probe of one draft token (doubled after each failed probe)
 REPEATS = 3  # timed calls per cost cell; the fastest counts (the least disturbed by other processes)
 PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
+ROWS = 16  # the most rows a cost is timed at; more are extrapolated (batch 512: 1/32 of the timing)
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Seconds of one verify call and one draft call, measured at `rows` = (1, R_max) rows, linear
-    in between: verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row, draft[i][g - 1] for
-    g = 1..gamma_max draft tokens per row."""
+    """Seconds of one verify call and one draft call, measured at `rows` = (1, R_t) rows, linear
+    in the rows (extrapolated past R_t): verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row,
+    draft[i][g - 1] for g = 1..gamma_max draft tokens per row."""
 
     rows: tuple[int, ...]
     verify: tuple[tuple[float, ...], ...]
@@ -67,7 +73,7 @@ class Costs:
     def _at(self, table: tuple[tuple[float, ...], ...], rows: int, i: int) -> float:
         if len(self.rows) == 1 or rows <= self.rows[0]:
             return table[0][i]
-        f = min((rows - self.rows[0]) / (self.rows[-1] - self.rows[0]), 1.0)
+        f = (rows - self.rows[0]) / (self.rows[-1] - self.rows[0])
         return table[0][i] + f * (table[-1][i] - table[0][i])
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,8 +146,10 @@ class Controller:
 def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: list[Row], gamma_max: int,
             copies: int = 1) -> Costs:
     """Time c_v and c_d at 1 and len(rows) rows (each call REPEATS times, the fastest kept), on
-    `rows` (dummy rows of a short context, all of one length) joined to an emptied target cache,
-    which is emptied again after. copies: cached rows per row in a verify call (K drafts)."""
+    `rows` (dummy rows of a short context, all of one length, at most ROWS) joined to an emptied
+    target cache, which is emptied again after. copies: cached rows per row in a verify call (K
+    drafts). Each table is made non-decreasing in w (g), and so is its per-row part c(R_t) - c(1),
+    never negative: otherwise noise, which extrapolated to many rows would make a wider call cheaper."""
     start, verify, drafts = time.perf_counter(), [], []
     sizes = tuple(dict.fromkeys((1, len(rows))))
     target.keep([])
@@ -155,7 +163,13 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
         verify.append(monotone([_fastest(partial(_extend, target, batch, w, copies), target)
                                 for w in range(1, gamma_max + 2)]))
     target.keep([])
-    return Costs(sizes, tuple(verify[::-1]), tuple(drafts[::-1]), time.perf_counter() - start)
+    return Costs(sizes, _linear(verify[::-1]), _linear(drafts[::-1]), time.perf_counter() - start)
+
+
+def _linear(table: list[tuple[float, ...]]) -> tuple[tuple[float, ...], ...]:
+    """(1-row costs, R_t-row costs) with the per-row part made non-negative and non-decreasing."""
+    one, *many = table
+    return (one, *(tuple(map(add, one, monotone([max(m - o, 0.0) for m, o in zip(row, one)]))) for row in many))
 
 
 def _extend(target: Target, batch: list[Row], w: int, copies: int) -> None:

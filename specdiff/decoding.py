@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Iterator, cast
 import torch
 
 from . import selection
-from .adaptive import Controller, Costs, measure
+from .adaptive import ROWS, Controller, Costs, measure
 from .contracts import Draft, Proposer, Rule, Target
 from .errors import UsageError
 from .metrics import Metrics
@@ -94,7 +94,8 @@ DraftStep = Callable[[list[Row], list[int]], list[Draft]]  # (batch, g per row) 
 
 class _Parts:
     """Seconds of one batched step spent drafting, verifying and choosing the draft length (a
-    Metrics' draft_s / verify_s / control_s), shared out among its rows."""
+    Metrics' draft_s / verify_s / control_s), shared out among its rows; the first step of gamma
+    auto also carries the seconds spent timing its cost table before decoding (costs_s)."""
 
     def __init__(self, sync: Callable[[], None]):
         self.sync, self.m = sync, Metrics()
@@ -107,7 +108,8 @@ class _Parts:
         """Each row's share of the step: a prompt's wall_s sums to the decoding time it used."""
         for row in rows:
             m = row.metrics
-            m.wall_s += wall_s / len(rows)
+            m.wall_s += (wall_s + self.m.costs_s) / len(rows)
+            m.costs_s += self.m.costs_s / len(rows)
             m.draft_s += self.m.draft_s / len(rows)
             m.verify_s += self.m.verify_s / len(rows)
             m.control_s += self.m.control_s / len(rows)
@@ -180,12 +182,13 @@ def _plain_step(target: Target, batch: list[Row], sampling: Sampling, parts: _Pa
 
 def decode_speculative(target: Target, proposer: Proposer, rows: Iterable[Row], sampling: Sampling,
                        rule: Rule | selection.SelectRule, gamma: int,
-                       batch_size: int = 1, K: int = 1, costs: Costs | None = None) -> Iterator[tuple[Row, list[int]]]:
+                       batch_size: int = 1, K: int = 1, costs: Costs | None = None,
+                       costs_s: float = 0.0) -> Iterator[tuple[Row, list[int]]]:
     """Speculative decoding with any proposer and acceptance rule (see the module docstring). K > 1
     candidate drafts per row: the proposer drafts selection.Candidates (a SelfSelection) and the
-    rule is a selection rule (specdiff.selection.RULES). costs: gamma auto (decode_drafted)."""
+    rule is a selection rule (specdiff.selection.RULES). costs, costs_s: gamma auto (decode_drafted)."""
     return decode_drafted(target, proposer_step(proposer, sampling, target), rows, sampling, rule, gamma,
-                          batch_size, K, costs)
+                          batch_size, K, costs, costs_s)
 
 
 def proposer_step(proposer: Proposer, sampling: Sampling, target: Target) -> DraftStep:
@@ -199,15 +202,19 @@ def proposer_step(proposer: Proposer, sampling: Sampling, target: Target) -> Dra
 
 def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampling: Sampling,
                    rule: Rule | selection.SelectRule, gamma: int, batch_size: int = 1, K: int = 1,
-                   costs: Costs | None = None) -> Iterator[tuple[Row, list[int]]]:
+                   costs: Costs | None = None, costs_s: float = 0.0) -> Iterator[tuple[Row, list[int]]]:
     """The speculative loop around any draft step: draft(batch, g) -> one Draft (1, g_b) per row
     of the batch (batch row b is the target's cache row b). decode_speculative drafts with a
     proposer; methods.dflash reads the target's cached hidden states. costs (measure_costs):
     gamma auto, each step's length chosen by an adaptive.Controller, at most costs.gamma_max;
-    None: gamma every step."""
+    None: gamma every step. costs_s: the seconds timing `costs` took for this run (0: a kept
+    table), counted in the first step (Metrics.costs_s)."""
     controller = Controller(costs) if costs is not None else None
+    untold = costs_s  # not yet charged to a step
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
+        nonlocal untold
+        parts.m.costs_s, untold = untold, 0.0
         if controller is None:
             return speculate(batch, parts, gamma)
         with parts.timed("control", sync=False):
@@ -242,8 +249,9 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
 def measure_costs(target: Target, draft: DraftStep, gamma_max: int, batch_size: int, K: int = 1,
                   context: int = 32) -> Costs:
     """adaptive.measure on dummy rows of `context` tokens (fewer where the target's window is
-    short), as many as a step of `batch_size` rows holds; the target's cache is left empty."""
-    rows = min(batch_size, target.max_rows // K) if target.max_rows else batch_size
+    short), as many as a step of `batch_size` rows holds, at most adaptive.ROWS (more rows are
+    extrapolated); the target's cache is left empty."""
+    rows = min(batch_size, ROWS, target.max_rows // K if target.max_rows else ROWS)
     n = max(1, min(context, target.max_length - gamma_max - 1))
     ids = [(7 * i + 1) % target.vocab_size for i in range(n)]
     dummies = [Row(ids, gamma_max + 1, target.max_length, None, target.device,

@@ -7,6 +7,8 @@
     histogram[k]  iterations that accepted exactly k draft tokens
     lengths[g]    iterations that drafted exactly g tokens (gamma auto: the lengths chosen)
     costs         the cost table `gamma` auto chose by (specdiff.adaptive.Costs; None: fixed gamma)
+    costs_s       seconds this run spent timing that table (0: kept from an earlier run), charged to
+                  the first step's rows: in their wall_s, reported as time_s.costs
     outside_vocab new tokens the drafter's draft vocabulary cannot propose (specdiff.vocab; None:
                   its head has every row); draft_vocab_coverage = 1 - outside_vocab / new_tokens
 The prefill call counts as a target call but not as an iteration.
@@ -43,6 +45,7 @@ class Metrics:
     draft_s: float = 0.0
     verify_s: float = 0.0
     control_s: float = 0.0  # choosing draft lengths (gamma auto)
+    costs_s: float = 0.0  # timing the cost table gamma auto chooses by (before the first step)
     costs: Costs | None = None
     prompts: int = 0
     stop_reason: str = ""
@@ -65,7 +68,7 @@ class Metrics:
 
     @contextmanager
     def timed(self, part: str, sync: Callable[[], None] | None = None) -> Iterator[None]:
-        """Add the time spent in the block to `draft_s`, `verify_s` or `control_s`."""
+        """Add the time spent in the block to `draft_s`, `verify_s`, `control_s` or `costs_s`."""
         start = time.perf_counter()
         yield
         if sync:
@@ -90,7 +93,7 @@ class Metrics:
         if self.outside_vocab is not None or other.outside_vocab is not None:
             out.outside_vocab = (self.outside_vocab or 0) + (other.outside_vocab or 0)
         for name in ("new_tokens", "wall_s", "target_calls", "drafter_calls", "iterations",
-                     "drafted", "accepted", "draft_s", "verify_s", "control_s"):
+                     "drafted", "accepted", "draft_s", "verify_s", "control_s", "costs_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("accepted_at", "drafted_at", "histogram", "lengths"):
             a, b = list(getattr(self, name)), list(getattr(other, name))
@@ -113,8 +116,9 @@ class Metrics:
             "accepted_length_histogram": list(self.histogram),
             "draft_length_histogram": list(self.lengths),
             "time_s": {"draft": round(self.draft_s, 6), "verify": round(self.verify_s, 6),
-                       "control": round(self.control_s, 6),
-                       "other": round(max(self.wall_s - self.draft_s - self.verify_s - self.control_s, 0.0), 6)},
+                       "control": round(self.control_s, 6), "costs": round(self.costs_s, 6),
+                       "other": round(max(self.wall_s - self.draft_s - self.verify_s - self.control_s
+                                          - self.costs_s, 0.0), 6)},
         }
         if self.costs is not None:
             d["draft_costs"] = self.costs.to_dict()

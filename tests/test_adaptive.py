@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.adaptive import PROBE, Controller, Costs, monotone
+from specdiff.adaptive import PROBE, ROWS, Controller, Costs, monotone
 from specdiff.acceptance import greedy
 from specdiff.contracts import Draft
 from specdiff.decoding import Row, decode_ar, decode_speculative, measure_costs, proposer_step
@@ -158,10 +158,11 @@ def test_a_controller_that_stopped_drafting_probes_with_backoff():
     assert PROBE >= 8  # a probe costs about one step: rare enough for the 0.95x target
 
 
-def test_costs_interpolate_between_the_measured_row_counts():
+def test_costs_interpolate_between_the_measured_row_counts_and_extrapolate_past_them():
     table = Costs((1, 9), ((1.0, 2.0), (3.0, 6.0)), ((0.5,), (2.5,)))
     assert table.step(1, 0) == 1.0 and table.step(9, 1) == 6.0 + 2.5
-    assert table.step(5, 1) == pytest.approx(4.0 + 1.5) and table.step(12, 0) == 3.0
+    assert table.step(5, 1) == pytest.approx(4.0 + 1.5)
+    assert table.step(17, 0) == pytest.approx(5.0) and table.step(513, 1) == pytest.approx(258.0 + 128.5)
     assert table.to_dict()["verify_s"] == [[1.0, 2.0], [3.0, 6.0]] and table.gamma_max == 1
 
 
@@ -180,6 +181,38 @@ def test_measuring_costs_leaves_the_cache_empty(models):
     assert target.rows == 0
 
 
+def test_costs_are_timed_at_a_bounded_number_of_rows(models):
+    """A batch of 64 (or 512) rows is timed at ROWS rows, not 64: timing is bounded whatever the
+    batch. The per-row part of each cost never shrinks with the width (noise, extrapolated to
+    many rows, made a wider call cheaper), so extrapolated costs grow with it too."""
+    target = models["gpt2"]
+    step = proposer_step(ARProposer(models["ar"]), Sampling(), target)
+    table = measure_costs(target, step, 3, 64)
+    assert table.rows == (1, ROWS) and target.rows == 0
+    for per_row in ([many - one for one, many in zip(*t)] for t in (table.verify, table.draft)):
+        assert min(per_row) >= 0 and _rising(per_row)
+    assert _rising([table.step(512, G) for G in range(4)])
+
+
+def _rising(xs: list[float]) -> bool:
+    return all(b >= a - 1e-12 for a, b in zip(xs, xs[1:]))  # up to rounding
+
+
+def test_the_timing_is_counted_in_the_run_that_spent_it(models):
+    """time_s.costs: what timing the table took, in the first step's rows' wall_s; a run on a
+    kept table spent none."""
+    run = dict(target=models["gpt2"], drafter=models["ar"], method="spec-ar", gamma="auto", max_new_tokens=6,
+               batch_size=4, top_k=7, temperature=0.5)  # settings no other test here uses: nothing timed yet
+    first, again = (generate(PROMPTS[:6], **run).outputs for _ in range(2))
+    timed = first[0].metrics.costs
+    total = sum(o.metrics.costs_s for o in first)
+    assert timed is not None and total == pytest.approx(timed.measured_s) and total > 0
+    assert sum(o.metrics.costs_s > 0 for o in first) == 4  # the first step's rows share it
+    assert all(o.metrics.wall_s >= o.metrics.costs_s for o in first)
+    assert first[0].metrics.to_dict()["time_s"]["costs"] == round(first[0].metrics.costs_s, 6)
+    assert sum(o.metrics.costs_s for o in again) == 0 and again[0].metrics.costs is timed
+
+
 def test_sampled_output_with_one_cost_table_is_reproducible(models):
     """A seed gives the same samples again given the same costs and batch (gamma auto); across
     batch sizes the draws may differ (the distribution does not: tests/test_sampling_exact.py)."""
@@ -191,7 +224,7 @@ def test_sampled_output_with_one_cost_table_is_reproducible(models):
 
 def test_an_integer_gamma_is_fixed_and_auto_needs_a_drafting_method(models):
     fixed = plan(target=models["gpt2"], drafter=models["diffusion"], gamma=3)
-    assert fixed.draft.adaptive is False and fixed.decoder.costs(1) is None
+    assert fixed.draft.adaptive is False and fixed.decoder.costs(1) == (None, 0.0)
     auto = plan(target=models["gpt2"], drafter=models["diffusion"], gamma="auto")
     assert auto.draft.adaptive is True and auto.draft.gamma == 8  # no pair, no recorded gamma: the default cap
     capped = plan(target=models["gpt2"], drafter=models["diffusion"], gamma=5, adaptive=True)

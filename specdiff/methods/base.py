@@ -122,11 +122,13 @@ def kept_costs(target: Any, drafter: Any, key: Hashable) -> dict[int, Costs]:
 
 
 def cost_table(measured: dict[int, Costs], adaptive: bool, batch_size: int,
-               measure: Callable[[], Costs]) -> Costs | None:
-    """gamma auto's cost table at this batch size: `measure()` at its first use, then kept in
-    `measured` (kept_costs' tables, by batch size); None for a fixed gamma (not adaptive)."""
+               measure: Callable[[], Costs]) -> tuple[Costs | None, float]:
+    """gamma auto's cost table at this batch size and the seconds this call spent timing it:
+    `measure()` at its first use (its measured_s), then kept in `measured` (kept_costs' tables, by
+    batch size; 0 s); (None, 0.0) for a fixed gamma (not adaptive)."""
     if not adaptive:
-        return None
+        return None, 0.0
     if batch_size not in measured:
         measured[batch_size] = measure()
-    return measured[batch_size]
+        return measured[batch_size], measured[batch_size].measured_s
+    return measured[batch_size], 0.0

@@ -178,17 +178,18 @@ class DFlashDecoder:
         self.target.capture(self.drafts.layers)
         self.drafts.contexts = RowContexts()
         try:
-            costs = self.costs(batch_size)
+            costs, costs_s = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
-                                      self.settings.gamma, batch_size, self.settings.drafts, costs)
+                                      self.settings.gamma, batch_size, self.settings.drafts, costs, costs_s)
         finally:
             self.target.capture(())
             self.drafts.contexts = RowContexts()
 
-    def costs(self, batch_size: int) -> Costs | None:
-        """gamma auto's cost table at this batch size (None: fixed gamma), measured on dummy rows
-        with the capture on (as a run has it; bench times the table before its passes), then the
-        cache and the drafter's contexts emptied and the capture as it was."""
+    def costs(self, batch_size: int) -> tuple[Costs | None, float]:
+        """gamma auto's cost table at this batch size (None: fixed gamma) and the seconds spent
+        timing it now (base.cost_table), measured on dummy rows with the capture on (as a run has
+        it; bench times the table before its passes), then the cache and the drafter's contexts
+        emptied and the capture as it was."""
         def measure() -> Costs:
             captured = self.target.captured
             self.target.capture(self.drafts.layers)

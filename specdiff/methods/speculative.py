@@ -43,10 +43,11 @@ class SpeculativeDecoder:
 
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
         return decode_speculative(self.target, self.proposer, rows, self.sampling, self.verify, self.settings.gamma,
-                                  batch_size, self.settings.drafts, self.costs(batch_size))
+                                  batch_size, self.settings.drafts, *self.costs(batch_size))
 
-    def costs(self, batch_size: int) -> Costs | None:
-        """The cost table of gamma auto at this batch size (None: fixed gamma)."""
+    def costs(self, batch_size: int) -> tuple[Costs | None, float]:
+        """The cost table of gamma auto at this batch size (None: fixed gamma), and the seconds
+        spent timing it now (0: kept from an earlier run; base.cost_table)."""
         return cost_table(self.measured, self.settings.adaptive, batch_size, lambda: measure_costs(
             self.target, proposer_step(self.proposer, self.sampling, self.target), self.settings.gamma, batch_size,
             self.settings.drafts))
