@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 STRENGTH = 16.0  # pseudo-observations of the run's pooled acceptance in each row's estimate: a row's
 # first rejections do not turn it plain (it would then learn nothing more of its own until a probe)
 PROBE = 16  # plain steps in a row before a probe of one draft token (doubled after each failed probe)
-REPEATS = 3  # timed calls per cost cell; the fastest counts (the least disturbed by other processes)
+REPEATS = 3  # timed calls per cost cell, in rounds; the fastest counts (the least disturbed by other processes)
 PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
 ROWS = 16  # the most rows a cost is timed at; more are extrapolated (batch 512: 1/32 of the timing)
 
@@ -159,9 +159,10 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
     for R in sizes[::-1]:  # the most rows first, then keep fewer
         target.keep(list(range(R * copies)))
         batch = rows[:R]
-        drafts.append(monotone([_fastest(partial(draft, batch, [g] * R), target) for g in range(1, gamma_max + 1)]))
-        verify.append(monotone([_fastest(partial(_extend, target, batch, w, copies), target)
-                                for w in range(1, gamma_max + 2)]))
+        cells: list[Callable[[], Any]] = [partial(draft, batch, [g] * R) for g in range(1, gamma_max + 1)]
+        timed = _fastest(cells + [partial(_extend, target, batch, w, copies) for w in range(1, gamma_max + 2)], target)
+        drafts.append(monotone(timed[:gamma_max]))
+        verify.append(monotone(timed[gamma_max:]))
     target.keep([])
     return Costs(sizes, _linear(verify[::-1]), _linear(drafts[::-1]), time.perf_counter() - start)
 
@@ -191,11 +192,14 @@ def monotone(xs: list[float]) -> tuple[float, ...]:
     return tuple(mean for mean, size in blocks for _ in range(size))
 
 
-def _fastest(call: Callable[[], Any], target: Target) -> float:
-    best = float("inf")
+def _fastest(calls: list[Callable[[], Any]], target: Target) -> list[float]:
+    """The fastest of REPEATS timings of each call, in rounds over all of them: a change in the
+    machine's load while timing falls on every call alike, not on some lengths only."""
+    best = [float("inf")] * len(calls)
     for _ in range(REPEATS):
-        t = time.perf_counter()
-        call()
-        target.sync()
-        best = min(best, time.perf_counter() - t)
+        for i, call in enumerate(calls):
+            t = time.perf_counter()
+            call()
+            target.sync()
+            best[i] = min(best[i], time.perf_counter() - t)
     return best

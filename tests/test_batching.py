@@ -130,6 +130,29 @@ def test_ragged_rows_get_the_logits_of_each_row_alone(models, name):
                                    atol=1e-4, rtol=1e-4)
 
 
+def test_rows_joined_together_are_stacked_with_one_copy_of_the_cache(models, monkeypatch):
+    """A refill stacked each new row onto the cache alone, copying all of it for each (batch 512:
+    0.8 s a row, gamma auto's staggered rows 1.5x slower than ar); rows joined one after another
+    are stacked together when the cache is next read, each still prefilled alone."""
+    from specdiff.targets.rows import RowCache
+
+    target = models["gpt2"]
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 300, (1, n), generator=g) for n in (9, 4, 12, 7)]
+    target.keep([])
+    stacked: list[int] = []
+    stack = RowCache._stack
+    monkeypatch.setattr(RowCache, "_stack", lambda self, parts: stacked.append(len(parts)) or stack(self, parts))
+    for s in seqs:
+        target.join(s)
+    assert stacked == []  # the first row is a prefill; the others wait
+    logits = target.extend(torch.full((4, 1), 5))
+    assert stacked == [4] and target.lengths.tolist() == [10, 5, 13, 8]
+    for b, s in enumerate(seqs):
+        alone = target.model(torch.cat([s, torch.tensor([[5]])], 1)).logits[0, -1, :target.vocab_size]
+        torch.testing.assert_close(logits[b, 0], alone, atol=1e-4, rtol=1e-4)
+
+
 def test_diffusion_drafts_of_padded_rows_equal_drafts_alone(models):
     """The DDiT's padding mask: a short row drafted beside long ones drafts what it drafts alone."""
     proposer = DiffusionProposer(models["diffusion"], "l2r", 2)

@@ -12,7 +12,9 @@ which count cache columns, stay exact; rejected tokens never stay behind as mask
 
     rollback(lengths (B,))   O(1): only the lengths change; the gather happens at the next call
     extend(ids (B, S), new)  row b appends ids[b, :new[b]] (right padding after), one forward
-    join(ids (1, S))         a new row, prefilled alone, becomes the last row (continuous refill)
+    join(ids (1, S))         a new row, prefilled alone, becomes the last row (continuous refill);
+                             rows joined one after another are stacked onto the cache together
+                             when it is next read (one copy of the cache for all, not one each)
     keep(index (B',))        rows reordered / dropped / repeated (finished rows leave; K drafts)
 
 Subclasses give `_run(ids (B, S), mask (B, C + S), positions (B, S), kv) -> (logits (B, S, V),
@@ -35,9 +37,35 @@ class RowCache:
     kv_peak_bytes = 0  # the largest the cache (every tensor of `kv`) has been (reset it to measure)
 
     def __init__(self) -> None:
-        self.kv: list[torch.Tensor] = []  # each (B, H, C, D)
-        self.lengths = torch.zeros(0, dtype=torch.long)  # (B,) tokens cached per row
-        self.start = torch.zeros(0, dtype=torch.long)  # (B,) first column of each row
+        self._kv: list[torch.Tensor] = []  # each (B, H, C, D)
+        self._lengths = torch.zeros(0, dtype=torch.long)  # (B,) tokens cached per row
+        self._start = torch.zeros(0, dtype=torch.long)  # (B,) first column of each row
+        self._joining: list[tuple[list[torch.Tensor], int]] = []  # rows joined, not yet stacked: (kv, length)
+
+    # kv, lengths and start: read, they first stack the rows that joined since (join)
+    @property
+    def kv(self) -> list[torch.Tensor]:
+        return self._joined()._kv
+
+    @kv.setter
+    def kv(self, kv: list[torch.Tensor]) -> None:
+        self._kv = kv
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self._joined()._lengths
+
+    @lengths.setter
+    def lengths(self, lengths: torch.Tensor) -> None:
+        self._lengths = lengths
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self._joined()._start
+
+    @start.setter
+    def start(self, start: torch.Tensor) -> None:
+        self._start = start
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -66,12 +94,19 @@ class RowCache:
 
     def join(self, ids: torch.Tensor) -> torch.Tensor:
         """Prefill one new row ids (1, S) alone and add it as the last row -> logits (1, S, V)."""
-        if not self.rows:
+        if not len(self._lengths) and not self._joining:
             return self.prefill(ids)
         logits, kv = self._unpadded(ids, [])
-        lengths = self._align()
-        self._stack([(self.kv, lengths), (kv, torch.tensor([ids.shape[1]]))])
+        self._joining.append((kv, ids.shape[1]))
         return logits
+
+    def _joined(self) -> RowCache:
+        """The cache with the rows that joined since it was last read stacked after the others."""
+        if self._joining:
+            joining, self._joining = self._joining, []
+            lengths = self._align()
+            self._stack([(self.kv, lengths), *((kv, torch.tensor([n])) for kv, n in joining)])
+        return self
 
     def extend(self, ids: torch.Tensor, new: torch.Tensor | None = None) -> torch.Tensor:
         """Row b appends ids[b, :new[b]] (default: all S) -> logits (B, S, V); the logits after
@@ -148,7 +183,9 @@ class RowCache:
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, H, C, D) -> (B, H, width, D), zeros before (finite: masked padding)."""
+    """(B, H, C, D) -> (B, H, width, D), zeros before (finite: masked padding); t itself if C = width."""
+    if t.shape[2] == width:
+        return t
     pad = t.new_zeros(t.shape[0], t.shape[1], width - t.shape[2], t.shape[3])
     return torch.cat([pad, t], dim=2)
 
