@@ -3,6 +3,7 @@ hold (`drafts` 100000, `batch_size` 10**8) is one UsageError naming the sizes, n
 swapping ended by the OOM killer.
 
     check_step(target, rows=batch_size * drafts, tokens=gamma + 1, context=longest)
+    check_fits(need, device, sizes, what)   any other floor (distill's data and batches, drafter init)
 
 The estimate is the step's largest tensors: float32 logits over the vocabulary for every token a
 verification call scores (LOGIT_COPIES of them live at once: logits, warped p, the draft's q and
@@ -87,3 +88,14 @@ def check_step(target: Any, *, rows: int, tokens: int, context: int, sizes: dict
     raise UsageError(f"{named}: one decoding step needs about {need / GB:.1f} GB ({rows} rows of {tokens} token(s) "
                      f"over a {target.vocab_size}-token vocabulary), more than the {free / GB:.1f} GB free on "
                      f"{target.device}; lower them")
+
+
+def check_fits(need: int, device: torch.device, sizes: dict[str, int], what: str) -> None:
+    """Refuse `need` bytes, a floor on what `what` allocates, beyond the memory free on `device`;
+    `sizes`: the settings that made it this big (named in the error)."""
+    free = free_bytes(device)
+    if free is None or need <= free:
+        return
+    named = ", ".join(f"`{name}` {value}" for name, value in sizes.items())
+    raise UsageError(f"{named}: {what} would take at least {need / GB:.3g} GB, more than the {free / GB:.3g} GB free "
+                     f"on {device}; lower them")

@@ -103,7 +103,8 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
               "[default: one extra id].")
 @click.option("--raw-text", metavar="FILE", callback=_text_file, help="Mix in raw text windows from this file.")
 @click.option("--raw-fraction", type=Finite(0, 1), help="Share of raw text rows [default with --raw-text: 0.25].")
-@click.option("--gamma", type=int, default=8, show_default=True, help="Draft length trained for.")
+@click.option("--gamma", type=int, help="Draft length trained for [default: with --resume the checkpoint's, with "
+              "--method dflash --drafter the drafter's, else 8].")
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
 @click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")

@@ -254,6 +254,8 @@ def test_drafter_init_into_an_empty_directory(tiny, tmp_path):
     (["--out", "{existing}"], "existing exists and is not"),
     (["--out", "{fresh}", "--layers", "0"], "--layers must be >= 1, got 0"),
     (["--out", "{fresh}", "--dim", "30", "--heads", "4"], "hidden_size 30 must split into 4 heads"),
+    (["--out", "{fresh}", "--dim", "100000"], "--layers 2, --dim 100000: the drafter's fp32 weights would take at "
+     "least"),  # was an allocator traceback
 ])
 def test_drafter_init_refusals(tiny, tmp_path, args, message):
     existing = tmp_path / "existing"

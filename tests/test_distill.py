@@ -126,6 +126,82 @@ def test_resume_continues_exactly(tiny, prompts, tmp_path):
     assert state["step"] == 10 and max(s["step"] for s in state["optimizer"]["state"].values()) == 10
 
 
+def _resume(tiny, prompts, out, *extra, shape=SMALL):
+    return CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out", str(out),
+                                    *shape, "--val-every", "10", "--checkpoint-every", "20", "--resume", *extra])
+
+
+def _damage(checkpoint: Path, fault: str) -> None:
+    if fault == "truncated state.pt":
+        state = checkpoint / "state.pt"
+        state.write_bytes(state.read_bytes()[:200])
+    elif fault == "empty":
+        shutil.rmtree(checkpoint)
+        checkpoint.mkdir()
+    else:
+        (checkpoint / "config.json").write_text("{", encoding="utf-8")
+
+
+@pytest.mark.parametrize("fault, why", [("truncated state.pt", "state.pt: cannot be read ("),
+                                        ("empty", "config.json: unreadable config: "),
+                                        ("broken config.json", "config.json: unreadable config: ")])
+def test_resume_sets_an_unreadable_checkpoint_aside_in_one_line(tiny, prompts, trained, tmp_path, fault, why):
+    """One rule for a checkpoint a killed run or a full disk left damaged (a truncated state.pt was
+    a torch traceback, an empty one skipped silently, a broken config.json an error): the run
+    resumes from the newest that reads, one stderr line says which was skipped and why, and the
+    damaged one is kept under another name, out of the run's way (its step is written again)."""
+    out = tmp_path / "d"
+    shutil.copytree(trained[0], out)
+    _damage(out / "checkpoints" / "step-0000040", fault)
+    result = _resume(tiny, prompts, out, "--max-steps", "40")
+    assert result.exit_code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("specdiff")]
+    assert len(said) == 1 and said[0].startswith(f"specdiff: resuming from step-0000020; skipped step-0000040 ({why}")
+    assert said[0].endswith("now unreadable-step-0000040")
+    assert json.loads((out / "report.json").read_text())["compute"]["steps"] == 40
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["step-0000020", "step-0000040", "unreadable-step-0000040"]
+
+
+def test_resume_with_no_readable_checkpoint_is_one_error_line(tiny, prompts, trained, tmp_path):
+    out = tmp_path / "d"
+    shutil.copytree(trained[0], out)
+    _damage(out / "checkpoints" / "step-0000040", "truncated state.pt")
+    _damage(out / "checkpoints" / "step-0000020", "empty")
+    result = _resume(tiny, prompts, out, "--max-steps", "40")
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"specdiff: error: no checkpoint in {out / 'checkpoints'} can be read: "
+                                    "step-0000040: state.pt: cannot be read (")
+    assert "; step-0000020: config.json: unreadable config: " in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000020", "step-0000040"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--layers", "2"], "--layers 2: the checkpoint being resumed ({ckpt}) has 1; leave --layers out or give the same"),
+    (["--context", "8"], "--context 8: the checkpoint being resumed ({ckpt}) has 16"),
+    (["--gamma", "5"], "--gamma 5: the checkpoint being resumed ({ckpt}) has 4"),
+])
+def test_resume_refuses_options_the_checkpoint_contradicts(tiny, prompts, trained, tmp_path, args, fragment):
+    """--resume kept the checkpoint's shape whatever --layers asked for, silently (exit 0)."""
+    out = tmp_path / "d"
+    shutil.copytree(trained[0], out)
+    result = _resume(tiny, prompts, out, "--max-steps", "41", *args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert fragment.format(ckpt=out / "checkpoints" / "step-0000040") in result.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000020", "step-0000040"]
+
+
+def test_resume_keeps_the_checkpoints_settings_where_none_are_given(tiny, prompts, trained, tmp_path):
+    out = tmp_path / "d"
+    shutil.copytree(trained[0], out)
+    unshaped = [a for i, a in enumerate(SMALL) if a not in ("--layers", "--dim", "--heads", "--context", "--gamma")
+                and SMALL[i - 1] not in ("--layers", "--dim", "--heads", "--context", "--gamma")]
+    result = _resume(tiny, prompts, out, "--max-steps", "41", shape=unshaped)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["defaults"]["gamma"] == 4  # not the default 8
+    assert json.loads((out / "report.json").read_text())["gamma"] == 4
+
+
 def test_out_directory_in_use_needs_resume(tiny, prompts, trained):
     out, _ = trained
     with pytest.raises(specdiff.SpecdiffError, match="not an empty directory"):
@@ -213,6 +289,14 @@ def test_losses_score_exactly_what_drafting_reads(tiny):
     (["--mask-token", "<|nope|>"], "not a token of the target's tokenizer"),
     (["--context", "0"], "--context must be >= 1, got 0"),  # was the default (32), silently
     (["--layers", "0"], "--layers must be >= 1, got 0"),
+    # sizes no memory here holds, refused before anything is loaded (were allocator tracebacks)
+    (["--method", "dflash", "--anchors", "100000"], "--anchors 100000, --batch-size 32, --gamma 8: a training "
+     "batch's attention over its blocks would take at least"),
+    (["--dim", "100000"], "--layers 2, --dim 100000: a new drafter's training state would take at least"),
+    (["--num-prompts", str(10**12)], "--num-prompts 1000000000000, --samples-per-prompt 1, --continuation-tokens 64: "
+     "the teacher data would take at least"),
+    (["--batch-size", str(10**9)], "--batch-size 1000000000, --layers 2, --dim 128, --heads 4, --context 32, --gamma 8: "
+     "a training batch's activations"),
 ])
 def test_bad_options_give_one_error_line(tiny, prompts, tmp_path, args, fragment):
     result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts),

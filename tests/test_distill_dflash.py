@@ -211,6 +211,35 @@ def test_resume_continues_exactly(tiny, prompts, tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_resume_sets_an_unreadable_checkpoint_aside(tiny, prompts, trained, tmp_path):
+    """The DFlash checkpoints follow distill's one rule (a truncated state.pt was a torch traceback)."""
+    out = tmp_path / "d"
+    shutil.copytree(trained[0], out)
+    state = out / "checkpoints" / "step-0000040" / "state.pt"
+    state.write_bytes(state.read_bytes()[:200])
+    result = _run(tiny, prompts, out, "--max-steps", "40", "--checkpoint-every", "20", "--resume")
+    assert result.exit_code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("specdiff")]
+    assert len(said) == 1 and said[0].startswith("specdiff: resuming from step-0000020; skipped step-0000040 "
+                                                 "(state.pt: cannot be read (")
+    assert (out / "checkpoints" / "unreadable-step-0000040").is_dir()
+
+
+@pytest.mark.parametrize("args, has", [(["--layers", "2"], "1"), (["--heads", "1"], "2"), (["--gamma", "3"], "4"),
+                                       (["--target-layers", "0,1,1"], None)])
+def test_resume_refuses_options_the_checkpoint_contradicts(tiny, prompts, trained, tmp_path, args, has):
+    """--resume kept the checkpoint's --target-layers / --layers whatever the options asked for
+    (exit 0); a --drafter with nothing to resume yet still starts from the drafter (above)."""
+    out = tmp_path / "d"
+    shutil.copytree(trained[0], out)
+    layers = ",".join(map(str, json.loads((out / "report.json").read_text())["target_layer_ids"]))
+    result = _run(tiny, prompts, out, "--max-steps", "41", "--resume", *args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    checkpoint = out / "checkpoints" / "step-0000040"
+    assert f"{args[0]} {args[1]}: the checkpoint being resumed ({checkpoint}) has {has or layers}; leave {args[0]} " \
+           "out or give the same" in result.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--context", "16"], "--context is not used by --method dflash"),
     (["--target-layers", "0,9"], "the target has 2 layers"),

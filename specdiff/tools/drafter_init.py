@@ -2,6 +2,7 @@
 tokenizer's plus one mask id. Training comes from `specdiff distill`; tests and users need
 drafters before that. It records no draft settings (`defaults`): it was trained for none; it
 records `untrained`, so that a run with it warns that it will be no faster (distill drops the mark).
+A shape whose fp32 weights exceed the free memory is refused before they are made (budget.check_fits).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import check_new_directory, new_directory
+from ..budget import check_fits
 from ..errors import UsageError
 from ..loading import load_tokenizer, resolve
 from ..nets.checkpoint import save_own
@@ -35,6 +37,8 @@ def init_drafter(target: str, out: str | Path, *, layers: int = 2, dim: int = 12
     source, _ = resolve(target, ("target",), registry or load_registry())
     tokenizer = load_tokenizer(source)
     vocab = len(tokenizer)
+    weights = layers * (12 * dim * dim + 6 * cond_dim * dim) + 2 * (vocab + 1) * dim  # blocks, embedding, head
+    check_fits(4 * weights, torch.device("cpu"), {"layers": layers, "dim": dim}, "the drafter's fp32 weights")
     try:
         cfg = DiTConfig(vocab_size=vocab + 1, hidden_size=dim, n_heads=heads, n_blocks=layers,
                         cond_dim=cond_dim, time_conditioning=False)

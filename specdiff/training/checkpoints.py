@@ -2,8 +2,11 @@
 
 A checkpoint (weights, optimizer, step, batch RNG state = data position, validation history) is
 written to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; `resume` continues from the
-newest. At the end the drafter is written to DIR in the project's format, config.json last (DIR is
-a drafter once config.json exists). Only finite weights are ever saved: a run whose loss or
+newest that can be read (`resumable`): one that cannot (empty, truncated, a broken config.json:
+what a killed run or a full disk leaves) is set aside as unreadable-step-NNNNNNN, said in one
+stderr line; if none can be read, one LoadError. The shape and settings a checkpoint records are
+the run's (`recorded`, config.settled). At the end the drafter is written to DIR in the
+project's format, config.json last (DIR is a drafter once config.json exists). Only finite weights are ever saved: a run whose loss or
 weights stop being finite raises DivergedError; a new run then removes what it wrote to DIR, a
 resumed one keeps the earlier checkpoints. A checkpoint or drafter is written in a hidden directory
 named for the process (atomic.temp_directory); one left by a killed run is removed by the next
@@ -13,18 +16,19 @@ checkpoint or publish in the same directory.
 from __future__ import annotations
 
 import shutil
+import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import torch
 from torch import nn
 
 from ..atomic import new_directory, temp_directory
+from ..drafters.dflash import DFlashDrafter
 from ..drafters.diffusion import DiffusionDrafter
-from ..errors import DivergedError
-from ..loading import pair_models
+from ..errors import DivergedError, LoadError
 from ..nets.checkpoint import load_own, read_json, save_own
 from .teacher import Teacher
 
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
     from .loop import Task
 
 KEEP = 2  # checkpoints kept
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,9 +71,44 @@ def undone_if_diverged(out: Path) -> Iterator[None]:
         raise
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    done = sorted(p for p in root.glob("step-*") if (p / "state.pt").is_file())
-    return done[-1] if done else None
+def resumable(root: Path, read: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """The newest checkpoint under `root` that `read` loads (a LoadError for one it cannot), and
+    what it read; None where `root` holds none. Those newer that cannot be read are renamed
+    unreadable-step-NNNNNNN (kept, out of the run's way), in one stderr line naming each and why;
+    if none can be read, a LoadError naming each, and nothing is renamed."""
+    skipped: list[tuple[Path, str]] = []
+    for path in sorted(root.glob("step-*"), reverse=True):
+        try:
+            found = read(path)
+        except LoadError as e:
+            skipped.append((path, str(e).replace(f"{path}/", "")))
+            continue
+        if skipped:
+            print(f"specdiff: resuming from {path.name}; skipped " + "; ".join(
+                f"{old.name} ({why}), now {_set_aside(old).name}" for old, why in skipped), file=sys.stderr, flush=True)
+        return path, found
+    if skipped:
+        raise LoadError(f"no checkpoint in {root} can be read: " + "; ".join(f"{p.name}: {why}" for p, why in skipped)
+                        + f"; remove {root} to start afresh")
+    return None
+
+
+def _set_aside(path: Path) -> Path:
+    """step-N -> unreadable-step-N (one set aside before under that name is replaced)."""
+    aside = path.with_name(f"unreadable-{path.name}")
+    if aside.is_dir():
+        shutil.rmtree(aside)
+    return path.replace(aside)
+
+
+def read_state(path: Path) -> tuple[dict, TrainState]:
+    """A checkpoint's state.pt -> (optimizer state, TrainState); a LoadError if it cannot be read."""
+    try:
+        saved = torch.load(path / "state.pt", weights_only=True)
+        return saved.pop("optimizer"), TrainState(**saved)
+    except Exception as e:  # a damaged file: torch raises RuntimeError, EOFError, UnpicklingError, ...
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise LoadError(f"{path / 'state.pt'}: cannot be read ({why})") from e
 
 
 def save_checkpoint(root: Path, task: Task, opt: torch.optim.Optimizer, state: TrainState) -> None:
@@ -84,11 +124,21 @@ def save_checkpoint(root: Path, task: Task, opt: torch.optim.Optimizer, state: T
 
 
 def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict, TrainState]:
+    """A diffusion drafter's checkpoint (not yet paired with `target`); a LoadError if it cannot be read."""
     backbone, fields = load_own(path, read_json(path / "config.json"))
     drafter = DiffusionDrafter(backbone, tokenizer=target.tokenizer, source=str(path), **fields)
-    pair_models(target, drafter)
-    saved = torch.load(path / "state.pt", weights_only=True)
-    return drafter, saved.pop("optimizer"), TrainState(**saved)
+    return (drafter, *read_state(path))
+
+
+def recorded(drafter: DiffusionDrafter | DFlashDrafter) -> dict[str, Any]:
+    """The options a drafter's checkpoint fixes (config.settled): its shape, target layers, gamma."""
+    if isinstance(drafter, DFlashDrafter):
+        q = drafter.net.config
+        return {"layers": q.num_hidden_layers, "dim": q.hidden_size, "heads": q.num_attention_heads,
+                "target_layers": tuple(drafter.target_layer_ids), "gamma": drafter.block_size - 1}
+    c = drafter.backbone.config
+    return {"layers": c.n_blocks, "dim": c.hidden_size, "heads": c.n_heads, "context": drafter.context_length,
+            "gamma": drafter.defaults.get("gamma")}
 
 
 def publish(out: Path, save: Callable[[Path], None]) -> None:

@@ -1,13 +1,24 @@
 """DistillConfig: the settings of one `specdiff distill` run (one field per CLI option), their
-checks, and what a run derives from them."""
+checks, and what a run derives from them.
+
+Checks (`check`, before anything is loaded): ranges and combinations, and sizes: floors of the
+bytes the teacher data, a new drafter's weights and optimizer state, and one training batch need
+(`_floors`, widths not yet known counted as 1), refused when over the memory free on the device
+(budget.check_fits), one line naming the options that make them so big. A run that continues a
+checkpoint (or a DFlash `drafter`) takes the settings it records where they are unset and refuses
+those given otherwise (`settled`)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from ..atomic import check_new_directory
+from ..budget import check_fits
 from ..errors import UsageError
 from .losses import DFLASH_LOSSES, LOSSES
 
@@ -15,6 +26,7 @@ DEFAULT_SHAPE = {"layers": 2, "dim": 128, "heads": 4, "context": 32}  # a new dr
 RAW_FRACTION = 0.25  # default share of raw text rows when `raw_text` is given
 CHAT_PROMPT_TOKENS = 96  # default `prompt_tokens` with `chat`
 METHODS = ("specdiff", "dflash")  # the drafter kinds distill trains
+GAMMA = 8  # the default `gamma`, where no checkpoint or DFlash drafter being continued records one
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,7 @@ class DistillConfig:
     draft_vocab: int | None = None  # dflash: the head scores the N most frequent answer tokens (specdiff.vocab)
     raw_text: str | None = None
     raw_fraction: float | None = None
-    gamma: int = 8
+    gamma: int | None = None  # the draft length trained for: None, the continued checkpoint's, else GAMMA
     steps_per_draft: int = 4
     num_prompts: int = 512
     continuation_tokens: int = 64
@@ -63,12 +75,17 @@ class DistillConfig:
     seed: int = 0
     device: str = "cpu"
 
+    @property
+    def draft_gamma(self) -> int:
+        """gamma as trained (once `settled`): the option, else GAMMA."""
+        return GAMMA if self.gamma is None else self.gamma
+
 
 def check(cfg: DistillConfig) -> None:
     """Refuse a config before any work (loading the target included), naming the parameter."""
     for name in ("gamma", "steps_per_draft", "num_prompts", "continuation_tokens", "batch_size",
                  "max_steps", "val_every", "checkpoint_every", "eval_prompts", "samples_per_prompt"):
-        if getattr(cfg, name) < 1:
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
     if cfg.method not in METHODS:
         raise UsageError(f"unknown distill method '{cfg.method}' (choose from {', '.join(METHODS)})")
@@ -87,8 +104,58 @@ def check(cfg: DistillConfig) -> None:
             raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
     if cfg.drafter and any(getattr(cfg, k) is not None for k in DEFAULT_SHAPE):
         raise UsageError("`drafter` fixes the architecture: drop `layers` / `dim` / `heads` / `context`")
+    _check_sizes(cfg)
     if not cfg.resume and not cfg.data_only:
         check_new_directory(Path(cfg.out))
+
+
+def settled(cfg: DistillConfig, recorded: dict[str, Any], source: str) -> DistillConfig:
+    """cfg continuing what `source` (the checkpoint being resumed, a drafter started from) records
+    (name -> value, None: not recorded): a setting given otherwise is refused, naming it; an unset
+    `gamma` becomes the recorded one (the drafter keeps its own shape whatever cfg says)."""
+    for name, value in recorded.items():
+        given = getattr(cfg, name)
+        if value is not None and given is not None and _shown(given) != _shown(value):
+            raise UsageError(f"`{name}` {_shown(given)}: {source} has {_shown(value)}; leave `{name}` out or "
+                             "give the same (or start a new run)")
+    cfg = replace(cfg, gamma=cfg.draft_gamma if recorded.get("gamma") is None else recorded["gamma"])
+    _check_data(cfg)
+    return cfg
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _check_sizes(cfg: DistillConfig) -> None:
+    """Refuse sizes whose tensors cannot fit in the memory free on the device (module docstring)."""
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError:
+        return  # loading says what is wrong with it
+    for need, sizes, what in _floors(cfg):
+        check_fits(need, device, sizes, what)
+
+
+def _floors(cfg: DistillConfig) -> list[tuple[int, dict[str, int], str]]:
+    """[(bytes at least, the options that make them, what needs them)]: the teacher data's int64
+    ids, a new diffusion drafter's fp32 weights, gradients and two Adam moments (12 dim^2 a block),
+    a training batch's activations (one dim-wide and one attention map per block) or a DFlash
+    batch's attention over its anchors' blocks (mask and fp32 scores)."""
+    g, L, B = cfg.draft_gamma, cfg.continuation_tokens, cfg.batch_size
+    W = L + (cfg.prompt_tokens or (CHAT_PROMPT_TOKENS if cfg.chat or cfg.method == "dflash" else 0))
+    floors = [(cfg.num_prompts * cfg.samples_per_prompt * W * 8, {"num_prompts": cfg.num_prompts,
+               "samples_per_prompt": cfg.samples_per_prompt, "continuation_tokens": L}, "the teacher data")]
+    if cfg.method == "dflash":
+        AS = cfg.anchors * (g + 1)
+        return floors + [(B * AS * (W + AS) * (1 + 4 * (cfg.heads or 1)), {"anchors": cfg.anchors, "batch_size": B,
+                          "gamma": g}, "a training batch's attention over its blocks")]
+    shape = {k: getattr(cfg, k) or (1 if cfg.drafter else v) for k, v in DEFAULT_SHAPE.items()}
+    layers, dim, heads, T = shape["layers"], shape["dim"], shape["heads"], shape["context"] + g
+    if not cfg.drafter:
+        floors.append((16 * 12 * layers * dim**2, {"layers": layers, "dim": dim}, "a new drafter's training state"))
+    named = {"batch_size": B, **({} if cfg.drafter else shape), "gamma": g}  # a `drafter`'s shape: not known yet
+    return floors + [(4 * B * layers * T * (dim + heads * T), named, "a training batch's activations")]
 
 
 def _check_finite(cfg: DistillConfig) -> None:
@@ -143,14 +210,14 @@ def _check_data(cfg: DistillConfig) -> None:
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
     if cfg.prompt_tokens is not None and (not cfg.chat or cfg.prompt_tokens < 1):
         raise UsageError(f"`prompt_tokens` needs `chat` and must be >= 1, got {cfg.prompt_tokens}")
-    if cfg.continuation_tokens < cfg.gamma:
-        raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.gamma})")
+    if cfg.continuation_tokens < cfg.draft_gamma:
+        raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.draft_gamma})")
 
 
 def trained_for(cfg: DistillConfig) -> dict:
     """The draft settings a run trains for, recorded in the drafter's config.json: its examples
     are gamma slots masked as the l2r schedule with T = steps_per_draft masks them."""
-    return {"gamma": cfg.gamma, "steps": cfg.steps_per_draft, "schedule": "l2r"}
+    return {"gamma": cfg.draft_gamma, "steps": cfg.steps_per_draft, "schedule": "l2r"}
 
 
 def data_directory(cfg: DistillConfig) -> Path:

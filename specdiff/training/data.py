@@ -53,17 +53,17 @@ def prepare(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, prog
     P = (cfg.prompt_tokens or CHAT_PROMPT_TOKENS) if cfg.chat else N
     spec = data_spec(cfg, target, P, drafter.mask_id if drafter.mask_id < target.vocab_size else None)
     raw = read_tokens(cfg.raw_text, target.tokenizer, "raw text") if cfg.raw_text else None
-    if raw is not None and len(raw) < P + cfg.gamma:
-        raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.gamma}")
+    if raw is not None and len(raw) < P + cfg.draft_gamma:
+        raise UsageError(f"{cfg.raw_text} has {len(raw)} tokens; it needs at least {P + cfg.draft_gamma}")
     more = [seqs for _, seqs, _ in more_sequences(cfg.more_data, spec)]  # refused before any generating
     train, val, generate_s = build_sequences(data_directory(cfg), target, spec, progress)
     train = Sequences.cat([train, *more])
-    pattern = Pattern(N, cfg.gamma, cfg.steps_per_draft, drafter.mask_id)
+    pattern = Pattern(N, cfg.draft_gamma, cfg.steps_per_draft, drafter.mask_id)
     eos = target.eos_token_id if cfg.chat else None
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    val_limits = split_limits(val, P, cfg.gamma, eos)
+    val_limits = split_limits(val, P, cfg.draft_gamma, eos)
     val_batches = [make_batch(val, pattern, cfg.batch_size, g, P, context=N, limits=val_limits)
                    for _ in range(-(-VAL_EXAMPLES // cfg.batch_size))]
     fraction = 0.0 if raw is None else RAW_FRACTION if cfg.raw_fraction is None else cfg.raw_fraction
     return Data(train, val, val_batches, pattern, raw, fraction, generate_s, (len(train) + len(val)) * L,
-                P, split_limits(train, P, cfg.gamma, eos))
+                P, split_limits(train, P, cfg.draft_gamma, eos))

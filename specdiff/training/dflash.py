@@ -43,14 +43,15 @@ import torch
 from transformers import Qwen3Config
 
 from ..atomic import new_file
+from ..budget import check_fits
 from ..drafters.dflash import DFlashDrafter
 from ..vocab import DraftVocab, load_draft_vocab
 from ..errors import UsageError
 from ..nets.dflash import DFlashNet, DFlashSpec, build_target_layer_ids, load_dflash, save_dflash
 from ..targets.causal import CausalLMTarget
 from .batches import split_limits
-from .checkpoints import TrainState, latest_checkpoint, publish, undone_if_diverged
-from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory
+from .checkpoints import TrainState, publish, read_state, recorded, resumable, undone_if_diverged
+from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory, settled
 from .data import data_spec
 from .evaluation import evaluate_drafter
 from .features import MappedFeatures, cached_features, features_directory, padding
@@ -225,6 +226,8 @@ def new_drafter(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
         raise UsageError(f"`target_layers` {list(ids)}: the target has {text.num_hidden_layers} layers")
     rows = target.model.get_input_embeddings().weight.shape[0]
     mlp = getattr(text, "intermediate_size", None) or 4 * hidden
+    check_fits(16 * layers * hidden * (4 * hidden + 3 * mlp), torch.device(cfg.device), {"layers": layers},
+               "a new DFlash drafter's weights, gradients and Adam moments")
     qwen = Qwen3Config(vocab_size=rows, hidden_size=hidden, intermediate_size=mlp,
                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
                        head_dim=hidden // heads, max_position_embeddings=text.max_position_embeddings,
@@ -238,7 +241,7 @@ def new_drafter(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
             torch.nn.init.normal_(module.weight, std=INIT_STD, generator=g)
     with torch.no_grad():  # logits of std about 1 at the start (near uniform), not the peaked ones of a unit norm
         net.norm.weight.fill_(1 / target.model.get_output_embeddings().weight.norm(dim=1).mean().item())
-    spec = DFlashSpec(cfg.gamma + 1, mask_id(cfg, target), tuple(ids), text.num_hidden_layers)
+    spec = DFlashSpec(cfg.draft_gamma + 1, mask_id(cfg, target), tuple(ids), text.num_hidden_layers)
     return DFlashDrafter(net, spec, source=str(cfg.out))
 
 
@@ -275,8 +278,11 @@ def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
                          f"{type(target).__name__}")
     target.model.requires_grad_(False)
     out = Path(cfg.out)
-    latest = latest_checkpoint(out / "checkpoints") if cfg.resume and not cfg.data_only else None
-    drafter, opt_state, state = _resumed(latest) if latest else (_first(cfg, target), None, TrainState())
+    found = resumable(out / "checkpoints", _resumed) if cfg.resume and not cfg.data_only else None
+    drafter, opt_state, state = found[1] if found else (_first(cfg, target), None, TrainState())
+    if found or cfg.drafter:  # what it continues fixes its settings
+        cfg = settled(cfg, recorded(drafter), f"the checkpoint being resumed ({found[0]})" if found
+                      else f"`drafter` {cfg.drafter}")
     drafter.bind_target(target.model)
     drafter.to(cfg.device)
     with undone_if_diverged(out):
@@ -285,7 +291,7 @@ def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
             return {"target": target.name, "data": str(data_directory(cfg)), "generate_s": round(generate_s, 3),
                     "sequences": len(train_set.seqs) + len(val_set.seqs),
                     "generated_tokens": (len(train_set.seqs) + len(val_set.seqs)) * cfg.continuation_tokens}
-        _with_draft_vocab(cfg, target, drafter, resumed=latest is not None)
+        _with_draft_vocab(cfg, target, drafter, resumed=found is not None)
         task = DFlashTask(drafter, train_set, val_set, P, cfg)
         opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
         if opt_state is not None:
@@ -307,17 +313,17 @@ def _first(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
     if not (Path(cfg.drafter) / "config.json").is_file():
         raise UsageError(f"`drafter` {cfg.drafter}: no DFlash drafter there (config.json missing)")
     net, spec = load_dflash(Path(cfg.drafter))
-    if spec.block_size != cfg.gamma + 1:
+    if cfg.gamma is not None and spec.block_size != cfg.gamma + 1:
         raise UsageError(f"`gamma` {cfg.gamma}: {cfg.drafter} drafts blocks of {spec.block_size} "
                          f"(`gamma` {spec.block_size - 1})")
     return DFlashDrafter(net.float().train(), spec, source=str(cfg.out), draft_vocab=load_draft_vocab(Path(cfg.drafter)))
 
 
 def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
+    """A DFlash checkpoint (checkpoints.resumable's `read`): a LoadError if it cannot be read."""
     net, spec = load_dflash(path)
-    saved = torch.load(path / "state.pt", weights_only=True)
     drafter = DFlashDrafter(net.train(), spec, source=str(path), draft_vocab=load_draft_vocab(path))
-    return drafter, saved.pop("optimizer"), TrainState(**saved)
+    return (drafter, *read_state(path))
 
 
 def _with_draft_vocab(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter, resumed: bool) -> None:
@@ -350,11 +356,11 @@ def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
     pairs = []
     for directory, train, val in [(data, train_seqs, val_seqs), *more]:
         train_f, val_f = cached_features(directory, target.model, train, val, pad_id, layers, progress)
-        pairs.append((corpus(train, train_f, pad_id, P, cfg.gamma, eos), corpus(val, val_f, pad_id, P, cfg.gamma, eos)))
+        pairs.append((corpus(train, train_f, pad_id, P, cfg.draft_gamma, eos), corpus(val, val_f, pad_id, P, cfg.draft_gamma, eos)))
     sets = [Corpus.cat([train for train, _ in pairs]), pairs[0][1]]  # held out: `data`'s own
     for name, s in zip(("training", "held-out"), sets):
         if not len(s.rows()):
-            raise UsageError(f"no {name} answer is long enough for a block of {cfg.gamma + 1} tokens")
+            raise UsageError(f"no {name} answer is long enough for a block of {cfg.draft_gamma + 1} tokens")
     return sets[0], sets[1], P, generate_s
 
 
@@ -366,7 +372,7 @@ def _report(cfg: DistillConfig, target: CausalLMTarget, task: DFlashTask, state:
         "target": target.name, "drafter": str(Path(cfg.out)), "method": "dflash", "loss": cfg.loss,
         "teacher": {"temperature": list(cfg.teacher_temperature), "top_p": list(cfg.teacher_top_p),
                     "samples_per_prompt": cfg.samples_per_prompt},
-        "gamma": cfg.gamma, "block_size": drafter.block_size, "anchors": cfg.anchors, "mask_id": drafter.mask_id,
+        "gamma": cfg.draft_gamma, "block_size": drafter.block_size, "anchors": cfg.anchors, "mask_id": drafter.mask_id,
         "target_layer_ids": drafter.target_layer_ids,
         "draft_vocab": None if drafter.draft_vocab is None else drafter.draft_vocab.to_dict(),
         "parameters": sum(p.numel() for p in drafter.parameters()),

@@ -28,9 +28,9 @@ import torch
 
 from ..atomic import new_file
 from ..drafters.diffusion import DiffusionDrafter
-from ..loading import load_target
-from .checkpoints import TrainState, latest_checkpoint, load_checkpoint, publish, save_drafter, undone_if_diverged
-from .config import DistillConfig, check, data_directory, trained_for
+from ..loading import load_target, pair_models
+from .checkpoints import TrainState, load_checkpoint, publish, recorded, resumable, save_drafter, undone_if_diverged
+from .config import DistillConfig, check, data_directory, settled, trained_for
 from .data import Data, prepare
 from .dflash import distill_dflash
 from .drafter import frozen, initial_drafter
@@ -49,9 +49,11 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     if cfg.data_only:
         return build_data(cfg, target, progress)
     out = Path(cfg.out)
-    latest = latest_checkpoint(out / "checkpoints") if cfg.resume else None
-    drafter, opt_state, state = (load_checkpoint(latest, target) if latest
-                                 else (initial_drafter(cfg, target), None, TrainState()))
+    found = resumable(out / "checkpoints", partial(load_checkpoint, target=target)) if cfg.resume else None
+    if found:
+        cfg = settled(cfg, recorded(found[1][0]), f"the checkpoint being resumed ({found[0]})")
+        pair_models(target, found[1][0])
+    drafter, opt_state, state = found[1] if found else (initial_drafter(cfg, target), None, TrainState())
     frozen(drafter).to(cfg.device)
     drafter.defaults = trained_for(cfg)
     with undone_if_diverged(out):
@@ -84,7 +86,7 @@ def _report(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, stat
         "target": target.name, "drafter": str(Path(cfg.out)), "loss": cfg.loss, "draft_temperature": cfg.draft_temperature,
         "teacher": {"temperature": list(cfg.teacher_temperature), "top_p": list(cfg.teacher_top_p),
                     "samples_per_prompt": cfg.samples_per_prompt},
-        "soft_labels": _soft_label_report(cfg, data), "gamma": cfg.gamma,
+        "soft_labels": _soft_label_report(cfg, data), "gamma": cfg.draft_gamma,
         "steps_per_draft": cfg.steps_per_draft, "context_length": drafter.context_length,
         "mask_id": drafter.mask_id, "vocab_size": drafter.vocab_size,
         "parameters": sum(p.numel() for p in drafter.parameters()),

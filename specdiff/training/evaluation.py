@@ -24,7 +24,7 @@ def evaluate_drafter(cfg: DistillConfig, target: Teacher, drafter: Any, val: Seq
     drafter.eval()
     report: dict = {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens}
     for key, temperature in (("greedy", 0.0), ("sampled", cfg.eval_temperature)):
-        m = generate(texts, target=target, drafter=drafter, gamma=cfg.gamma, temperature=temperature,
+        m = generate(texts, target=target, drafter=drafter, gamma=cfg.draft_gamma, temperature=temperature,
                      max_new_tokens=cfg.continuation_tokens, seed=cfg.seed, **settings).metrics
         report[key] = {"temperature": temperature, "tau": round(m.tau, 4),
                        "alpha": None if m.alpha is None else round(m.alpha, 4),
