@@ -17,7 +17,13 @@ c(1) plus a per-row cost (each row's tokens, its own cache), so c(R) = c(1) + (R
 c(1)) / (R_t - 1), interpolated up to R_t and extrapolated beyond it (the per-row part made
 non-negative and non-decreasing in w and g too). Timing is then bounded whatever the batch:
 (2 gamma_max + 1) REPEATS calls at 1 row and as many at R_t; the loop counts its seconds in the
-run (Metrics.costs_s: time_s.costs, in the first step's rows' wall_s). One G for the batch, not
+run (Metrics.costs_s: time_s.costs, in the first step's rows' wall_s). Past R_t the table is
+only a model (on a CPU, a few rows fit in its caches and 512 do not: a 512-row drafter call took 3x
+the extrapolation), so there the run's own steps correct it (`Controller.observe`): plain steps
+and drafting steps are scaled apart by what they took against what the table said, summed over
+the run (ratio of the sums, 1 until seen; drafting takes the plain ratio until it has been seen).
+At R <= R_t the timed table stands alone, so a run there chooses the same lengths again given
+the same table. One G for the batch, not
 one per row: the verify call's width is max_b g_b + 1 whatever the others draft, so a row drafting
 less saves no verify time, and rows of different lengths cost one drafter call each. Rows still
 differ where their room clips them (the loop's min(G, room_b - 1)).
@@ -48,7 +54,7 @@ STRENGTH = 16.0  # pseudo-observations of the run's pooled acceptance in each ro
 PROBE = 16  # plain steps in a row before a probe of one draft token (doubled after each failed probe)
 REPEATS = 3  # timed calls per cost cell, in rounds; the fastest counts (the least disturbed by other processes)
 PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
-ROWS = 16  # the most rows a cost is timed at; more are extrapolated (batch 512: 1/32 of the timing)
+ROWS = 8  # the most rows a cost is timed at; more are extrapolated (batch 512: 1/64 of the timing)
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class Controller:
         self.reached, self.passed = [0] * self.gamma_max, [0] * self.gamma_max  # pooled over the run
         self.plain, self.wait = 0, probe  # plain steps in a row; plain steps before the next probe
         self.steps: dict[int, list[float]] = {}  # rows -> costs.step(rows, G) for G = 0..gamma_max
+        self.seen = [0.0] * 4  # past R_t: seconds taken, then predicted, of plain steps; of drafting steps
 
     def width(self, batch: Sequence[Row]) -> int:
         """G for this step of `batch`: the best expected tokens per second, or a probe."""
@@ -103,15 +110,29 @@ class Controller:
         tokens = [0.0] * (self.gamma_max + 1)  # tokens[G] = sum_b E_b(min(G, room_b - 1))
         for row in batch:
             tokens = list(map(add, tokens, self._expected(row, pool, min(self.gamma_max, row.room() - 1))))
-        R = len(batch)
-        if R not in self.steps:
-            self.steps[R] = [self.costs.step(R, G) for G in range(self.gamma_max + 1)]
-        rates = [t / c for t, c in zip(tokens, self.steps[R])]
+        rates = [t / c for t, c in zip(tokens, self._steps(len(batch)))]
         best = rates.index(max(rates))  # the shortest of equally good lengths
         if best:
             self.plain, self.wait = 0, self.probe  # drafting pays: probes start over
             return best
         return self._probed(rates.index(max(rates[1:]), 1))
+
+    def _steps(self, R: int) -> list[float]:
+        """costs.step(R, G) for G = 0..gamma_max; past the rows timed, corrected by `observe`."""
+        if R not in self.steps:
+            self.steps[R] = [self.costs.step(R, G) for G in range(self.gamma_max + 1)]
+        if R <= self.costs.rows[-1]:
+            return self.steps[R]
+        plain = self.seen[0] / self.seen[1] if self.seen[1] else 1.0
+        drafting = self.seen[2] / self.seen[3] if self.seen[3] else plain
+        return [c * (drafting if G else plain) for G, c in enumerate(self.steps[R])]
+
+    def observe(self, rows: int, G: int, seconds: float) -> None:
+        """A step of `rows` rows drafting G (0: plain) took `seconds` (drafting, verifying and
+        accepting); counted where the table is extrapolated (rows past R_t)."""
+        if rows > self.costs.rows[-1]:
+            self.seen[2 * bool(G)] += seconds
+            self.seen[2 * bool(G) + 1] += self.costs.step(rows, G)
 
     def _expected(self, row: Row, pool: list[float], top: int) -> list[float]:
         """[E_b(min(G, top)) for G = 0..gamma_max] from the row's counts, smoothed towards the pool."""

@@ -222,7 +222,9 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
             for row in batch:
                 row.metrics.costs = controller.costs
         # between steps the cache holds one copy per row (K drafts too): a plain step needs no more
-        return speculate(batch, parts, G) if G else _plain_step(target, batch, sampling, parts)
+        pushed = speculate(batch, parts, G) if G else _plain_step(target, batch, sampling, parts)
+        controller.observe(len(batch), G, parts.m.draft_s + parts.m.verify_s)
+        return pushed
 
     def speculate(batch: list[Row], parts: _Parts, G: int) -> list[list[int]]:
         g = [min(G, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens

@@ -158,6 +158,24 @@ def test_a_controller_that_stopped_drafting_probes_with_backoff():
     assert PROBE >= 8  # a probe costs about one step: rare enough for the 0.95x target
 
 
+def test_past_the_rows_timed_the_runs_own_steps_correct_the_table():
+    """Extrapolated to 512 rows, a table timed at 16 said drafting paid where it took 2x plain
+    decoding (the drafter's 512-row call 3x the extrapolation: gamma auto 1.2-1.4x slower than ar).
+    Drafting steps that take 10x what the table says turn the batch plain; within the rows timed
+    the table alone decides (given it, a run chooses the same lengths again)."""
+    table = costs(3, per_token=0.1, draft=0.02, rows=(1, 2))
+    c = Controller(table)
+    batch = [Row([1, 2], 50, 600, None, torch.device("cpu")) for _ in range(8)]
+    for row in batch:
+        for _ in range(10):
+            c.record(row, 3, 3)  # every slot passes
+    assert c.width(batch) == 3 and c.width(batch[:2]) == 3
+    c.observe(8, 3, 10 * table.step(8, 3))
+    c.observe(8, 0, table.step(8, 0))
+    c.observe(2, 3, 100.0)  # timed there: not a correction
+    assert c.width(batch) == 0 and c.width(batch[:2]) == 3
+
+
 def test_costs_interpolate_between_the_measured_row_counts_and_extrapolate_past_them():
     table = Costs((1, 9), ((1.0, 2.0), (3.0, 6.0)), ((0.5,), (2.5,)))
     assert table.step(1, 0) == 1.0 and table.step(9, 1) == 6.0 + 2.5
