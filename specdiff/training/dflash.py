@@ -353,11 +353,14 @@ def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
                                                        (features_directory(data, layers), layers))
     pad_id = target.tokenizer.pad_token_id if cfg.chat else None
     eos = target.eos_token_id if cfg.chat else None
-    pairs = []
+    parts, val_set = [], None
     for directory, train, val in [(data, train_seqs, val_seqs), *more]:
         train_f, val_f = cached_features(directory, target.model, train, val, pad_id, layers, progress)
-        pairs.append((corpus(train, train_f, pad_id, P, cfg.draft_gamma, eos), corpus(val, val_f, pad_id, P, cfg.draft_gamma, eos)))
-    sets = [Corpus.cat([train for train, _ in pairs]), pairs[0][1]]  # held out: `data`'s own
+        parts.append(corpus(train, train_f, pad_id, P, cfg.draft_gamma, eos))
+        if val_set is None:  # held out: `data`'s own, the first
+            val_set = corpus(val, val_f, pad_id, P, cfg.draft_gamma, eos)
+    assert val_set is not None
+    sets = [Corpus.cat(parts), val_set]
     for name, s in zip(("training", "held-out"), sets):
         if not len(s.rows()):
             raise UsageError(f"no {name} answer is long enough for a block of {cfg.draft_gamma + 1} tokens")

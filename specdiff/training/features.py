@@ -12,8 +12,8 @@ the templated prompt) is kept out of attention and positions, so position 0 is i
 token; the padding rows' features are zeros and never read (Blocks masks them). The teacher loop
 leaves them itself when it generates a chunk (teacher.continue_batch); this pass fills the rest.
 
-Training reads the training rows from their files as it needs them (MappedFeatures: 1.6 GB per
-2,048 answers of SmolLM2, more than memory holds over many caches); the held-out ones are loaded.
+Training reads the rows from their files as it needs them (MappedFeatures: 1.6 GB per 2,048
+answers of SmolLM2, more than memory holds over many caches), the held-out rows too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any, Sequence
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 from tqdm import tqdm
 
 from ..atomic import new_file
@@ -92,10 +91,10 @@ class MappedFeatures:
 
 
 def cached_features(data: Path, model: Any, train: Sequences, val: Sequences, pad_id: int | None,
-                    layer_ids: Sequence[int], progress: bool) -> tuple[MappedFeatures, torch.Tensor]:
-    """The features of the train and val sequences (M, W, F) fp16 (the training rows mapped, the
-    held-out ones loaded), read from the cache under `data` or computed (a chunk of CHUNK rows a
-    file, as the teacher data is written)."""
+                    layer_ids: Sequence[int], progress: bool) -> tuple[MappedFeatures, MappedFeatures]:
+    """The features of the train and val sequences (M, W, F) fp16, mapped from the cache under
+    `data`, computed first where missing (a chunk of CHUNK rows a file, as the teacher data is
+    written)."""
     root = features_directory(data, layer_ids)
     root.mkdir(parents=True, exist_ok=True)
     chunks = [(root / f"train-{c:05d}.safetensors", train.ids[c * CHUNK:(c + 1) * CHUNK])
@@ -111,4 +110,4 @@ def cached_features(data: Path, model: Any, train: Sequences, val: Sequences, pa
                 save_tensors({"features": feats}, tmp)
             bar.update(len(ids))
     bar.close()
-    return MappedFeatures([path for path, _ in chunks[:-1]]), load_file(str(chunks[-1][0]))["features"]
+    return MappedFeatures([path for path, _ in chunks[:-1]]), MappedFeatures([chunks[-1][0]])
