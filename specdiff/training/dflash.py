@@ -327,12 +327,12 @@ def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
 
 
 def _with_draft_vocab(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter, resumed: bool) -> None:
-    """The head's map: a resumed checkpoint keeps its own, which `draft_vocab` must repeat; a
-    `drafter` with one keeps it (`draft_vocab` omitted or equal); otherwise `draft_vocab` N gives
+    """The head's map: a resumed checkpoint, or a `drafter` with one, keeps its own (`draft_vocab`
+    omitted or equal; a resumed whole head admits no `draft_vocab`); otherwise `draft_vocab` N gives
     the N most frequent answer tokens of the teacher data (training/vocab.py) and their head rows."""
     held = drafter.draft_vocab
     size = held.size if held else None
-    if (resumed and size != cfg.draft_vocab) or (held is not None and cfg.draft_vocab not in (None, size)):
+    if cfg.draft_vocab not in (None, size) and (resumed or held is not None):
         raise UsageError(f"`draft_vocab` {cfg.draft_vocab}: {'the checkpoint being resumed' if resumed else cfg.drafter} "
                          f"was trained with {f'a head of {size} rows' if held else 'the whole head'}")
     if held is None and cfg.draft_vocab is not None:
