@@ -151,21 +151,27 @@ def always_accept(draft, q, p, generator=None):
 
 SAMPLINGS = {"t1": Sampling(1.0), "t0.7-top3": Sampling(0.7, top_k=3), "top-p0.8": Sampling(1.0, top_p=0.8),
              "t1-rep3": Sampling(1.0, repetition_penalty=3.0)}
+SLOW = pytest.mark.slow  # 4-8 s each: the default suite keeps one case per drafter, schedule, rule and warping, CI's slow step the rest
 CASES = [  # (drafter, schedule, steps, rule, sampling)
     ("diffusion", "oneshot", 1, standard, "t1"),
-    ("diffusion", "l2r", 2, standard, "t1"),
+    pytest.param("diffusion", "l2r", 2, standard, "t1", marks=SLOW),
     ("diffusion", "l2r", 3, standard, "t0.7-top3"),
-    ("diffusion", "l2r", 2, standard, "top-p0.8"),
+    pytest.param("diffusion", "l2r", 2, standard, "top-p0.8", marks=SLOW),
     ("diffusion", "confidence", 3, match, "t1"),
-    ("diffusion", "confidence", 2, match, "top-p0.8"),
+    pytest.param("diffusion", "confidence", 2, match, "top-p0.8", marks=SLOW),
     ("ar", None, None, standard, "t1"),
-    ("ar", None, None, standard, "t0.7-top3"),
+    pytest.param("ar", None, None, standard, "t0.7-top3", marks=SLOW),
     ("ar", None, None, match, "top-p0.8"),
-    ("diffusion", "l2r", 2, standard, "t1-rep3"),
+    pytest.param("diffusion", "l2r", 2, standard, "t1-rep3", marks=SLOW),
     ("ar", None, None, standard, "t1-rep3"),
     ("a2d", "l2r", 2, standard, "t1"),
-    ("a2d", "confidence", 2, match, "t0.7-top3"),
+    pytest.param("a2d", "confidence", 2, match, "t0.7-top3", marks=SLOW),
 ]
+
+
+def _case_id(case) -> str:
+    values = case.values if hasattr(case, "values") else case
+    return f"{values[0]}-{values[1]}-{values[2]}-{values[3].__name__}-{values[4]}"
 
 
 def _proposer(drafters, kind, schedule, steps):
@@ -174,8 +180,7 @@ def _proposer(drafters, kind, schedule, steps):
     return DiffusionProposer(drafters[kind], schedule, steps)
 
 
-@pytest.mark.parametrize("kind,schedule,steps,rule,sampling", CASES,
-                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{c[3].__name__}-{c[4]}" for c in CASES])
+@pytest.mark.parametrize("kind,schedule,steps,rule,sampling", CASES, ids=[_case_id(c) for c in CASES])
 def test_speculative_step_has_the_target_distribution(target, drafters, kind, schedule, steps, rule, sampling):
     s = SAMPLINGS[sampling]
     cells, n = speculative_samples(target, _proposer(drafters, kind, schedule, steps), rule, s, seed=11)
@@ -186,8 +191,10 @@ def test_speculative_step_has_the_target_distribution(target, drafters, kind, sc
     assert 0.05 < (n > 0).float().mean() < 0.95
 
 
-@pytest.mark.parametrize("broken", [broken_residual, always_accept])
-@pytest.mark.parametrize("kind,schedule", [("diffusion", "l2r"), ("ar", None), ("a2d", "l2r")])
+@pytest.mark.parametrize("broken,kind,schedule", [
+    (broken_residual, "diffusion", "l2r"), pytest.param(always_accept, "diffusion", "l2r", marks=SLOW),
+    pytest.param(broken_residual, "ar", None, marks=SLOW), (always_accept, "ar", None),
+    pytest.param(broken_residual, "a2d", "l2r", marks=SLOW), (always_accept, "a2d", "l2r")])
 def test_a_broken_rule_fails_the_same_test(target, drafters, broken, kind, schedule):
     s = SAMPLINGS["t1"]
     cells, _ = speculative_samples(target, _proposer(drafters, kind, schedule, 2), broken, s, seed=11)
@@ -202,7 +209,7 @@ def penalty_without_the_draft(logits, context, draft):
     return s.probs(penalize(logits, seen.expand(-1, logits.shape[1], -1), s.repetition_penalty))
 
 
-@pytest.mark.parametrize("kind,schedule", [("diffusion", "l2r"), ("ar", None)])
+@pytest.mark.parametrize("kind,schedule", [pytest.param("diffusion", "l2r", marks=SLOW), ("ar", None)])
 def test_a_penalty_that_ignores_the_draft_fails_the_same_test(target, drafters, kind, schedule):
     s = SAMPLINGS["t1-rep3"]
     cells, _ = speculative_samples(target, _proposer(drafters, kind, schedule, 2), standard, s, seed=11,
@@ -285,8 +292,9 @@ def test_draft_lengths_chosen_from_the_past_keep_the_target_distribution(target,
     assert 0.05 < (n > 0).float().mean() < 0.95
 
 
-@pytest.mark.parametrize("peek", [truncate_at_rejection, plain_unless_agreeing])
-@pytest.mark.parametrize("kind,schedule", [("diffusion", "l2r"), ("ar", None)])
+@pytest.mark.parametrize("peek,kind,schedule", [
+    (truncate_at_rejection, "diffusion", "l2r"), pytest.param(plain_unless_agreeing, "diffusion", "l2r", marks=SLOW),
+    pytest.param(truncate_at_rejection, "ar", None, marks=SLOW), (plain_unless_agreeing, "ar", None)])
 def test_a_controller_that_peeks_at_the_step_fails_the_same_test(target, drafters, peek, kind, schedule):
     s = SAMPLINGS["t1"]
     cells, _ = adaptive_samples(target, _proposer(drafters, kind, schedule, 2), standard, s, 11,

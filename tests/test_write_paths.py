@@ -186,7 +186,7 @@ def test_bench_out_check_makes_and_removes_what_it_tries(tmp_path):
     assert [p.name for p in (tmp_path / "a" / "b").iterdir()] == ["bench.json"]  # the probe file is gone
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])  # 10 s each
 def test_stop_signal_during_generate_leaves_no_temporary_file(tiny, tmp_path, signum):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The sea was calm\n" * 5000, encoding="utf-8")
