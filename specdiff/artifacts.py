@@ -14,11 +14,10 @@ A TensorRT engine file is a specdiff header and the serialized plan:
 
 Refused, each with one line: a missing or foreign manifest, a listed file that is missing or whose
 sha256 differs (corrupt or modified), a tokenizer whose vocabulary is not the exported one, and
-manifest values the graphs contradict (the manifest itself is not hashed): an unknown dtype, a
-graph or engine outside the hashed files, ids outside the vocabulary, and an IO signature that
-is not the one graphs.py derives from the component's model record (names, dims, dtypes), which
-each runtime then checks against the graph it opens. Graphs that stand in for a named model
-(bench times them beside it) are refused unless exported from that model: check_exported_from.
+manifest values the graphs contradict (the manifest itself is not hashed): an unknown dtype or graph,
+a graph or engine outside the hashed files, ids outside the vocabulary, and an IO signature not the
+one graphs.py derives from the component's model record (names, dims, dtypes), which each runtime
+checks against the graph it opens; graphs not exported from the model they stand in for (bench).
 """
 
 from __future__ import annotations
@@ -244,12 +243,13 @@ def _check_manifest(manifest: dict) -> None:
     if manifest["dtype"] not in DTYPES:
         raise ValueError(f"dtype: unknown dtype {manifest['dtype']!r} (known: {', '.join(DTYPES)})")
     from .graphs import graph_kind
-
     for kind, component in manifest["components"].items():
         if kind not in ("target", "drafter"):
             raise ValueError(f"components: unknown component {kind!r} (known: target, drafter)")
         _check(component, dict, f"components.{kind}")
         graph = graph_kind(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
+        if graph not in MODEL:  # a drafter's record names the graph of its kind (graphs.graph_kind)
+            raise ValueError(f"components.{kind}.model.kind: unknown graph {graph!r} (known: {', '.join(MODEL)})")
         _check(component, {**COMPONENT, "model": MODEL[graph]}, f"components.{kind}")
         if "defaults" in component["model"]:
             _recorded(component["model"]["defaults"], f"components.{kind}.model")

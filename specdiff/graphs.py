@@ -168,8 +168,9 @@ def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
 
 
 def graph_kind(kind: str, model: dict) -> str:
-    """The graph a manifest component holds: "target", "drafter" (a denoiser) or "dflash"."""
-    return "dflash" if kind == "drafter" and model.get("kind") == "dflash" else kind
+    """The graph a manifest component holds: "target", or the graph a drafter's kind declares
+    (specdiff.kinds), which its record names as `kind` ("drafter", a denoiser, when it names none)."""
+    return str(model.get("kind", "drafter")) if kind == "drafter" else kind
 
 
 def spec_from_model(kind: str, model: dict) -> GraphSpec:

@@ -23,6 +23,8 @@ from specdiff.artifacts import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.extras import install_hint
 
+from .onnx import EXPORTERS
+
 MAX_OPSET = 20
 CONTROL_FLOW = ("If", "Loop", "Scan")
 BUILDER_FLAGS = {"fp16": "FP16", "bf16": "BF16"}
@@ -68,8 +70,9 @@ def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[
 
 
 def triples_for(kind: str, model: dict, limits: Limits) -> dict[str, dict[str, int]]:
-    """A DFlash drafter's context rows are the target's cached tokens: its axes are the target's."""
-    if graph_kind(kind, model) in ("target", "dflash"):
+    """A drafter graph that reads the target's cached rows (DFlash's context) has the target's axes."""
+    graph = graph_kind(kind, model)
+    if graph == "target" or EXPORTERS[graph].target_axes:
         return limits.target_triples()
     return limits.drafter_triples(model["context_length"])
 

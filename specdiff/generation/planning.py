@@ -1,5 +1,5 @@
 """A run's plan: the models loaded, the method chosen and prepared into its Decoder, every setting
-resolved once (choosing.py) and checked before the first token. May import: methods, loading,
+resolved once (choosing.py) and checked before the first token. May import: methods, kinds, loading,
 registry, requests, settings, compiled, loaded; not streaming or the CLI.
 """
 
@@ -15,7 +15,8 @@ from ..compiled import compile_models, compile_seconds
 from ..contracts import Decoder, Target
 from ..errors import UntrainedDrafterWarning, UsageError, WidthDependenceWarning
 from ..loading import load_drafter, load_target, pair_models
-from ..methods import DRAFTER_KINDS, METHODS, TARGET_KINDS, Method, Models, default_method
+from ..kinds import get_kind, kind_of
+from ..methods import METHODS, TARGET_KINDS, Method, Models, default_method
 from ..registry import Registry, as_registry
 from ..requests import check_flags, check_names, check_request, check_text_options
 from ..sampling import Sampling
@@ -158,12 +159,13 @@ def _check_drafter(method: Method, drafter: Any) -> None:
         return
     takers = [m.name for m in METHODS.values() if m.target == method.target and m.accepts(drafter)]
     instead = f": use `method` {' or '.join(takers)}, which drafts with it" if takers else ""
-    raise UsageError(f"method '{method.name}' needs {DRAFTER_KINDS[cast(str, method.needs)][0]}; the `drafter` "
+    raise UsageError(f"method '{method.name}' needs {get_kind(cast(str, method.needs)).what}; the `drafter` "
                      f"given, '{_name(drafter)}', is {_kind(drafter)}{instead}")
 
 
 def _kind(drafter: Any) -> str:
-    return next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+    kind = kind_of(drafter)
+    return kind.what if kind else "this drafter"
 
 
 def _default_method(drafter: Any, target: Any) -> Method:
@@ -190,7 +192,7 @@ def _check_loaded(target: Any, drafter: Any) -> None:
         raise UsageError(f"`target` must be a models.yaml name, a directory, a hub id or a loaded target "
                          f"(specdiff.load_target), got {type(target).__name__}")
     unloaded = drafter is None or isinstance(drafter, str)  # a name is left unloaded for a method without one
-    if not unloaded and not any(check(drafter) for _, check in DRAFTER_KINDS.values()):
+    if not unloaded and kind_of(drafter) is None:
         raise UsageError(f"`drafter` must be a models.yaml name, a directory, a hub id or a loaded drafter "
                          f"(specdiff.load_drafter), got {type(drafter).__name__}")
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from torch import nn
 
 from ...drafters.autoregressive import ARDrafter
+from ...kinds import DrafterKind, get_kind, kind_of
 from ...drafters.dflash import DFlashDrafter
 from ...drafters.diffusion import DiffusionDrafter
 from ...errors import UsageError
@@ -25,8 +26,7 @@ from ...targets.causal import CausalLMTarget
 from ...vocab import DraftVocab
 
 METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
-SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "dflash": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
-NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
+NEEDS = {**{m.name: get_kind(m.needs).slot for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
 
@@ -131,7 +131,8 @@ def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = N
         if name is None:
             continue
         loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
-        if must_be_ar and not isinstance(loaded, ARDrafter):
+        slot = cast(DrafterKind, kind_of(loaded)).slot  # the field its kind loads into
+        if must_be_ar and slot != "ar_drafter":
             raise UsageError(f"ar_drafter '{name}' is not a causal LM")
-        setattr(models, "ar_drafter" if isinstance(loaded, ARDrafter) else "drafter", loaded)  # diffusion, dflash
+        setattr(models, slot, loaded)
     return models, defaults

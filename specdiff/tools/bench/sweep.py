@@ -13,7 +13,7 @@ from ...acceptance import RULES
 from ...drafters.diffusion import get_schedule
 from ...errors import IncompatibleModelsError, UsageError
 from ...generation import DEFAULT_STEPS, DEFAULTS
-from ...methods import DRAFTER_KINDS
+from ...kinds import get_kind
 from ...settings import AUTO
 from .config import METHODS, NEEDS, REGISTRY, Models, Variant
 
@@ -69,7 +69,9 @@ def check_unique(**lists: Sequence[object]) -> None:
             raise UsageError(f"`{name}` lists {twice} twice: each value is one row; give it once")
 
 
-GRAPH_METHODS = ("ar", "specdiff", "dflash")  # what runs on exported graphs
+# what runs on exported graphs: causal methods with no drafter, or one whose kind has a graph (ar, specdiff, dflash)
+GRAPH_METHODS = tuple(m.name for m in REGISTRY.values()
+                      if m.target == "causal" and (m.needs is None or get_kind(m.needs).graph is not None))
 
 
 def _runs(v: Variant) -> bool:
@@ -135,7 +137,7 @@ def check_models(models: Models, rows: list[Variant]) -> None:
             drafter = graphs.get("drafter")
             needs = REGISTRY[v.method].needs
             if "target" not in graphs or (needs is not None and not REGISTRY[v.method].accepts(drafter)):
-                held = "a target" if needs is None else f"a target and {DRAFTER_KINDS[needs][0]}"
+                held = "a target" if needs is None else f"a target and {get_kind(needs).what}"
                 raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
             if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
                 raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "

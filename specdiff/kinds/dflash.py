@@ -1,0 +1,46 @@
+"""The DFlash kind: a DFlash draft as published (config.json architectures DFlashDraftModel,
+nets/dflash.py), a DFlashDrafter that drafts a block from the target's hidden states with the
+target's embedding and head; exported as the "dflash" graph, together with its target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..drafters.dflash import DFlashDrafter, is_dflash_drafter
+from ..errors import IncompatibleModelsError
+from ..hub import fetch
+from ..nets.dflash import MASK_OVERRIDE, WEIGHTS, is_dflash
+from ..nets.dflash import load_dflash as read_dflash
+from ..sources import TOKENIZER_FILES, Source, drafter_tokenizer, resolve_dtype
+from ..vocab import VOCAB_FILE, load_draft_vocab
+from .kind import DrafterKind, target_model
+
+
+def load_dflash(source: Source, device: str, dtype: str) -> DFlashDrafter:
+    """A DFlash draft exactly as published (nets/dflash.py), strictly loaded; its embedding and
+    head are its target's (bind_dflash binds them)."""
+    directory = fetch(source.location, ("config.json", WEIGHTS, MASK_OVERRIDE, VOCAB_FILE, *TOKENIZER_FILES))
+    net, spec = read_dflash(directory)
+    drafter = DFlashDrafter(net, spec, tokenizer=drafter_tokenizer(directory, source), source=source.name,
+                            draft_vocab=load_draft_vocab(directory))
+    return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
+
+
+def check_head_rows(target: Any, drafter: Any) -> None:
+    """It scores with its target's head: the target's vocabulary fits the rows it was made for
+    (with a draft vocabulary, check_pair has checked its map instead)."""
+    if drafter.draft_vocab is None and target.vocab_size > drafter.vocab_rows:
+        raise IncompatibleModelsError(f"DFlash drafter '{drafter.source}' was made for a target head of "
+                                      f"{drafter.vocab_rows} rows; the target's tokenizer has {target.vocab_size} tokens")
+
+
+def bind_dflash(target: Any, drafter: Any) -> None:
+    """The torch drafter reads its target's embedding and head (an exported one's graph holds them)."""
+    if isinstance(drafter, DFlashDrafter):
+        drafter.bind_target(target_model(target, drafter))
+
+
+KIND = DrafterKind(
+    "dflash", "a DFlash drafter", detect=is_dflash, load=load_dflash, holds=is_dflash_drafter,
+    check=check_head_rows, bind=bind_dflash, graph="dflash",
+    not_a_target="a DFlash draft (config.json architectures DFlashDraftModel)")
