@@ -30,14 +30,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import IncompatibleModelsError, LoadError, UsageError
-from .reading import read_small_text
+from .reading import read_small_text, sha256_file
 from .requests import check_recorded
 
 FORMAT = "specdiff-export"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
-CHUNK = 1 << 20
 ENGINE_MAGIC = b"specdiff-tensorrt-engine\n"
 NULL = type(None)
 JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer",
@@ -80,14 +79,6 @@ DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_D
 SIZES = {"target": ("vocab_size", "max_length", "layers", "kv_heads", "head_dim"),
          "drafter": ("vocab_size", "context_length"),
          "dflash": ("vocab_size", "block_size", "layers", "kv_heads", "head_dim", "features")}  # integers >= 1
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_hashes(root: Path) -> dict[str, str]:
@@ -133,7 +124,7 @@ def model_directory(source: str) -> Path | None:
 def identity_of(name: str, kinds: tuple[str, ...], registry: Any = None) -> tuple[str, str]:
     """(source, identity) of a model named as load_target / load_drafter name it (a models.yaml
     name, a directory, a hub id), hashing its config and weights only."""
-    from .loading import resolve
+    from .sources import resolve
     from .registry import as_registry
 
     source, _ = resolve(name, kinds, as_registry(registry))

@@ -53,10 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .artifacts import sha256_file
 from .atomic import new_directory, remove, remove_stale
 from .errors import LoadError, WriteError
-from .reading import read_small_text
+from .reading import read_small_text, sha256_file
 
 RECORD = "specdiff-cache.json"  # the entry's record of its files, written last
 FORMAT = "specdiff-gguf-cache"

@@ -1,4 +1,5 @@
-"""What a `specdiff distill` run writes: checkpoints to resume from, and the published drafter.
+"""What a `specdiff distill` run writes: checkpoints to resume from, and the published drafter;
+and what it trains and checkpoints, a Task (the loop runs one; loop.DiffusionTask, dflash.DFlashTask).
 
 A checkpoint (weights, optimizer, step, batch RNG state = data position, validation history) is
 written to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; `resume` continues from the
@@ -20,7 +21,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -32,11 +33,25 @@ from ..errors import DivergedError, LoadError
 from ..nets.checkpoint import load_own, read_json, save_own
 from .teacher import Teacher
 
-if TYPE_CHECKING:
-    from .loop import Task
-
 KEEP = 2  # checkpoints kept
 T = TypeVar("T")
+
+
+class Task(Protocol):
+    """What one kind of drafter needs trained: its module, batches, loss, validation and files."""
+
+    @property
+    def module(self) -> nn.Module: ...  # the weights trained and checkpointed
+
+    def batch(self, size: int, generator: torch.Generator) -> Any: ...  # generator's state: the data position
+
+    def loss(self, batch: Any) -> torch.Tensor: ...
+
+    def scored(self, batch: Any) -> int: ...  # the tokens a step trained on (the report's train_tokens)
+
+    def validation(self) -> float: ...  # the loss on fixed held-out batches
+
+    def save(self, directory: Path) -> None: ...  # the drafter's files (a checkpoint's, no tokenizer)
 
 
 @dataclass
