@@ -6,6 +6,10 @@
               specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
               candidates, those of specdiff.selection (greedy, select, multi)
+    Drafter   what every kind of drafter offers (specdiff.kinds): drafters.diffusion.DiffusionDrafter,
+              drafters.a2d.A2DDrafter, drafters.autoregressive.ARDrafter, drafters.dflash.DFlashDrafter,
+              targets.block.BlockDiffusionTarget (simsd-exact's), runtimes.models' GraphDrafter and
+              GraphDFlashDrafter
     Runtime   specdiff.runtimes: onnxruntime.OrtRuntime, tensorrt.TrtRuntime
     BlockTarget  a block-diffusion LM: specdiff.targets.block.BlockDiffusionTarget
     Decoder   what a method prepares for one run (methods.Method.prepare): methods.plain,
@@ -26,6 +30,7 @@ import torch
 
 from .metrics import Metrics
 from .sampling import Generators, Sampling
+from .vocab import DraftVocab
 
 
 class Row:
@@ -173,6 +178,18 @@ class Rule(Protocol):
 
     def __call__(self, draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class Drafter(Protocol):
+    """A loaded drafter, whatever its kind (specdiff.kinds tells the kinds apart and declares the
+    rest): the tokenizer it ships (None: none; its target's serves) and its draft vocabulary (the
+    target ids its head proposes; None: every id)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def draft_vocab(self) -> DraftVocab | None: ...
 
 
 class Runtime(Protocol):

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from .contracts import Target
+from .contracts import Drafter, Target
 from .drafters.diffusion import DiffusionDrafter
 from .errors import IncompatibleModelsError, LoadError, UsageError
 from .kinds import KINDS, detected, kind_of
@@ -62,7 +62,7 @@ def is_block_checkpoint(name_or_path: str | os.PathLike, kinds: tuple[str, ...],
 
 
 def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
-                 registry: Registry | None = None) -> nn.Module | BlockDiffusionTarget:
+                 registry: Registry | None = None) -> Drafter:
     """A drafter of the kind its files declare (specdiff.kinds): a DiffusionDrafter
     (forward(input_ids (B, L), sigma (B,)) -> raw logits (B, L, V_drafter)) for diffusion
     checkpoints, an ARDrafter for a causal LM, a BlockDiffusionTarget for an SDAR checkpoint (the
@@ -88,7 +88,7 @@ def load_diffusion_drafter(name_or_path: str, *, registry: Registry | None = Non
     return read_diffusion(source, fmt).eval()
 
 
-def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
+def pair_models(target: Target | BlockDiffusionTarget, drafter: Drafter) -> None:
     """check_pair, then a drafter that reads its token embedding and output head from its target
     (a diffusion drafter with `target_embeddings`, a DFlash drafter) gets them from this one (a
     torch model): its kind's bind()."""
@@ -98,14 +98,14 @@ def pair_models(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
         kind.bind(target, drafter)
 
 
-def check_pair(target: Target | BlockDiffusionTarget, drafter: Any) -> None:
+def check_pair(target: Target | BlockDiffusionTarget, drafter: Drafter) -> None:
     """Refuse a drafter whose tokenizer maps tokens to ids differently from the target's, or whose
     vocabulary does not fit the target's (its kind's check: a DFlash drafter scores with its
     target's head, of the rows it was made for). A draft vocabulary must have been built for this
     target's (specdiff.vocab)."""
     vocab = getattr(drafter, "draft_vocab", None)
     if vocab is not None:
-        vocab.check(target.tokenizer, target.vocab_size, f"drafter '{drafter.source}'")
+        vocab.check(target.tokenizer, target.vocab_size, f"drafter '{getattr(drafter, 'source', '')}'")
     kind = kind_of(drafter)
     (kind.check if kind else same_vocabulary)(target, drafter)
     if drafter.tokenizer is None:

@@ -24,6 +24,7 @@ from specdiff.extras import require
 from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
 from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
+from specdiff.contracts import Drafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.kinds import kind_of
 from specdiff.loading import is_block_checkpoint, load_drafter, load_target, pair_models
@@ -154,7 +155,7 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
     return t, d, tokenizer
 
 
-def _exporter(drafter: Any, name: str | None) -> DrafterGraph:
+def _exporter(drafter: Drafter, name: str | None) -> DrafterGraph:
     """How the loaded drafter's graph is written: its kind's graph, or why its kind has none."""
     kind = kind_of(drafter)
     if kind is None or kind.graph is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, cast
 
 from ..compiled import compile_models, compile_seconds
-from ..contracts import Decoder, Target
+from ..contracts import Decoder, Drafter, Target
 from ..errors import UntrainedDrafterWarning, UsageError, WidthDependenceWarning
 from ..loading import load_drafter, load_target, pair_models
 from ..kinds import get_kind, kind_of
@@ -32,7 +32,7 @@ class Plan:
     sampling, and where each setting came from."""
 
     target: Target
-    drafter: Any  # None when the method drafts with none
+    drafter: Drafter | None  # None when the method drafts with none
     method: Method
     sampling: Sampling
     decoder: Decoder
@@ -122,7 +122,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
 _WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters, half-precision targets warned about
 
 
-def _warn_untrained(drafter: Any) -> None:
+def _warn_untrained(drafter: Drafter) -> None:
     """Say once per drafter (a bench makes many plans) that its config marks it untrained: a run
     with `drafter init`'s random weights is slower than ar, and nothing else says why."""
     if not getattr(drafter, "untrained", False) or drafter in _WARNED:
@@ -151,7 +151,7 @@ def _warn_width_dependent(target: Any, sampling: Sampling) -> None:
         stacklevel=3)
 
 
-def _check_drafter(method: Method, drafter: Any) -> None:
+def _check_drafter(method: Method, drafter: Drafter | None) -> None:
     """The method's kind of drafter; a drafter given of another kind is named, with the methods
     that draft with it (a DFlash drafter given to specdiff: dflash)."""
     if drafter is None or method.accepts(drafter):
@@ -163,12 +163,12 @@ def _check_drafter(method: Method, drafter: Any) -> None:
                      f"given, '{_name(drafter)}', is {_kind(drafter)}{instead}")
 
 
-def _kind(drafter: Any) -> str:
+def _kind(drafter: Drafter) -> str:
     kind = kind_of(drafter)
     return kind.what if kind else "this drafter"
 
 
-def _default_method(drafter: Any, target: Any) -> Method:
+def _default_method(drafter: Drafter | None, target: Any) -> Method:
     """The method no option or pair names: the first for this target that uses the drafter (its
     kind's reference without one). A drafter given that no such method can use is refused, not
     dropped silently."""

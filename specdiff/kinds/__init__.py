@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contracts import Drafter
 from ..errors import UsageError
 from ..sources import Source
 from . import a2d, autoregressive, block, dflash, diffusion
@@ -35,7 +36,7 @@ def get_kind(name: str) -> DrafterKind:
         raise UsageError(f"unknown drafter kind '{name}' (choose from {', '.join(k.name for k in KINDS)})") from e
 
 
-def kind_of(drafter: Any) -> DrafterKind | None:
+def kind_of(drafter: object) -> DrafterKind | None:
     """The first kind that holds a loaded drafter (None: no drafter specdiff knows)."""
     return next((k for k in KINDS if k.holds(drafter)), None)
 

@@ -21,7 +21,7 @@ def load_autoregressive(source: Source, device: str, dtype: str) -> ARDrafter:
     return ARDrafter(model, tokenizer, source.name, load_draft_vocab(Path(source.location)) if local else None)
 
 
-def is_autoregressive(drafter: Any) -> bool:
+def is_autoregressive(drafter: object) -> bool:
     return isinstance(drafter, ARDrafter)
 
 

@@ -21,7 +21,7 @@ def load_block(source: Source, device: str, dtype: str) -> BlockDiffusionTarget:
     return BlockDiffusionTarget(model, tokenizer, source.name, block_size=block_size, mask_id=mask_id)
 
 
-def is_block_diffusion(model: Any) -> bool:
+def is_block_diffusion(model: object) -> bool:
     """A block-diffusion LM (targets.block.BlockDiffusionTarget): SDAR and the demo block pair."""
     return getattr(model, "kind", None) == "block-diffusion"
 

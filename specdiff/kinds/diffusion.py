@@ -40,7 +40,7 @@ def load_diffusion(source: Source, device: str, dtype: str) -> DiffusionDrafter:
     return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()
 
 
-def is_diffusion(drafter: Any) -> bool:
+def is_diffusion(drafter: object) -> bool:
     """A DiffusionDrafter, or any object with its drafting interface (x0_logits, mask_id,
     vocab_size, context_length), such as an exported graph (runtimes.models.GraphDrafter)."""
     return hasattr(drafter, "x0_logits") and hasattr(drafter, "mask_id")

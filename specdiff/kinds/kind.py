@@ -53,7 +53,7 @@ class DrafterKind:
     what: str  # how messages name it ("a DFlash drafter")
     detect: Callable[[dict], bool]  # config.json -> whether a checkpoint is of this kind
     load: Callable[[Source, str, str], Any]  # (source, device, dtype) -> the loaded drafter
-    holds: Callable[[Any], bool]  # whether a loaded drafter (torch, or over an exported graph) is of it
+    holds: Callable[[object], bool]  # whether a loaded drafter (torch, or over an exported graph) is of it
     check: Callable[[Any, Any], None] = same_vocabulary  # (target, drafter): its vocabulary fits the target's
     tokens: Callable[[Any], dict[str, int]] = token_ids  # drafter -> the {token: id} its target must share
     bind: Callable[[Any, Any], None] = nothing_to_bind  # (target, drafter): hand it what it reads of the target

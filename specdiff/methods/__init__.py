@@ -28,6 +28,7 @@ from typing import Any
 from ..block_decoding import decode_block, decode_simsd_exact
 from ..drafters.autoregressive import ARProposer
 from ..drafters.diffusion import DiffusionProposer
+from ..contracts import Drafter
 from ..errors import UsageError
 from ..settings import BlockSettings, DraftSettings
 from ..simsd import decode_simsd
@@ -67,7 +68,7 @@ def get_method(name: str) -> Method:
         raise UsageError(f"unknown method '{name}' (choose from {', '.join(METHODS)})") from e
 
 
-def default_method(drafter: Any, target: Any = None) -> Method:
+def default_method(drafter: Drafter | None, target: Any = None) -> Method:
     """The first method for this target's kind that accepts this drafter; its kind's reference
     (ar, block) without one."""
     kind = "block-diffusion" if is_block_diffusion(target) else "causal"

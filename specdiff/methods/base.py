@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable
 
 from ..adaptive import Costs
 from ..budget import check_step
-from ..contracts import Decoder, Proposer, Target
+from ..contracts import Decoder, Drafter, Proposer, Target
 from ..errors import UsageError
 from ..kinds import get_kind
 from ..kinds.block import is_block_diffusion
@@ -26,7 +26,7 @@ class Models:
     """The loaded models a method decodes with; `drafter` is None for a method without one."""
 
     target: Any
-    drafter: Any = None
+    drafter: Any = None  # of the kind the method needs (its own module reads what that kind offers)
 
 
 TARGET_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
@@ -57,10 +57,10 @@ class Method:
         """The decoder of one run: the method's pieces built around the models, checked."""
         return self.prepare_with(self, models, settings, sampling, acceptance)
 
-    def accepts(self, drafter: Any) -> bool:
+    def accepts(self, drafter: Drafter | None) -> bool:
         return self.needs is not None and get_kind(self.needs).holds(drafter)
 
-    def check_drafter(self, drafter: Any) -> None:
+    def check_drafter(self, drafter: Drafter | None) -> None:
         if self.needs is not None and not self.accepts(drafter):
             raise UsageError(f"method '{self.name}' needs {get_kind(self.needs).what} (`drafter`)")
 
@@ -92,7 +92,7 @@ _KEPT: "weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[Hasha
     weakref.WeakKeyDictionary()
 
 
-def kept_costs(target: Any, drafter: Any, key: Hashable) -> dict[int, Costs]:
+def kept_costs(target: Any, drafter: Drafter, key: Hashable) -> dict[int, Costs]:
     """The cost tables (batch size -> Costs) that every decoder of these two loaded models under
     `key` (its draft settings and sampling) shares in this process: a library user calling
     generate() per request times them once, not on every call (seconds each)."""

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 from ... import selection
 from ...acceptance import RULES
 from ...drafters.diffusion import get_schedule
+from ...contracts import Drafter
 from ...errors import IncompatibleModelsError, UsageError
 from ...generation import DEFAULT_STEPS, DEFAULTS
 from ...kinds import get_kind
@@ -124,7 +125,7 @@ def available_methods(models: Models) -> list[str]:
     return [m for m in METHODS if NEEDS.get(m) is None or _drafts_with(m, getattr(models, NEEDS[m]))]
 
 
-def _drafts_with(method: str, drafter: object) -> bool:
+def _drafts_with(method: str, drafter: Drafter | None) -> bool:
     """Whether `method` can draft with `drafter` (the registry's kind; the peers: any AR drafter)."""
     return drafter is not None and (method not in REGISTRY or REGISTRY[method].accepts(drafter))
 
