@@ -13,9 +13,6 @@ drafter only config.json, the weights file of its kind and any tokenizer files a
 from __future__ import annotations
 
 import os
-from typing import Any
-
-from torch import nn
 
 from .contracts import Drafter, Target
 from .drafters.diffusion import DiffusionDrafter

@@ -17,9 +17,6 @@ generation or compiled (which read this).
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..contracts import Drafter
 from ..errors import UsageError
 from ..sources import Source
 from . import a2d, autoregressive, block, dflash, diffusion

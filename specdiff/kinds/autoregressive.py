@@ -4,7 +4,6 @@ kind's config.json matches, so last in KINDS."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..drafters.autoregressive import ARDrafter
 from ..sources import Source, check_causal_lm, load_causal_lm

@@ -3,8 +3,6 @@ draft model of simsd-exact; loaded as a BlockDiffusionTarget, as a target of tha
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..hub import fetch
 from ..nets.sdar import is_sdar, read_sdar_config
 from ..sources import BLOCK_FILES, Source, qwen3_model, quiet_tokenizer, tokenizer_source
