@@ -61,24 +61,12 @@ SCHEMA = {
 }
 COMPONENT = {"graph": (str, NULL), "engine": (dict, NULL),
              "io": {"inputs": [{"name": str}], "outputs": [{"name": str}]}}
-MODEL = {
-    "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
-               "layers": int, "kv_heads": int, "head_dim": int, "head_rows": Maybe(int),
-               "feature_layers": Maybe([int]), "features": Maybe(int)},  # beside a DFlash drafter
-    "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
-                "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
-                "defaults": Maybe(dict),  # the draft settings it was trained for (check_recorded)
-                "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},  # as a DFlash drafter's, below
-    "dflash": {"kind": str, "name": str, "vocab_size": int, "mask_id": int, "block_size": int,
-               "target_layer_ids": [int], "head_rows": int, "layers": int, "kv_heads": int, "head_dim": int,
-               "features": int, "defaults": Maybe(dict),  # a DFlash drafter (graphs.dflash_spec)
-               # with a head of N rows (specdiff.vocab): its map's file, the rows of the embedding fed
-               "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},
-}
+TARGET = {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL), "layers": int,
+          "kv_heads": int, "head_dim": int, "head_rows": Maybe(int),
+          "feature_layers": Maybe([int]), "features": Maybe(int)}  # beside a drafter that reads them
+# a drafter's `model` record: the schema its kind's graph declares (specdiff.kinds, graphs.DrafterGraph)
 DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)
-SIZES = {"target": ("vocab_size", "max_length", "layers", "kv_heads", "head_dim"),
-         "drafter": ("vocab_size", "context_length"),
-         "dflash": ("vocab_size", "block_size", "layers", "kv_heads", "head_dim", "features")}  # integers >= 1
+TARGET_SIZES = ("vocab_size", "max_length", "layers", "kv_heads", "head_dim")  # integers >= 1
 
 
 def file_hashes(root: Path) -> dict[str, str]:
@@ -233,38 +221,54 @@ def _check_manifest(manifest: dict) -> None:
             raise ValueError(f"files: {rel!r} is not a path inside the export directory")
     if manifest["dtype"] not in DTYPES:
         raise ValueError(f"dtype: unknown dtype {manifest['dtype']!r} (known: {', '.join(DTYPES)})")
-    from .graphs import graph_kind
     for kind, component in manifest["components"].items():
         if kind not in ("target", "drafter"):
             raise ValueError(f"components: unknown component {kind!r} (known: target, drafter)")
         _check(component, dict, f"components.{kind}")
-        graph = graph_kind(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
-        if graph not in MODEL:  # a drafter's record names the graph of its kind (graphs.graph_kind)
-            raise ValueError(f"components.{kind}.model.kind: unknown graph {graph!r} (known: {', '.join(MODEL)})")
-        _check(component, {**COMPONENT, "model": MODEL[graph]}, f"components.{kind}")
+        record, sizes = _record(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
+        _check(component, {**COMPONENT, "model": record}, f"components.{kind}")
         if "defaults" in component["model"]:
             _recorded(component["model"]["defaults"], f"components.{kind}.model")
         if component["engine"] is not None:
             _check(component["engine"], {"file": str}, f"components.{kind}.engine")
         _check_hashed(component, manifest["files"], f"components.{kind}")
-        _check_ids(graph, component["model"], f"components.{kind}.model")
+        _check_ids(kind, sizes, component["model"], f"components.{kind}.model")
         _check_io(kind, component, manifest["dtype"], f"components.{kind}.io")
     _check_features(manifest["components"])
 
 
+def _record(kind: str, model: dict) -> tuple[dict, tuple[str, ...]]:
+    """(the schema of a component's `model` record, its fields that are sizes): a target's, or what
+    the graph its drafter's record names declares (a ValueError naming the known graphs)."""
+    from .graphs import graph_kind
+    from .kinds import drafter_graph
+
+    if kind == "target":
+        return TARGET, TARGET_SIZES
+    try:
+        graph = drafter_graph(graph_kind(kind, model))
+    except ValueError as e:
+        raise ValueError(f"components.{kind}.model.kind: {e}") from e
+    return graph.record, graph.sizes
+
+
 def _check_features(components: dict) -> None:
-    """A DFlash drafter's graph reads the features the target's graph outputs: both are in the
-    export, of the same layers and size."""
+    """The drafter graph's own check of its record; one that reads the features the target's graph
+    outputs (DFlash's): both are in the export, of the same layers and size."""
+    from .graphs import graph_kind
+    from .kinds import drafter_graph
+
     drafter, target = components.get("drafter"), components.get("target")
-    if drafter is None or drafter["model"].get("kind") != "dflash":
+    if drafter is None:
         return
-    model = drafter["model"]
-    if model["block_size"] < 2:
-        raise ValueError(f"components.drafter.model.block_size must be >= 2, got {model['block_size']}")
+    model, graph = drafter["model"], drafter_graph(graph_kind("drafter", drafter["model"]))
+    graph.check(model, "components.drafter.model")
+    if not graph.features:
+        return
     layers = [i + 1 for i in model["target_layer_ids"]]
     if target is None or target["model"].get("feature_layers") != layers or \
             target["model"].get("features") != model["features"]:
-        raise ValueError(f"components.target.model: a DFlash drafter reads the target's hidden states {layers} "
+        raise ValueError(f"components.target.model: {graph.features} reads the target's hidden states {layers} "
                          f"({model['features']} features): the export's target graph does not output them")
 
 
@@ -275,10 +279,10 @@ def _check_hashed(component: dict, files: dict, where: str) -> None:
             raise ValueError(f"{where}.{key}: {rel!r} is not among the hashed files")
 
 
-def _check_ids(kind: str, model: dict, where: str) -> None:
+def _check_ids(kind: str, sizes: tuple[str, ...], model: dict, where: str) -> None:
     """Sizes >= 1; every id the runtime feeds or reads (eos, mask, the vocabulary) inside the rows
     of the exported head: else an index error inside the runtime, or a stop that never comes."""
-    for name in SIZES[kind]:
+    for name in sizes:
         if model[name] < 1:
             raise ValueError(f"{where}.{name} must be >= 1, got {model[name]}")
     rows = model.get("vocab_rows") or model.get("head_rows", model["vocab_size"] + (kind == "drafter"))

@@ -29,6 +29,7 @@ embedding and head inside; the axes read as the target's, over context rows inst
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -167,6 +168,20 @@ def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
     return GraphSpec("drafter", inputs, (TensorSpec("logits", ("batch", "seq_len", head_rows)),), id_range=head_rows)
 
 
+@dataclass(frozen=True)
+class DrafterGraph:
+    """The graph a drafter kind is exported as (specdiff.kinds, `graph`), as `specdiff export`, the
+    manifest check and every runtime agree on it; how it is written is exporters.drafters'."""
+
+    name: str  # what a drafter's manifest record names as its `kind` (none: "drafter")
+    spec: Callable[[dict], GraphSpec]  # its IO, from its manifest `model` record
+    record: dict[str, Any]  # that record's schema (artifacts' notation)
+    sizes: tuple[str, ...]  # the record's fields that are sizes (integers >= 1)
+    check: Callable[[dict, str], None] = lambda record, where: None  # ValueError: a record it cannot serve
+    target_axes: bool = False  # its axes are the target graph's (its context rows are the target's tokens)
+    features: str = ""  # what reads the target graph's `features` output, as messages name it ("": none)
+
+
 def graph_kind(kind: str, model: dict) -> str:
     """The graph a manifest component holds: "target", or the graph a drafter's kind declares
     (specdiff.kinds), which its record names as `kind` ("drafter", a denoiser, when it names none)."""
@@ -175,14 +190,13 @@ def graph_kind(kind: str, model: dict) -> str:
 
 def spec_from_model(kind: str, model: dict) -> GraphSpec:
     """The spec of a component from its manifest `model` record (see exporters.onnx)."""
-    kind = graph_kind(kind, model)
-    if kind == "target":
+    from .kinds import drafter_graph  # the kinds declare their graphs with this module's specs
+
+    graph = graph_kind(kind, model)
+    if graph == "target":
         return target_spec(model["layers"], model["kv_heads"], model["head_dim"], model["head_rows"],
                            model.get("features", 0))
-    if kind == "dflash":
-        return dflash_spec(model["layers"], model["kv_heads"], model["head_dim"], model["block_size"],
-                           model["features"], model["head_rows"])
-    return drafter_spec(model["head_rows"], model["time_conditioning"])
+    return drafter_graph(graph).spec(model)
 
 
 @dataclass(frozen=True)

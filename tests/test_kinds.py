@@ -1,31 +1,25 @@
-"""The kinds of drafter are declared once (specdiff.kinds) and everything else reads them: the
-tables that remain, each keyed by graph name (the exporters', the runtimes', the manifest format's,
-the contract's, export validation's), hold exactly the graphs the kinds declare, and every method
-needs a declared kind."""
+"""The kinds of drafter are declared once (specdiff.kinds) and everything else reads them: a
+kind's graph is its contract (graphs.DrafterGraph: spec, manifest record, sizes) plus one entry
+keyed by its name in each of the exporters' and the runtimes' tables, which hold exactly the
+graphs the kinds declare; every method needs a declared kind; bench reads its slot."""
+
+import json
+
+import pytest
 
 from specdiff import artifacts, graphs
-from specdiff.exporters.onnx import EXPORTERS
-from specdiff.exporters.validate import SWEEPS
-from specdiff.kinds import KINDS, get_kind
+from specdiff.errors import LoadError
+from specdiff.exporters.drafters import EXPORTERS
+from specdiff.kinds import KINDS, drafter_graph, drafter_graphs, get_kind
 from specdiff.methods import METHODS
 from specdiff.runtimes.models import GRAPHS
 from specdiff.tools.bench.config import NEEDS
 from specdiff.tools.bench.sweep import GRAPH_METHODS
 
 
-def declared_graphs() -> set[str]:
-    return {k.graph for k in KINDS if k.graph is not None}
-
-
 def test_exporters_and_runtimes_hold_one_entry_per_declared_graph():
-    assert set(EXPORTERS) == declared_graphs()
-    assert set(GRAPHS) - {"target"} == declared_graphs()
-
-
-def test_the_manifest_format_and_validation_know_every_declared_graph():
-    assert set(artifacts.MODEL) - {"target"} == declared_graphs()
-    assert set(artifacts.SIZES) - {"target"} == declared_graphs()
-    assert set(SWEEPS) - {"target"} == declared_graphs()
+    assert set(EXPORTERS) == set(drafter_graphs())
+    assert set(GRAPHS) - {"target"} == set(drafter_graphs())
 
 
 def test_a_kind_without_a_graph_says_why():
@@ -52,3 +46,15 @@ def test_a_drafter_record_names_its_graph():
     assert graphs.graph_kind("drafter", {}) == "drafter"  # a denoiser's record names no kind
     assert graphs.graph_kind("drafter", {"kind": "dflash"}) == "dflash"
     assert graphs.graph_kind("target", {"kind": "dflash"}) == "target"
+    assert drafter_graph("dflash").target_axes and not drafter_graph("drafter").target_axes
+
+
+def test_a_manifest_naming_an_unknown_graph_is_refused(tmp_path):
+    component = {"graph": None, "engine": None, "io": {"inputs": [], "outputs": []}, "model": {"kind": "eagle9"}}
+    manifest = {"format": artifacts.FORMAT, "format_version": artifacts.FORMAT_VERSION, "dtype": "fp32", "files": {},
+                "tokenizer": {"dir": "tokenizer", "vocab_size": 3, "vocab_sha256": "0"},
+                "components": {"drafter": component}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LoadError, match=r"components\.drafter\.model\.kind: unknown drafter graph 'eagle9' "
+                                        r"\(known: dflash, drafter\)"):
+        artifacts.read_manifest(tmp_path)

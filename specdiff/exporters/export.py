@@ -1,5 +1,5 @@
 """`specdiff export`: a target and/or a drafter -> a checked export directory. A drafter is written
-as the graph its kind declares (specdiff.kinds; onnx.EXPORTERS says how). A DFlash drafter is
+as the graph its kind declares (specdiff.kinds; drafters.EXPORTERS says how). A DFlash drafter is
 exported with its target only: the target's graph then also outputs the hidden states the drafter
 reads, and the drafter's graph holds the target's embedding and head.
 
@@ -34,9 +34,10 @@ from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
 
 from .manifest import source_record, tool_versions
-from .onnx import EXPORTERS, DrafterGraph, Graph, check_graph, export_graph, target_graph
+from .drafters import EXPORTERS, GraphExporter
+from .onnx import Graph, check_graph, export_graph, target_graph
 from .tensorrt import MAX_OPSET, build_engines
-from .validate import validate
+from .validate import Sweep, validate
 
 FORMATS = {"onnx": ("onnx",), "tensorrt": ("tensorrt",), "all": ("onnx", "tensorrt")}
 MIN_OPSET = 18  # the dynamo exporter's own opset
@@ -155,12 +156,12 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
     return t, d, tokenizer
 
 
-def _exporter(drafter: Drafter, name: str | None) -> DrafterGraph:
+def _exporter(drafter: Drafter, name: str | None) -> GraphExporter:
     """How the loaded drafter's graph is written: its kind's graph, or why its kind has none."""
     kind = kind_of(drafter)
     if kind is None or kind.graph is None:
         raise UsageError(f"'{name}' is {kind.no_graph if kind else 'not a drafter specdiff exports'}")
-    return EXPORTERS[kind.graph]
+    return EXPORTERS[kind.graph.name]
 
 
 def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str, opset: int, max_batch: int,
@@ -178,10 +179,12 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
         components["target"]["source"] = source_record(target, ("target",), registry)
     if d is not None:
         assert drafter is not None  # what d was loaded from
-        module, spec, record = _exporter(d, drafter).build(d, t)
+        exporter = _exporter(d, drafter)
+        module, spec, record = exporter.build(d, t)
         if d.draft_vocab is not None:
             d.draft_vocab.save(tmp)  # record["draft_vocab"], hashed with the graphs
-        components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset, d.mask_id)
+        components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset,
+                                           (d.mask_id, exporter.sweep))
         components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
     return {"dtype": dtype, "opset": opset, "limits": limits.to_json(), "tools": tool_versions(),
             "tokenizer": {"dir": TOKENIZER_DIR, "vocab_size": len(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)},
@@ -189,8 +192,9 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
 
 
 def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict, dtype: str, opset: int,
-               mask_id: int | None = None) -> dict:
-    """Export, check against the spec, validate against PyTorch; -> the manifest record."""
+               drafter: tuple[int, Sweep] | None = None) -> dict:
+    """Export, check against the spec, validate against PyTorch (a drafter graph: its mask id and
+    sweep); -> the manifest record."""
     path = tmp / f"{kind}.onnx"
     log(f"exporting the {kind} graph {path.name} ({dtype}, opset {opset})")
     start = time.perf_counter()
@@ -200,7 +204,7 @@ def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dic
     if problems:
         raise ExportValidationError(path.name, problems, len(spec.inputs) + len(spec.outputs))
     log(f"validating {path.name} against PyTorch")
-    validation = validate(module, spec, path, dtype, mask_id)
+    validation = validate(module, spec, path, dtype, *drafter) if drafter else validate(module, spec, path, dtype)
     size = sum(p.stat().st_size for p in tmp.glob(f"{kind}.onnx*"))
     verdict = "skipped: " + validation["skipped"] if validation["passed"] is None else \
         f"max |diff| {validation['max_abs_diff']} over {validation['checks']} checks"

@@ -15,15 +15,14 @@ import contextlib
 import io
 import logging
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Iterator, Union
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specdiff.drafters.dflash import KIND, DFlashDrafter, block_positions, hidden_state_indices
+from specdiff.drafters.dflash import KIND, DFlashDrafter, block_positions
 from specdiff.drafters.diffusion import DiffusionDrafter
 from specdiff.graphs import GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, target_spec
 from specdiff.hf_cache import returned_cache, with_cache
@@ -169,24 +168,6 @@ def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict]
         rows = record["head_rows"] = drafter.draft_vocab.size
         record.update(draft_vocab=VOCAB_FILE, vocab_rows=cfg.vocab_size)
     return Denoiser(drafter.eval()), drafter_spec(rows, cfg.time_conditioning), record
-
-
-@dataclass(frozen=True)
-class DrafterGraph:
-    """How `specdiff export` writes the graph a drafter kind declares (specdiff.kinds, `graph`)."""
-
-    build: Callable[[Any, Any], tuple[Graph, GraphSpec, dict]]  # (drafter, target or None) -> module, spec, record
-    features: Callable[[Any], tuple[int, ...]] = lambda drafter: ()  # the target hidden states it reads
-    alone: str = ""  # why it cannot be exported without its target ("": it can), of '{name}'
-    target_axes: bool = False  # its TensorRT profile's axes are the target graph's (cached rows)
-
-
-# graph name -> how it is written; tests/test_kinds.py holds the names equal to the kinds' graphs
-EXPORTERS = {
-    "drafter": DrafterGraph(lambda drafter, target: drafter_graph(drafter)),
-    "dflash": DrafterGraph(lambda drafter, target: dflash_graph(drafter, target.vocab_size), hidden_state_indices,
-                           alone="DFlash drafter '{name}' drafts from its target's hidden states", target_axes=True),
-}
 
 
 @contextlib.contextmanager

@@ -22,8 +22,7 @@ from specdiff.graphs import GraphSpec, Limits, graph_kind, spec_from_model
 from specdiff.artifacts import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.extras import install_hint
-
-from .onnx import EXPORTERS
+from specdiff.kinds import drafter_graph
 
 MAX_OPSET = 20
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -72,7 +71,7 @@ def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[
 def triples_for(kind: str, model: dict, limits: Limits) -> dict[str, dict[str, int]]:
     """A drafter graph that reads the target's cached rows (DFlash's context) has the target's axes."""
     graph = graph_kind(kind, model)
-    if graph == "target" or EXPORTERS[graph].target_axes:
+    if graph == "target" or drafter_graph(graph).target_axes:
         return limits.target_triples()
     return limits.drafter_triples(model["context_length"])
 

@@ -7,23 +7,25 @@
     autoregressive.py  any causal LM (spec-ar): what no other kind detects
 
 Loading (detect, load), pairing (check, tokens, bind), the method registry (Method.needs names a
-kind), `--compile`, `specdiff export` and the runtimes (the graph's name: each keeps one table
-keyed by it) and bench (the slot) read these declarations. A new kind is its net, its module
+kind), `--compile`, the manifest and `specdiff export` and the runtimes (the graph: its contract
+here, and one entry keyed by its name in exporters.drafters.EXPORTERS and runtimes.models.GRAPHS)
+and bench (the slot) read these declarations. A new kind is its net, its module
 here and one line of KINDS; a drafter given as an object is of the first kind that holds it.
 
-May import: sources, the drafters, nets and targets, vocab, hub, errors; not loading, the methods,
-generation or compiled (which read this).
+May import: sources, the drafters, nets and targets, vocab, hub, graphs, artifacts, errors; not
+loading, the methods, generation or compiled (which read this).
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..graphs import DrafterGraph
 from ..sources import Source
 from . import a2d, autoregressive, block, dflash, diffusion
 from .kind import Compiling, DrafterKind
 
 KINDS: tuple[DrafterKind, ...] = (block.KIND, dflash.KIND, a2d.KIND, diffusion.KIND, autoregressive.KIND)
-__all__ = ["KINDS", "Compiling", "DrafterKind", "detected", "get_kind", "kind_of"]
+__all__ = ["KINDS", "Compiling", "DrafterKind", "detected", "drafter_graph", "drafter_graphs", "get_kind", "kind_of"]
 
 
 def get_kind(name: str) -> DrafterKind:
@@ -45,3 +47,16 @@ def detected(source: Source) -> DrafterKind:
         return diffusion.KIND
     config = source.config()
     return next(k for k in KINDS if k.detect(config))
+
+
+def drafter_graphs() -> dict[str, DrafterGraph]:
+    """{graph name: its declaration} of every kind that is exported (the manifest's drafter graphs)."""
+    return {k.graph.name: k.graph for k in KINDS if k.graph is not None}
+
+
+def drafter_graph(name: str) -> DrafterGraph:
+    """The drafter graph of that name (a ValueError naming the known ones: a manifest's record)."""
+    graphs = drafter_graphs()
+    if name not in graphs:
+        raise ValueError(f"unknown drafter graph {name!r} (known: {', '.join(graphs)})")
+    return graphs[name]

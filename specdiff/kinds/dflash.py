@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..artifacts import Maybe
 from ..drafters.dflash import DFlashDrafter, is_dflash_drafter
 from ..errors import IncompatibleModelsError
+from ..graphs import DrafterGraph, dflash_spec
 from ..hub import fetch
 from ..nets.dflash import MASK_OVERRIDE, WEIGHTS, is_dflash
 from ..nets.dflash import load_dflash as read_dflash
@@ -40,7 +42,24 @@ def bind_dflash(target: Any, drafter: Any) -> None:
         drafter.bind_target(target_model(target, drafter))
 
 
+def check_block(model: dict, where: str) -> None:
+    """A block holds the anchor and at least one draft slot."""
+    if model["block_size"] < 2:
+        raise ValueError(f"{where}.block_size must be >= 2, got {model['block_size']}")
+
+
+# a step over the context K/V, with the target's embedding and head inside (graphs.dflash_spec)
+GRAPH = DrafterGraph(
+    "dflash", lambda model: dflash_spec(model["layers"], model["kv_heads"], model["head_dim"], model["block_size"],
+                                        model["features"], model["head_rows"]),
+    record={"kind": str, "name": str, "vocab_size": int, "mask_id": int, "block_size": int,
+            "target_layer_ids": [int], "head_rows": int, "layers": int, "kv_heads": int, "head_dim": int,
+            "features": int, "defaults": Maybe(dict),
+            # with a head of N rows (specdiff.vocab): its map's file, the rows of the embedding fed
+            "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},
+    sizes=("vocab_size", "block_size", "layers", "kv_heads", "head_dim", "features"), check=check_block,
+    target_axes=True, features="a DFlash drafter")
 KIND = DrafterKind(
     "dflash", "a DFlash drafter", detect=is_dflash, load=load_dflash, holds=is_dflash_drafter,
-    check=check_head_rows, bind=bind_dflash, graph="dflash",
+    check=check_head_rows, bind=bind_dflash, graph=GRAPH,
     not_a_target="a DFlash draft (config.json architectures DFlashDraftModel)")

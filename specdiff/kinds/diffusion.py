@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..artifacts import Maybe
 from ..drafters.diffusion import DiffusionDrafter, context_window
+from ..graphs import DrafterGraph, drafter_spec
 from ..hub import fetch
 from ..nets.dit import DDiT
 from ..nets.formats import Format, detect, get_format, load_checkpoint
@@ -102,7 +104,15 @@ def denoiser_seconds(drafter: Any) -> float:
     return denoiser.step.warmup_s if isinstance(denoiser, StaticDenoiser) else 0.0
 
 
+# a denoiser: input_ids [, sigma] -> logits (graphs.drafter_spec)
+GRAPH = DrafterGraph(
+    "drafter", lambda model: drafter_spec(model["head_rows"], model["time_conditioning"]),
+    record={"name": str, "vocab_size": int, "mask_id": int, "context_length": int, "parameterization": str,
+            "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
+            "defaults": Maybe(dict),  # the draft settings it was trained for (check_recorded)
+            "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},  # with a head of N rows (specdiff.vocab)
+    sizes=("vocab_size", "context_length"))
 KIND = DrafterKind(
     "diffusion", "a diffusion drafter", detect=lambda config: detect(config) is not None, load=load_diffusion,
     holds=is_diffusion, bind=bind_embeddings, compiling=Compiling(static_twin, warm_denoiser, denoiser_seconds),
-    graph="drafter")
+    graph=GRAPH)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import IncompatibleModelsError, UsageError
+from ..graphs import DrafterGraph
 from ..sources import Source
 
 
@@ -58,7 +59,7 @@ class DrafterKind:
     tokens: Callable[[Any], dict[str, int]] = token_ids  # drafter -> the {token: id} its target must share
     bind: Callable[[Any, Any], None] = nothing_to_bind  # (target, drafter): hand it what it reads of the target
     compiling: Compiling | None = None  # None: it drafts eagerly under `--compile`
-    graph: str | None = None  # the graph `specdiff export` writes of it (exporters', runtimes' tables)
+    graph: DrafterGraph | None = None  # what `specdiff export` writes of it (exporters', runtimes' tables: its name)
     no_graph: str = ""  # why it has none, when it has none
     not_a_target: str = ""  # what its config.json is, when named as a target (refused); "": loads as one
     slot: str = "drafter"  # the field of bench's Models it loads into
