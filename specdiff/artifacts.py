@@ -149,7 +149,7 @@ def vocab_sha256(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def write_manifest(root: Path, manifest: dict) -> None:
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     """Write manifest.json last, with the hash of every file already in root."""
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "files": file_hashes(root)}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -158,14 +158,14 @@ def write_manifest(root: Path, manifest: dict) -> None:
 @dataclass
 class Artifacts:
     root: Path
-    manifest: dict
+    manifest: dict[str, Any]
     tokenizer: object
 
-    def component(self, kind: str) -> dict | None:
+    def component(self, kind: str) -> dict[str, Any] | None:
         """The manifest record of "target" or "drafter", None when the export has none."""
         return self.manifest["components"].get(kind)
 
-    def record(self, kind: str) -> dict:
+    def record(self, kind: str) -> dict[str, Any]:
         """The manifest record of a component the export holds (KeyError if none: see `component`)."""
         return self.manifest["components"][kind]
 
@@ -184,7 +184,7 @@ def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
     return Artifacts(root, manifest, tokenizer)
 
 
-def read_manifest(root: Path) -> dict:
+def read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.is_file():
         what = "does not exist" if not root.exists() else f"has no {MANIFEST}"
@@ -211,7 +211,7 @@ def read_manifest(root: Path) -> dict:
     return manifest
 
 
-def _check_manifest(manifest: dict) -> None:
+def _check_manifest(manifest: dict[str, Any]) -> None:
     """ValueError naming the first field the runtimes would trip over (missing, mistyped)."""
     _check(manifest, SCHEMA, "")
     for rel, digest in manifest["files"].items():
@@ -237,7 +237,7 @@ def _check_manifest(manifest: dict) -> None:
     _check_features(manifest["components"])
 
 
-def _record(kind: str, model: dict) -> tuple[dict, tuple[str, ...]]:
+def _record(kind: str, model: dict[str, Any]) -> tuple[dict, tuple[str, ...]]:
     """(the schema of a component's `model` record, its fields that are sizes): a target's, or what
     the graph its drafter's record names declares (a ValueError naming the known graphs)."""
     from .graphs import graph_kind
@@ -252,7 +252,7 @@ def _record(kind: str, model: dict) -> tuple[dict, tuple[str, ...]]:
     return graph.record, graph.sizes
 
 
-def _check_features(components: dict) -> None:
+def _check_features(components: dict[str, Any]) -> None:
     """The drafter graph's own check of its record; one that reads the features the target's graph
     outputs (DFlash's): both are in the export, of the same layers and size."""
     from .graphs import graph_kind
@@ -272,14 +272,14 @@ def _check_features(components: dict) -> None:
                          f"({model['features']} features): the export's target graph does not output them")
 
 
-def _check_hashed(component: dict, files: dict, where: str) -> None:
+def _check_hashed(component: dict[str, Any], files: dict, where: str) -> None:
     """A graph or engine runs only if its file is among the hashed ones (else it runs unchecked)."""
     for key, rel in (("graph", component["graph"]), ("engine.file", (component["engine"] or {}).get("file"))):
         if rel is not None and rel not in files:
             raise ValueError(f"{where}.{key}: {rel!r} is not among the hashed files")
 
 
-def _check_ids(kind: str, sizes: tuple[str, ...], model: dict, where: str) -> None:
+def _check_ids(kind: str, sizes: tuple[str, ...], model: dict[str, Any], where: str) -> None:
     """Sizes >= 1; every id the runtime feeds or reads (eos, mask, the vocabulary) inside the rows
     of the exported head: else an index error inside the runtime, or a stop that never comes."""
     for name in sizes:
@@ -295,7 +295,7 @@ def _check_ids(kind: str, sizes: tuple[str, ...], model: dict, where: str) -> No
             raise ValueError(f"{where}.{name} {value} is outside the vocabulary (0 .. {below - 1})")
 
 
-def _check_io(kind: str, component: dict, dtype: str, where: str) -> None:
+def _check_io(kind: str, component: dict[str, Any], dtype: str, where: str) -> None:
     """The recorded IO signature is the one graphs.py derives from the model record: the names a
     runtime feeds and reads (KV caches of `layers` layers), their dims and dtypes."""
     from .graphs import spec_from_model
@@ -305,7 +305,7 @@ def _check_io(kind: str, component: dict, dtype: str, where: str) -> None:
         model = {**model, "head_rows": model["vocab_size"] + (kind == "drafter")}
         names = {side: [t["name"] for t in io] for side, io in spec_from_model(kind, model).to_json(dtype).items()}
         got = {side: [t["name"] for t in component["io"][side]] for side in names}
-        expected_io: dict = names
+        expected_io: dict[str, Any] = names
     else:
         expected_io, got = spec_from_model(kind, model).to_json(dtype), component["io"]
     for side in ("inputs", "outputs"):
@@ -356,7 +356,7 @@ def _types(schema: object) -> tuple[type, ...]:
     return schema if isinstance(schema, tuple) else (schema,)
 
 
-def _check_tokenizer(root: Path, manifest: dict) -> Any:
+def _check_tokenizer(root: Path, manifest: dict[str, Any]) -> Any:
     from specdiff.loading import load_tokenizer
 
     record = manifest["tokenizer"]
@@ -377,13 +377,13 @@ def _check_files(root: Path, expected: dict[str, str]) -> None:
                         "(corrupt or modified file; export again)")
 
 
-def write_engine(path: Path, plan: bytes, meta: dict) -> None:
+def write_engine(path: Path, plan: bytes, meta: dict[str, Any]) -> None:
     with open(path, "wb") as f:
         f.write(ENGINE_MAGIC + json.dumps(meta, sort_keys=True).encode("utf-8") + b"\n")
         f.write(plan)
 
 
-def read_engine(path: Path) -> tuple[dict, bytes]:
+def read_engine(path: Path) -> tuple[dict[str, Any], bytes]:
     """-> (header, plan bytes)."""
     with open(path, "rb") as f:
         if f.readline() != ENGINE_MAGIC:

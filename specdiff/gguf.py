@@ -186,7 +186,7 @@ def entry_damage(out: Path, digest: str) -> str | None:
     return None
 
 
-def _recorded(out: Path, digest: str) -> dict[str, dict] | str:
+def _recorded(out: Path, digest: str) -> dict[str, dict[str, Any]] | str:
     """The entry's record of its files, or what is wrong with it."""
     try:
         record = json.loads(read_small_text(out / RECORD))
@@ -203,7 +203,7 @@ def _recorded(out: Path, digest: str) -> dict[str, dict] | str:
     return files
 
 
-def _file_damage(path: Path, want: dict) -> str | None:
+def _file_damage(path: Path, want: dict[str, Any]) -> str | None:
     try:
         st = path.lstat()
         if not stat.S_ISREG(st.st_mode):

@@ -34,7 +34,7 @@ __all__ = ["DTYPES", "HUB_ID", "check_device", "check_pair", "is_block_checkpoin
            "load_drafter", "load_target", "load_tokenizer", "pair_models", "resolve", "resolve_dtype"]
 
 
-def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
+def load_target(name_or_path: str | os.PathLike[str], *, device: str = "cpu", dtype: str = "auto",
                 registry: Registry | None = None) -> CausalLMTarget | BlockDiffusionTarget:
     """A Hugging Face causal LM (models.yaml name, local directory or hub id) as a Target; an SDAR
     checkpoint (config.json model_type "sdar") as a BlockDiffusionTarget."""
@@ -52,13 +52,13 @@ def load_target(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: 
     return CausalLMTarget(model, tokenizer, source.name)
 
 
-def is_block_checkpoint(name_or_path: str | os.PathLike, kinds: tuple[str, ...], registry: Registry | None = None) -> bool:
+def is_block_checkpoint(name_or_path: str | os.PathLike[str], kinds: tuple[str, ...], registry: Registry | None = None) -> bool:
     """Whether a model (as load_target / load_drafter name it) is a block-diffusion (SDAR) checkpoint,
     from its config.json alone: for refusals made before the weights load."""
     return is_sdar(source_of(name_or_path, kinds, as_registry(registry)).config())
 
 
-def load_drafter(name_or_path: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
+def load_drafter(name_or_path: str | os.PathLike[str], *, device: str = "cpu", dtype: str = "auto",
                  registry: Registry | None = None) -> Drafter:
     """A drafter of the kind its files declare (specdiff.kinds): a DiffusionDrafter
     (forward(input_ids (B, L), sigma (B,)) -> raw logits (B, L, V_drafter)) for diffusion

@@ -131,7 +131,7 @@ class Metrics:
             setattr(out, name, [x + y for x, y in zip(a, b)])
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "new_tokens": self.new_tokens,
             "wall_s": round(self.wall_s, 6),

@@ -51,7 +51,7 @@ class Source:
         """The models.yaml `format:` naming a diffusion checkpoint format (None: detected)."""
         return self.entry.format if self.entry else None
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         """config.json (fetched alone for a hub id)."""
         return read_json(fetch(self.location, ("config.json",)) / "config.json")
 
@@ -82,7 +82,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         raise UsageError(f"unknown dtype '{dtype}' (choose from auto, {', '.join(DTYPES)})") from e
 
 
-def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
+def resolve(name: str | os.PathLike[str], kinds: tuple[str, ...], registry: Registry) -> tuple[str, ModelEntry | None]:
     """-> (local directory or hub id, registry entry if any)."""
     if not isinstance(name, (str, os.PathLike)):
         raise UsageError(f"`{kinds[0]}` must be a models.yaml name, a directory or a hub id (a string or a path), "
@@ -109,7 +109,7 @@ def resolve(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry)
     raise RegistryError(f"unknown model '{name}': not in models.yaml ({known}) and not a directory")
 
 
-def source_of(name: str | os.PathLike, kinds: tuple[str, ...], registry: Registry) -> Source:
+def source_of(name: str | os.PathLike[str], kinds: tuple[str, ...], registry: Registry) -> Source:
     """resolve(), as a Source."""
     return Source(*resolve(name, kinds, registry), registry)
 
@@ -146,7 +146,7 @@ def no_loading_bars() -> Iterator[None]:
         set_hook(previous)
 
 
-def check_loading_info(source: str, info: dict) -> None:
+def check_loading_info(source: str, info: dict[str, Any]) -> None:
     """Loading is strict: refuse weights that do not match config.json, which transformers would
     fill with random values (missing, mis-shaped) or skip (unexpected). Tied weights (lm_head to
     wte) and the architecture's known leftovers (GPT-2's attn.bias) are not reported by it."""
@@ -159,7 +159,7 @@ def check_loading_info(source: str, info: dict) -> None:
         raise LoadError(f"{source}: weights do not match config.json: {shown}")
 
 
-def _mismatch(entry: tuple) -> str:
+def _mismatch(entry: tuple[Any, ...]) -> str:
     """transformers reports a mis-shaped tensor as (key, checkpoint shape, model shape)."""
     key, found, expected = entry
     return f"shape of {key}: expected {tuple(expected)}, found {tuple(found)}"

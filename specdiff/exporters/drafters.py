@@ -18,7 +18,7 @@ class GraphExporter:
     """A drafter graph's module, spec and manifest record, the target hidden states it reads (the
     target's graph outputs them), whether it needs its target to be exported, and its validation."""
 
-    build: Callable[[Any, Any], tuple[Graph, GraphSpec, dict]]  # (drafter, target or None) -> module, spec, record
+    build: Callable[[Any, Any], tuple[Graph, GraphSpec, dict[str, Any]]]  # (drafter, target or None) -> module, spec, record
     sweep: Sweep  # what validation runs it on (exporters.validate)
     features: Callable[[Any], tuple[int, ...]] = lambda drafter: ()  # HF hidden_states indices it reads
     alone: str = ""  # why it cannot be exported without its target, of '{name}' ("": it can)

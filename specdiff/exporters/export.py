@@ -165,7 +165,7 @@ def _exporter(drafter: Drafter, name: str | None) -> GraphExporter:
 
 
 def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str, opset: int, max_batch: int,
-                 max_seq: int | None, device: str, registry: Registry) -> dict:
+                 max_seq: int | None, device: str, registry: Registry) -> dict[str, Any]:
     t, d, tokenizer = _load(target, drafter, device, dtype, registry)
     tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
     context = t.max_length if t is not None else DRAFTER_ONLY_CONTEXT
@@ -191,8 +191,8 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
             "components": components}
 
 
-def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict, dtype: str, opset: int,
-               drafter: tuple[int, Sweep] | None = None) -> dict:
+def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict[str, Any], dtype: str, opset: int,
+               drafter: tuple[int, Sweep] | None = None) -> dict[str, Any]:
     """Export, check against the spec, validate against PyTorch (a drafter graph: its mask id and
     sweep); -> the manifest record."""
     path = tmp / f"{kind}.onnx"
@@ -213,7 +213,7 @@ def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dic
             "export_s": round(took, 2), "bytes": size, "validation": validation}
 
 
-def _drop_graphs(tmp: Path, manifest: dict) -> None:
+def _drop_graphs(tmp: Path, manifest: dict[str, Any]) -> None:
     """--format tensorrt keeps the engines only."""
     for kind, component in manifest["components"].items():
         for path in tmp.glob(f"{kind}.onnx*"):

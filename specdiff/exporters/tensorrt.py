@@ -62,13 +62,13 @@ def network_settings(trt: Any, onnx_dtype: str, engine_dtype: str) -> tuple[int,
     return 0, [getattr(trt.BuilderFlag, BUILDER_FLAGS[engine_dtype])]
 
 
-def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[str, tuple]:
+def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[str, tuple[Any, ...]]:
     """{input name: (min shape, opt shape, max shape)} from the min / opt / max axis sizes."""
     shapes = {level: spec.shapes(triples[level]) for level in ("min", "opt", "max")}
     return {name: (shapes["min"][name], shapes["opt"][name], shapes["max"][name]) for name in spec.input_names}
 
 
-def triples_for(kind: str, model: dict, limits: Limits) -> dict[str, dict[str, int]]:
+def triples_for(kind: str, model: dict[str, Any], limits: Limits) -> dict[str, dict[str, int]]:
     """A drafter graph that reads the target's cached rows (DFlash's context) has the target's axes."""
     graph = graph_kind(kind, model)
     if graph == "target" or drafter_graph(graph).target_axes:
@@ -100,7 +100,7 @@ def build_engine(trt: Any, onnx_path: Path, spec: GraphSpec, triples: dict[str, 
     return bytes(plan)
 
 
-def build_engines(root: Path, manifest: dict, trt: Any, gpu: str) -> None:
+def build_engines(root: Path, manifest: dict[str, Any], trt: Any, gpu: str) -> None:
     """An engine beside each component's ONNX graph; records it in the manifest."""
     dtype, limits = manifest["dtype"], Limits(**manifest["limits"])
     for kind, component in manifest["components"].items():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -78,7 +78,7 @@ class Comparison:
             self.problems.append(f"{where}: {name} {int(bad.sum())}/{diff.numel()} values off, "
                                  f"max |diff| {worst:.3g}")
 
-    def summary(self, runtime: str, cases: Sequence[Case]) -> dict:
+    def summary(self, runtime: str, cases: Sequence[Case]) -> dict[str, Any]:
         return {"runtime": runtime, "cases": [c.name for c in cases], "checks": self.checks,
                 "tolerance": {"atol": self.atol, "rtol": self.rtol, "atol_times": "max(1, max |torch|)"},
                 "max_abs_diff": {k: float(f"{v:.3g}") for k, v in self.max_diff.items()},
@@ -169,7 +169,7 @@ def _open(path: Path, device: torch.device) -> OrtRuntime:
 
 @torch.no_grad()
 def validate(module: Graph, spec: GraphSpec, path: Path, dtype: str, mask_id: int | None = None,
-             sweep: Sweep = TARGET) -> dict:
+             sweep: Sweep = TARGET) -> dict[str, Any]:
     """Run the sweep (a drafter graph's with its mask id); -> summary for the manifest. Raises ExportValidationError
     listing every mismatch. bf16 graphs are skipped (summary says why) where onnxruntime cannot
     run them (its CPU provider has no bf16 kernels)."""

@@ -42,7 +42,7 @@ def bind_dflash(target: Any, drafter: Any) -> None:
         drafter.bind_target(target_model(target, drafter))
 
 
-def check_block(model: dict, where: str) -> None:
+def check_block(model: dict[str, Any], where: str) -> None:
     """A block holds the anchor and at least one draft slot."""
     if model["block_size"] < 2:
         raise ValueError(f"{where}.block_size must be >= 2, got {model['block_size']}")

@@ -52,7 +52,7 @@ class DrafterKind:
 
     name: str  # what Method.needs names
     what: str  # how messages name it ("a DFlash drafter")
-    detect: Callable[[dict], bool]  # config.json -> whether a checkpoint is of this kind
+    detect: Callable[[dict[str, Any]], bool]  # config.json -> whether a checkpoint is of this kind
     load: Callable[[Source, str, str], Any]  # (source, device, dtype) -> the loaded drafter
     holds: Callable[[object], bool]  # whether a loaded drafter (torch, or over an exported graph) is of it
     check: Callable[[Any, Any], None] = same_vocabulary  # (target, drafter): its vocabulary fits the target's

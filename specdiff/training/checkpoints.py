@@ -59,7 +59,7 @@ class TrainState:
     step: int = 0
     tokens: int = 0
     train_s: float = 0.0
-    history: list = field(default_factory=list)  # [step, val loss]
+    history: list[Any] = field(default_factory=list)  # [step, val loss]
     rng: torch.Tensor | None = None  # state of the batch generator: the data position
 
 
@@ -116,7 +116,7 @@ def _set_aside(path: Path) -> Path:
     return path.replace(aside)
 
 
-def read_state(path: Path) -> tuple[dict, TrainState]:
+def read_state(path: Path) -> tuple[dict[str, Any], TrainState]:
     """A checkpoint's state.pt -> (optimizer state, TrainState); a LoadError if it cannot be read."""
     try:
         saved = torch.load(path / "state.pt", weights_only=True)
@@ -138,7 +138,7 @@ def save_checkpoint(root: Path, task: Task, opt: torch.optim.Optimizer, state: T
         shutil.rmtree(old)
 
 
-def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict, TrainState]:
+def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict[str, Any], TrainState]:
     """A diffusion drafter's checkpoint (not yet paired with `target`); a LoadError if it cannot be read."""
     backbone, fields = load_own(path, read_json(path / "config.json"))
     drafter = DiffusionDrafter(backbone, tokenizer=target.tokenizer, source=str(path), **fields)

@@ -35,7 +35,7 @@ class Models:
     target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
     drafter: DiffusionDrafter | DFlashDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
-    graphs: dict[str, dict] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
+    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
 
     def drafter_module(self, method: str) -> nn.Module | BlockDiffusionTarget | None:
         """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
@@ -51,7 +51,7 @@ class Models:
         drafter = self.graphs[v.runtime].get(slot) if v.on_graphs else getattr(self, slot)
         return getattr(drafter, "draft_vocab", None)
 
-    def names(self) -> dict:
+    def names(self) -> dict[str, Any]:
         return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
                 "ar_drafter": getattr(self.ar_drafter, "source", None)}
 
@@ -118,7 +118,7 @@ def default_prompts(pair: str | None, target: Any, registry: Registry | None = N
 
 def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = None, ar_drafter: Any = None,
                 methods: Sequence[str] = (), device: str = "cpu", dtype: str = "auto",
-                registry: Registry | None = None) -> tuple[Models, dict]:
+                registry: Registry | None = None) -> tuple[Models, dict[str, Any]]:
     """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
     `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
     pair's `ar_drafter:` is loaded."""
