@@ -237,7 +237,7 @@ def _check_manifest(manifest: dict[str, Any]) -> None:
     _check_features(manifest["components"])
 
 
-def _record(kind: str, model: dict[str, Any]) -> tuple[dict, tuple[str, ...]]:
+def _record(kind: str, model: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(the schema of a component's `model` record, its fields that are sizes): a target's, or what
     the graph its drafter's record names declares (a ValueError naming the known graphs)."""
     from .graphs import graph_kind
@@ -272,7 +272,7 @@ def _check_features(components: dict[str, Any]) -> None:
                          f"({model['features']} features): the export's target graph does not output them")
 
 
-def _check_hashed(component: dict[str, Any], files: dict, where: str) -> None:
+def _check_hashed(component: dict[str, Any], files: dict[str, Any], where: str) -> None:
     """A graph or engine runs only if its file is among the hashed ones (else it runs unchecked)."""
     for key, rel in (("graph", component["graph"]), ("engine.file", (component["engine"] or {}).get("file"))):
         if rel is not None and rel not in files:

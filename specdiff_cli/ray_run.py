@@ -159,7 +159,7 @@ def _merge_pairs(chunks: list[Chunk]) -> list[Chunk]:
     return merged + chunks[len(merged) * 2:]
 
 
-def read_chunk(chunk: dict[str, Any], path: str, fmt: str) -> list[dict]:
+def read_chunk(chunk: dict[str, Any], path: str, fmt: str) -> list[dict[str, Any]]:
     """A Chunk's prompts (checked by index_file) as rows {"index", "prompt", "line"}; runs in Ray."""
     with open(path, "rb") as f:
         f.seek(chunk["start"])

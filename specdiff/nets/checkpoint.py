@@ -115,7 +115,7 @@ def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, 
         tokenizer.save_pretrained(str(directory))
 
 
-def load_own(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict]:
+def load_own(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str, Any]]:
     """-> (backbone with weights, drafting fields of the config, its recorded `defaults` included:
     {} when it has none, `untrained`: False unless `drafter init` wrote it, and `target_embeddings`:
     whether rows 0..V-1 of its embedding and head, zero here, are to be read from its target)."""
@@ -138,7 +138,7 @@ def load_own(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict]:
     return backbone, fields
 
 
-def _with_shared_rows(backbone: DDiT, state: dict[str, Any], vocab_size: int) -> dict:
+def _with_shared_rows(backbone: DDiT, state: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     """The stored rows V.. of each shared matrix under its own name, rows 0..V-1 zero (the
     target's, filled in when the drafter is paired); a missing or misshapen `_rest` is left for
     load_state_strict to report."""

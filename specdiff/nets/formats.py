@@ -55,7 +55,7 @@ class Format:
     name: str
     weights: str  # the weights file inside the directory
     detect: Callable[[dict[str, Any]], bool]
-    read: Callable[[Path, dict[str, Any]], tuple[DDiT, dict]]  # directory, config -> backbone, drafter fields
+    read: Callable[[Path, dict[str, Any]], tuple[DDiT, dict[str, Any]]]  # directory, config -> backbone, drafter fields
 
 
 def _fields(config: dict[str, Any], spec: dict[str, type], where: Path) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def _is_sedd(config: dict[str, Any]) -> bool:
     return isinstance(config.get("model"), dict) and isinstance(config.get("graph"), dict)
 
 
-def _read_sedd(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict]:
+def _read_sedd(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str, Any]]:
     where = directory / "config.json"
     f = _fields(config, SEDD_FIELDS, where)
     for key, wanted in (("graph.type", "absorb"), ("noise.type", "loglinear"), ("model.scale_by_sigma", True)):
@@ -123,7 +123,7 @@ def _is_mdlm(config: dict[str, Any]) -> bool:
     return config.get("model_type") == "mdlm"
 
 
-def _read_mdlm(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict]:
+def _read_mdlm(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str, Any]]:
     where = directory / "config.json"
     f = _fields(config, MDLM_FIELDS, where)
     backbone = _backbone(where, vocab_size=f["vocab_size"], hidden_size=f["hidden_dim"], n_heads=f["n_heads"],
