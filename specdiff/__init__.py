@@ -15,8 +15,10 @@ Rooms (each package's docstring says what lives there and what it may import):
     adaptive.py   gamma auto: each step's draft length from past acceptance and measured costs
     vocab.py      draft vocabularies: a drafter head's N target ids, widened to q over all V
     targets/ drafters/ nets/   the models: target kinds, proposers, networks and formats
-    loading.py registry.py gguf.py hub.py hf_cache.py requests.py   models and requests in:
-                  models.yaml, hub and GGUF sources, checks made before anything loads
+    kinds/        the kinds of drafter, one declaration each (detected, loaded, paired, compiled,
+                  exported, benched): what loading, the methods, export and bench read
+    loading.py sources.py registry.py gguf.py hub.py hf_cache.py requests.py   models and requests
+                  in: models.yaml, hub and GGUF sources, checks made before anything loads
     graphs.py artifacts.py     the export contract shared with exporters/ and runtimes/
     exporters/ runtimes/   `specdiff export` (ONNX, TensorRT) and what runs its graphs (ONNX
                   Runtime, TensorRT) behind contracts.Runtime

@@ -38,16 +38,16 @@ May import: torch, contracts and decoding's Row for types only (decoding imports
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from functools import partial
 from operator import add
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from .metrics import Costs
+
 if TYPE_CHECKING:
-    from .contracts import Target
-    from .decoding import Row
+    from .contracts import Row, Target
 
 STRENGTH = 16.0  # pseudo-observations of the run's pooled acceptance in each row's estimate: a row's
 # first rejections do not turn it plain (it would then learn nothing more of its own until a probe)
@@ -55,38 +55,6 @@ PROBE = 16  # plain steps in a row before a probe of one draft token (doubled af
 REPEATS = 3  # timed calls per cost cell, in rounds; the fastest counts (the least disturbed by other processes)
 PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
 ROWS = 8  # the most rows a cost is timed at; more are extrapolated (batch 512: 1/64 of the timing)
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Seconds of one verify call and one draft call, measured at `rows` = (1, R_t) rows, linear
-    in the rows (extrapolated past R_t): verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row,
-    draft[i][g - 1] for g = 1..gamma_max draft tokens per row."""
-
-    rows: tuple[int, ...]
-    verify: tuple[tuple[float, ...], ...]
-    draft: tuple[tuple[float, ...], ...]
-    measured_s: float = 0.0  # what measuring them took
-
-    @property
-    def gamma_max(self) -> int:
-        return len(self.draft[0])
-
-    def step(self, rows: int, G: int) -> float:
-        """c_v(rows, G + 1) + c_d(rows, G): a step of `rows` rows drafting G tokens each."""
-        return self._at(self.verify, rows, G) + (self._at(self.draft, rows, G - 1) if G else 0.0)
-
-    def _at(self, table: tuple[tuple[float, ...], ...], rows: int, i: int) -> float:
-        if len(self.rows) == 1 or rows <= self.rows[0]:
-            return table[0][i]
-        f = (rows - self.rows[0]) / (self.rows[-1] - self.rows[0])
-        return table[0][i] + f * (table[-1][i] - table[0][i])
-
-    def to_dict(self) -> dict[str, Any]:
-        """As metrics report it: seconds per call by rows, widths w = 1..gamma_max + 1 (verify)
-        and draft lengths g = 1..gamma_max (draft)."""
-        return {"rows": list(self.rows), "verify_s": [[round(c, 6) for c in r] for r in self.verify],
-                "draft_s": [[round(c, 6) for c in r] for r in self.draft], "measured_s": round(self.measured_s, 3)}
 
 
 class Controller:

@@ -14,11 +14,10 @@ A TensorRT engine file is a specdiff header and the serialized plan:
 
 Refused, each with one line: a missing or foreign manifest, a listed file that is missing or whose
 sha256 differs (corrupt or modified), a tokenizer whose vocabulary is not the exported one, and
-manifest values the graphs contradict (the manifest itself is not hashed): an unknown dtype, a
-graph or engine outside the hashed files, ids outside the vocabulary, and an IO signature that
-is not the one graphs.py derives from the component's model record (names, dims, dtypes), which
-each runtime then checks against the graph it opens. Graphs that stand in for a named model
-(bench times them beside it) are refused unless exported from that model: check_exported_from.
+manifest values the graphs contradict (the manifest itself is not hashed): an unknown dtype or graph,
+a graph or engine outside the hashed files, ids outside the vocabulary, and an IO signature not the
+one graphs.py derives from the component's model record (names, dims, dtypes), which each runtime
+checks against the graph it opens; graphs not exported from the model they stand in for (bench).
 """
 
 from __future__ import annotations
@@ -31,14 +30,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import IncompatibleModelsError, LoadError, UsageError
-from .reading import read_small_text
+from .reading import read_small_text, sha256_file
 from .requests import check_recorded
 
 FORMAT = "specdiff-export"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
-CHUNK = 1 << 20
 ENGINE_MAGIC = b"specdiff-tensorrt-engine\n"
 NULL = type(None)
 JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer",
@@ -63,32 +61,12 @@ SCHEMA = {
 }
 COMPONENT = {"graph": (str, NULL), "engine": (dict, NULL),
              "io": {"inputs": [{"name": str}], "outputs": [{"name": str}]}}
-MODEL = {
-    "target": {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL),
-               "layers": int, "kv_heads": int, "head_dim": int, "head_rows": Maybe(int),
-               "feature_layers": Maybe([int]), "features": Maybe(int)},  # beside a DFlash drafter
-    "drafter": {"name": str, "vocab_size": int, "mask_id": int, "context_length": int,
-                "parameterization": str, "time_conditioning": bool, "head_rows": Maybe(int), "untrained": Maybe(bool),
-                "defaults": Maybe(dict),  # the draft settings it was trained for (check_recorded)
-                "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},  # as a DFlash drafter's, below
-    "dflash": {"kind": str, "name": str, "vocab_size": int, "mask_id": int, "block_size": int,
-               "target_layer_ids": [int], "head_rows": int, "layers": int, "kv_heads": int, "head_dim": int,
-               "features": int, "defaults": Maybe(dict),  # a DFlash drafter (graphs.dflash_spec)
-               # with a head of N rows (specdiff.vocab): its map's file, the rows of the embedding fed
-               "draft_vocab": Maybe(str), "vocab_rows": Maybe(int)},
-}
+TARGET = {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL), "layers": int,
+          "kv_heads": int, "head_dim": int, "head_rows": Maybe(int),
+          "feature_layers": Maybe([int]), "features": Maybe(int)}  # beside a drafter that reads them
+# a drafter's `model` record: the schema its kind's graph declares (specdiff.kinds, graphs.DrafterGraph)
 DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)
-SIZES = {"target": ("vocab_size", "max_length", "layers", "kv_heads", "head_dim"),
-         "drafter": ("vocab_size", "context_length"),
-         "dflash": ("vocab_size", "block_size", "layers", "kv_heads", "head_dim", "features")}  # integers >= 1
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+TARGET_SIZES = ("vocab_size", "max_length", "layers", "kv_heads", "head_dim")  # integers >= 1
 
 
 def file_hashes(root: Path) -> dict[str, str]:
@@ -134,7 +112,7 @@ def model_directory(source: str) -> Path | None:
 def identity_of(name: str, kinds: tuple[str, ...], registry: Any = None) -> tuple[str, str]:
     """(source, identity) of a model named as load_target / load_drafter name it (a models.yaml
     name, a directory, a hub id), hashing its config and weights only."""
-    from .loading import resolve
+    from .sources import resolve
     from .registry import as_registry
 
     source, _ = resolve(name, kinds, as_registry(registry))
@@ -171,7 +149,7 @@ def vocab_sha256(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def write_manifest(root: Path, manifest: dict) -> None:
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     """Write manifest.json last, with the hash of every file already in root."""
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "files": file_hashes(root)}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -180,14 +158,14 @@ def write_manifest(root: Path, manifest: dict) -> None:
 @dataclass
 class Artifacts:
     root: Path
-    manifest: dict
+    manifest: dict[str, Any]
     tokenizer: object
 
-    def component(self, kind: str) -> dict | None:
+    def component(self, kind: str) -> dict[str, Any] | None:
         """The manifest record of "target" or "drafter", None when the export has none."""
         return self.manifest["components"].get(kind)
 
-    def record(self, kind: str) -> dict:
+    def record(self, kind: str) -> dict[str, Any]:
         """The manifest record of a component the export holds (KeyError if none: see `component`)."""
         return self.manifest["components"][kind]
 
@@ -206,7 +184,7 @@ def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
     return Artifacts(root, manifest, tokenizer)
 
 
-def read_manifest(root: Path) -> dict:
+def read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     if not path.is_file():
         what = "does not exist" if not root.exists() else f"has no {MANIFEST}"
@@ -233,7 +211,7 @@ def read_manifest(root: Path) -> dict:
     return manifest
 
 
-def _check_manifest(manifest: dict) -> None:
+def _check_manifest(manifest: dict[str, Any]) -> None:
     """ValueError naming the first field the runtimes would trip over (missing, mistyped)."""
     _check(manifest, SCHEMA, "")
     for rel, digest in manifest["files"].items():
@@ -243,51 +221,68 @@ def _check_manifest(manifest: dict) -> None:
             raise ValueError(f"files: {rel!r} is not a path inside the export directory")
     if manifest["dtype"] not in DTYPES:
         raise ValueError(f"dtype: unknown dtype {manifest['dtype']!r} (known: {', '.join(DTYPES)})")
-    from .graphs import graph_kind
-
     for kind, component in manifest["components"].items():
         if kind not in ("target", "drafter"):
             raise ValueError(f"components: unknown component {kind!r} (known: target, drafter)")
         _check(component, dict, f"components.{kind}")
-        graph = graph_kind(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
-        _check(component, {**COMPONENT, "model": MODEL[graph]}, f"components.{kind}")
+        record, sizes = _record(kind, component.get("model") if isinstance(component.get("model"), dict) else {})
+        _check(component, {**COMPONENT, "model": record}, f"components.{kind}")
         if "defaults" in component["model"]:
             _recorded(component["model"]["defaults"], f"components.{kind}.model")
         if component["engine"] is not None:
             _check(component["engine"], {"file": str}, f"components.{kind}.engine")
         _check_hashed(component, manifest["files"], f"components.{kind}")
-        _check_ids(graph, component["model"], f"components.{kind}.model")
+        _check_ids(kind, sizes, component["model"], f"components.{kind}.model")
         _check_io(kind, component, manifest["dtype"], f"components.{kind}.io")
     _check_features(manifest["components"])
 
 
-def _check_features(components: dict) -> None:
-    """A DFlash drafter's graph reads the features the target's graph outputs: both are in the
-    export, of the same layers and size."""
+def _record(kind: str, model: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(the schema of a component's `model` record, its fields that are sizes): a target's, or what
+    the graph its drafter's record names declares (a ValueError naming the known graphs)."""
+    from .graphs import graph_kind
+    from .kinds import drafter_graph
+
+    if kind == "target":
+        return TARGET, TARGET_SIZES
+    try:
+        graph = drafter_graph(graph_kind(kind, model))
+    except ValueError as e:
+        raise ValueError(f"components.{kind}.model.kind: {e}") from e
+    return graph.record, graph.sizes
+
+
+def _check_features(components: dict[str, Any]) -> None:
+    """The drafter graph's own check of its record; one that reads the features the target's graph
+    outputs (DFlash's): both are in the export, of the same layers and size."""
+    from .graphs import graph_kind
+    from .kinds import drafter_graph
+
     drafter, target = components.get("drafter"), components.get("target")
-    if drafter is None or drafter["model"].get("kind") != "dflash":
+    if drafter is None:
         return
-    model = drafter["model"]
-    if model["block_size"] < 2:
-        raise ValueError(f"components.drafter.model.block_size must be >= 2, got {model['block_size']}")
+    model, graph = drafter["model"], drafter_graph(graph_kind("drafter", drafter["model"]))
+    graph.check(model, "components.drafter.model")
+    if not graph.features:
+        return
     layers = [i + 1 for i in model["target_layer_ids"]]
     if target is None or target["model"].get("feature_layers") != layers or \
             target["model"].get("features") != model["features"]:
-        raise ValueError(f"components.target.model: a DFlash drafter reads the target's hidden states {layers} "
+        raise ValueError(f"components.target.model: {graph.features} reads the target's hidden states {layers} "
                          f"({model['features']} features): the export's target graph does not output them")
 
 
-def _check_hashed(component: dict, files: dict, where: str) -> None:
+def _check_hashed(component: dict[str, Any], files: dict[str, Any], where: str) -> None:
     """A graph or engine runs only if its file is among the hashed ones (else it runs unchecked)."""
     for key, rel in (("graph", component["graph"]), ("engine.file", (component["engine"] or {}).get("file"))):
         if rel is not None and rel not in files:
             raise ValueError(f"{where}.{key}: {rel!r} is not among the hashed files")
 
 
-def _check_ids(kind: str, model: dict, where: str) -> None:
+def _check_ids(kind: str, sizes: tuple[str, ...], model: dict[str, Any], where: str) -> None:
     """Sizes >= 1; every id the runtime feeds or reads (eos, mask, the vocabulary) inside the rows
     of the exported head: else an index error inside the runtime, or a stop that never comes."""
-    for name in SIZES[kind]:
+    for name in sizes:
         if model[name] < 1:
             raise ValueError(f"{where}.{name} must be >= 1, got {model[name]}")
     rows = model.get("vocab_rows") or model.get("head_rows", model["vocab_size"] + (kind == "drafter"))
@@ -300,7 +295,7 @@ def _check_ids(kind: str, model: dict, where: str) -> None:
             raise ValueError(f"{where}.{name} {value} is outside the vocabulary (0 .. {below - 1})")
 
 
-def _check_io(kind: str, component: dict, dtype: str, where: str) -> None:
+def _check_io(kind: str, component: dict[str, Any], dtype: str, where: str) -> None:
     """The recorded IO signature is the one graphs.py derives from the model record: the names a
     runtime feeds and reads (KV caches of `layers` layers), their dims and dtypes."""
     from .graphs import spec_from_model
@@ -310,7 +305,7 @@ def _check_io(kind: str, component: dict, dtype: str, where: str) -> None:
         model = {**model, "head_rows": model["vocab_size"] + (kind == "drafter")}
         names = {side: [t["name"] for t in io] for side, io in spec_from_model(kind, model).to_json(dtype).items()}
         got = {side: [t["name"] for t in component["io"][side]] for side in names}
-        expected_io: dict = names
+        expected_io: dict[str, Any] = names
     else:
         expected_io, got = spec_from_model(kind, model).to_json(dtype), component["io"]
     for side in ("inputs", "outputs"):
@@ -361,7 +356,7 @@ def _types(schema: object) -> tuple[type, ...]:
     return schema if isinstance(schema, tuple) else (schema,)
 
 
-def _check_tokenizer(root: Path, manifest: dict) -> Any:
+def _check_tokenizer(root: Path, manifest: dict[str, Any]) -> Any:
     from specdiff.loading import load_tokenizer
 
     record = manifest["tokenizer"]
@@ -382,13 +377,13 @@ def _check_files(root: Path, expected: dict[str, str]) -> None:
                         "(corrupt or modified file; export again)")
 
 
-def write_engine(path: Path, plan: bytes, meta: dict) -> None:
+def write_engine(path: Path, plan: bytes, meta: dict[str, Any]) -> None:
     with open(path, "wb") as f:
         f.write(ENGINE_MAGIC + json.dumps(meta, sort_keys=True).encode("utf-8") + b"\n")
         f.write(plan)
 
 
-def read_engine(path: Path) -> tuple[dict, bytes]:
+def read_engine(path: Path) -> tuple[dict[str, Any], bytes]:
     """-> (header, plan bytes)."""
     with open(path, "rb") as f:
         if f.readline() != ENGINE_MAGIC:

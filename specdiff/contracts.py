@@ -6,10 +6,15 @@
               specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
               candidates, those of specdiff.selection (greedy, select, multi)
+    Drafter   what every kind of drafter offers (specdiff.kinds): drafters.diffusion.DiffusionDrafter,
+              drafters.a2d.A2DDrafter, drafters.autoregressive.ARDrafter, drafters.dflash.DFlashDrafter,
+              targets.block.BlockDiffusionTarget (simsd-exact's), runtimes.models' GraphDrafter and
+              GraphDFlashDrafter
     Runtime   specdiff.runtimes: onnxruntime.OrtRuntime, tensorrt.TrtRuntime
     BlockTarget  a block-diffusion LM: specdiff.targets.block.BlockDiffusionTarget
     Decoder   what a method prepares for one run (methods.Method.prepare): methods.plain,
               methods.speculative, methods.dflash, methods.blocks
+    Row       one sequence being decoded, which every decoding loop and decoder reads
 
 Exactness is a property a proposer *declares* (`exact_rules`) and `generation.plan` enforces:
 a rule outside the declaration is refused when sampling (docs/lossless.md). At temperature 0
@@ -19,14 +24,59 @@ every rule reduces to the greedy check and is exact with any proposer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import torch
 
+from .metrics import Metrics
 from .sampling import Generators, Sampling
+from .vocab import DraftVocab
 
-if TYPE_CHECKING:
-    from .decoding import Row
+
+class Row:
+    """One sequence being decoded: its tokens, stop conditions (EOS, max_new_tokens, context
+    window, and `stop`: a test of the new tokens such as text.StopStrings), its own generator
+    and its metrics. `index`: the prompt's place in the input."""
+
+    def __init__(self, prompt: list[int], max_new_tokens: int, max_length: int, eos: int | None,
+                 device: torch.device, generator: torch.Generator | None = None,
+                 stop: Callable[[list[int]], bool] | None = None, index: int = 0):
+        self.index = index  # the prompt's place in the whole input
+        self.ids = list(prompt)
+        self.n_prompt = len(prompt)
+        self.limit = min(self.n_prompt + max_new_tokens, max_length)
+        self.max_length = max_length
+        self.eos = eos
+        self.device = device
+        self.generator = generator
+        self.stop = stop
+        self.stop_reason = ""
+        self.metrics = Metrics(prompts=1)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.ids[self.n_prompt:]
+
+    def room(self) -> int:
+        """Tokens that may still be appended (>= 1 while decoding goes on)."""
+        return self.limit - len(self.ids)
+
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor([self.ids], device=self.device)  # (1, L)
+
+    def push(self, tokens: list[int]) -> list[int]:
+        """Append tokens up to the first stop condition; -> the tokens appended."""
+        for i, t in enumerate(tokens):
+            self.ids.append(t)
+            if t == self.eos:
+                self.stop_reason = "eos"
+            elif self.stop is not None and self.stop(self.new_tokens):
+                self.stop_reason = "stop"
+            elif len(self.ids) >= self.limit:
+                self.stop_reason = "length" if self.limit < self.max_length else "context"
+            if self.stop_reason:
+                return tokens[:i + 1]
+        return list(tokens)
 
 
 @dataclass
@@ -128,6 +178,18 @@ class Rule(Protocol):
 
     def __call__(self, draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class Drafter(Protocol):
+    """A loaded drafter, whatever its kind (specdiff.kinds tells the kinds apart and declares the
+    rest): the tokenizer it ships (None: none; its target's serves) and its draft vocabulary (the
+    target ids its head proposes; None: every id)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def draft_vocab(self) -> DraftVocab | None: ...
 
 
 class Runtime(Protocol):

@@ -37,56 +37,10 @@ import torch
 
 from . import selection
 from .adaptive import ROWS, Controller, Costs, measure
-from .contracts import Draft, Proposer, Rule, Target
+from .contracts import Draft, Proposer, Row, Rule, Target
 from .errors import UsageError
 from .metrics import Metrics
 from .sampling import Sampling
-
-class Row:
-    """One sequence being decoded: its tokens, stop conditions (EOS, max_new_tokens, context
-    window, and `stop`: a test of the new tokens such as text.StopStrings), its own generator
-    and its metrics. `index`: the prompt's place in the input."""
-
-    def __init__(self, prompt: list[int], max_new_tokens: int, max_length: int, eos: int | None,
-                 device: torch.device, generator: torch.Generator | None = None,
-                 stop: Callable[[list[int]], bool] | None = None, index: int = 0):
-        self.index = index  # the prompt's place in the whole input
-        self.ids = list(prompt)
-        self.n_prompt = len(prompt)
-        self.limit = min(self.n_prompt + max_new_tokens, max_length)
-        self.max_length = max_length
-        self.eos = eos
-        self.device = device
-        self.generator = generator
-        self.stop = stop
-        self.stop_reason = ""
-        self.metrics = Metrics(prompts=1)
-
-    @property
-    def new_tokens(self) -> list[int]:
-        return self.ids[self.n_prompt:]
-
-    def room(self) -> int:
-        """Tokens that may still be appended (>= 1 while decoding goes on)."""
-        return self.limit - len(self.ids)
-
-    def tensor(self) -> torch.Tensor:
-        return torch.tensor([self.ids], device=self.device)  # (1, L)
-
-    def push(self, tokens: list[int]) -> list[int]:
-        """Append tokens up to the first stop condition; -> the tokens appended."""
-        for i, t in enumerate(tokens):
-            self.ids.append(t)
-            if t == self.eos:
-                self.stop_reason = "eos"
-            elif self.stop is not None and self.stop(self.new_tokens):
-                self.stop_reason = "stop"
-            elif len(self.ids) >= self.limit:
-                self.stop_reason = "length" if self.limit < self.max_length else "context"
-            if self.stop_reason:
-                return tokens[:i + 1]
-        return list(tokens)
-
 
 Step = Callable[[list[Row], "_Parts"], list[list[int]]]
 DraftStep = Callable[[list[Row], list[int]], list[Draft]]  # (batch, g per row) -> one Draft (1, g_b) per row

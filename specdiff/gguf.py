@@ -53,10 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .artifacts import sha256_file
 from .atomic import new_directory, remove, remove_stale
 from .errors import LoadError, WriteError
-from .reading import read_small_text
+from .reading import read_small_text, sha256_file
 
 RECORD = "specdiff-cache.json"  # the entry's record of its files, written last
 FORMAT = "specdiff-gguf-cache"
@@ -187,7 +186,7 @@ def entry_damage(out: Path, digest: str) -> str | None:
     return None
 
 
-def _recorded(out: Path, digest: str) -> dict[str, dict] | str:
+def _recorded(out: Path, digest: str) -> dict[str, dict[str, Any]] | str:
     """The entry's record of its files, or what is wrong with it."""
     try:
         record = json.loads(read_small_text(out / RECORD))
@@ -204,7 +203,7 @@ def _recorded(out: Path, digest: str) -> dict[str, dict] | str:
     return files
 
 
-def _file_damage(path: Path, want: dict) -> str | None:
+def _file_damage(path: Path, want: dict[str, Any]) -> str | None:
     try:
         st = path.lstat()
         if not stat.S_ISREG(st.st_mode):

@@ -29,6 +29,7 @@ embedding and head inside; the axes read as the target's, over context rows inst
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -49,14 +50,14 @@ class TensorSpec:
     fill: how a dummy value is made: ids, mask, positions, normal or sigma."""
 
     name: str
-    dims: tuple
+    dims: tuple[Any, ...]
     dtype: str = "model"
     fill: str = "normal"
 
     def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
         return tuple(sizes[d] if isinstance(d, str) else d for d in self.dims)
 
-    def to_json(self, dtype: str) -> dict:
+    def to_json(self, dtype: str) -> dict[str, Any]:
         return {"name": self.name, "dims": list(self.dims), "dtype": dtype if self.dtype == "model" else self.dtype}
 
 
@@ -89,7 +90,7 @@ class GraphSpec:
         positions past_len .. past_len + seq_len - 1, normal floats, sigma in [0, 3)."""
         return {t.name: _dummy(t, sizes, dtype, self.id_range, generator).to(device) for t in self.inputs}
 
-    def to_json(self, dtype: str) -> dict:
+    def to_json(self, dtype: str) -> dict[str, Any]:
         return {"inputs": [t.to_json(dtype) for t in self.inputs],
                 "outputs": [t.to_json(dtype) for t in self.outputs]}
 
@@ -116,7 +117,7 @@ def axis_sizes(batch: int, seq_len: int, past_len: int = 0) -> dict[str, int]:
     return {"batch": batch, "seq_len": seq_len, "past_len": past_len, "total_len": past_len + seq_len}
 
 
-def check_step_inputs(inputs: dict) -> None:
+def check_step_inputs(inputs: dict[str, Any]) -> None:
     """A target step's attention_mask must span exactly past_len + seq_len positions."""
     mask, past = inputs.get("attention_mask"), inputs.get("past_key_values.0.key")
     if mask is not None and past is not None and mask.shape[1] != past.shape[2] + inputs["input_ids"].shape[1]:
@@ -167,21 +168,35 @@ def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:
     return GraphSpec("drafter", inputs, (TensorSpec("logits", ("batch", "seq_len", head_rows)),), id_range=head_rows)
 
 
-def graph_kind(kind: str, model: dict) -> str:
-    """The graph a manifest component holds: "target", "drafter" (a denoiser) or "dflash"."""
-    return "dflash" if kind == "drafter" and model.get("kind") == "dflash" else kind
+@dataclass(frozen=True)
+class DrafterGraph:
+    """The graph a drafter kind is exported as (specdiff.kinds, `graph`), as `specdiff export`, the
+    manifest check and every runtime agree on it; how it is written is exporters.drafters'."""
+
+    name: str  # what a drafter's manifest record names as its `kind` (none: "drafter")
+    spec: Callable[[dict[str, Any]], GraphSpec]  # its IO, from its manifest `model` record
+    record: dict[str, Any]  # that record's schema (artifacts' notation)
+    sizes: tuple[str, ...]  # the record's fields that are sizes (integers >= 1)
+    check: Callable[[dict[str, Any], str], None] = lambda record, where: None  # ValueError: a record it cannot serve
+    target_axes: bool = False  # its axes are the target graph's (its context rows are the target's tokens)
+    features: str = ""  # what reads the target graph's `features` output, as messages name it ("": none)
 
 
-def spec_from_model(kind: str, model: dict) -> GraphSpec:
+def graph_kind(kind: str, model: dict[str, Any]) -> str:
+    """The graph a manifest component holds: "target", or the graph a drafter's kind declares
+    (specdiff.kinds), which its record names as `kind` ("drafter", a denoiser, when it names none)."""
+    return str(model.get("kind", "drafter")) if kind == "drafter" else kind
+
+
+def spec_from_model(kind: str, model: dict[str, Any]) -> GraphSpec:
     """The spec of a component from its manifest `model` record (see exporters.onnx)."""
-    kind = graph_kind(kind, model)
-    if kind == "target":
+    from .kinds import drafter_graph  # the kinds declare their graphs with this module's specs
+
+    graph = graph_kind(kind, model)
+    if graph == "target":
         return target_spec(model["layers"], model["kv_heads"], model["head_dim"], model["head_rows"],
                            model.get("features", 0))
-    if kind == "dflash":
-        return dflash_spec(model["layers"], model["kv_heads"], model["head_dim"], model["block_size"],
-                           model["features"], model["head_rows"])
-    return drafter_spec(model["head_rows"], model["time_conditioning"])
+    return drafter_graph(graph).spec(model)
 
 
 @dataclass(frozen=True)
@@ -221,5 +236,5 @@ class Limits:
         return {"min": axis_sizes(1, 1), "opt": axis_sizes(1, context_length + min(8, self.max_step)),
                 "max": axis_sizes(self.max_batch, context_length + self.max_step)}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"max_batch": self.max_batch, "max_seq": self.max_seq, "max_step": self.max_step}

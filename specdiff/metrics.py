@@ -6,7 +6,7 @@
                                 was accepted up to it
     histogram[k]  iterations that accepted exactly k draft tokens
     lengths[g]    iterations that drafted exactly g tokens (gamma auto: the lengths chosen)
-    costs         the cost table `gamma` auto chose by (specdiff.adaptive.Costs; None: fixed gamma)
+    costs         the cost table `gamma` auto chose by (Costs, measured by specdiff.adaptive; None: fixed gamma)
     costs_s       seconds this run spent timing that table (0: kept from an earlier run), charged to
                   the first step's rows: in their wall_s, reported as time_s.costs
     outside_vocab new tokens the drafter's draft vocabulary cannot propose (specdiff.vocab; None:
@@ -19,10 +19,39 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
-if TYPE_CHECKING:
-    from .adaptive import Costs
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds of one verify call and one draft call, measured at `rows` = (1, R_t) rows, linear
+    in the rows (extrapolated past R_t): verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row,
+    draft[i][g - 1] for g = 1..gamma_max draft tokens per row."""
+
+    rows: tuple[int, ...]
+    verify: tuple[tuple[float, ...], ...]
+    draft: tuple[tuple[float, ...], ...]
+    measured_s: float = 0.0  # what measuring them took
+
+    @property
+    def gamma_max(self) -> int:
+        return len(self.draft[0])
+
+    def step(self, rows: int, G: int) -> float:
+        """c_v(rows, G + 1) + c_d(rows, G): a step of `rows` rows drafting G tokens each."""
+        return self._at(self.verify, rows, G) + (self._at(self.draft, rows, G - 1) if G else 0.0)
+
+    def _at(self, table: tuple[tuple[float, ...], ...], rows: int, i: int) -> float:
+        if len(self.rows) == 1 or rows <= self.rows[0]:
+            return table[0][i]
+        f = (rows - self.rows[0]) / (self.rows[-1] - self.rows[0])
+        return table[0][i] + f * (table[-1][i] - table[0][i])
+
+    def to_dict(self) -> dict[str, Any]:
+        """As metrics report it: seconds per call by rows, widths w = 1..gamma_max + 1 (verify)
+        and draft lengths g = 1..gamma_max (draft)."""
+        return {"rows": list(self.rows), "verify_s": [[round(c, 6) for c in r] for r in self.verify],
+                "draft_s": [[round(c, 6) for c in r] for r in self.draft], "measured_s": round(self.measured_s, 3)}
 
 
 def _grow(xs: list[int], n: int) -> None:
@@ -102,7 +131,7 @@ class Metrics:
             setattr(out, name, [x + y for x, y in zip(a, b)])
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "new_tokens": self.new_tokens,
             "wall_s": round(self.wall_s, 6),

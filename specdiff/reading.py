@@ -2,15 +2,18 @@
 config.json), bounded: one that never ends (/dev/zero, named by SPECDIFF_MODELS or linked in
 place of a config) or that is far larger than any such file is an OSError (EFBIG) that the
 reader reports in its one line, not a MemoryError after every byte of memory was taken.
-Torch-free: models.yaml is read by `specdiff models`, which imports no torch.
+Torch-free: models.yaml is read by `specdiff models`, which imports no torch. And files of any size
+hashed in blocks (sha256_file), as an export's manifest and the GGUF cache record them.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 from pathlib import Path
 
 MAX_SMALL_FILE = 64 * 2**20  # models.yaml, manifest.json and config.json are kilobytes
+CHUNK = 1 << 20  # bytes hashed at a time
 
 
 def read_small_text(path: Path, limit: int = MAX_SMALL_FILE) -> str:
@@ -21,3 +24,11 @@ def read_small_text(path: Path, limit: int = MAX_SMALL_FILE) -> str:
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB, not a file of this kind", str(path))
     return data.decode("utf-8")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()

@@ -88,7 +88,7 @@ class PairEntry:
     name: str
     target: str
     drafter: str
-    defaults: dict = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     kind: str = "pair"
     ar_drafter: str | None = None  # the causal LM its AR baselines (spec-ar, hf-assisted) draft with
@@ -185,7 +185,7 @@ def as_registry(registry: object) -> Registry:
     return registry
 
 
-def load_registry(file: str | os.PathLike | None = None) -> Registry:
+def load_registry(file: str | os.PathLike[str] | None = None) -> Registry:
     path = Path(file or os.environ.get("SPECDIFF_MODELS") or DEFAULT_FILE)
     doc = _read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
@@ -274,7 +274,7 @@ def _not_text(key: str, value: Any) -> str:
     return f"{key} must be text, got a {'mapping' if isinstance(value, dict) else type(value).__name__}"
 
 
-def _pair(raw: dict, where: str, path: Path) -> PairEntry:
+def _pair(raw: dict[str, Any], where: str, path: Path) -> PairEntry:
     for key in ("target", "drafter"):
         if key not in raw:
             raise RegistryError(f"{where}: a pair needs '{key}'")

@@ -24,7 +24,7 @@ from specdiff.requests import check_text
 @dataclass
 class PromptRecord:
     prompt: str
-    fields: dict = field(default_factory=dict)  # a JSONL line's fields, "prompt" among them
+    fields: dict[str, Any] = field(default_factory=dict)  # a JSONL line's fields, "prompt" among them
 
 
 def decode_utf8(data: bytes, where: str) -> str:
@@ -217,13 +217,13 @@ class Layout:
         """After the last result."""
         return "\n" if self.mode == "raw" else ""
 
-    def result(self, index: int, record: PromptRecord, text: str, metrics: dict) -> str:
+    def result(self, index: int, record: PromptRecord, text: str, metrics: dict[str, Any]) -> str:
         if self.mode == "jsonl":
             return format_record(record, text, metrics) + "\n"
         return self.head(index, record) + self.text(text) + self.tail()
 
 
-def format_record(record: PromptRecord, text: str, metrics: dict) -> str:
+def format_record(record: PromptRecord, text: str, metrics: dict[str, Any]) -> str:
     """The input's fields (a plain-text prompt: just "prompt"), `text` and `metrics` as JSON."""
     fields = record.fields or {"prompt": record.prompt}
     try:

@@ -80,7 +80,7 @@ def run_on_ray(prompts: list[str], options: dict[str, Any], address: str | None,
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-def _quiet() -> dict:
+def _quiet() -> dict[str, Any]:
     """Keep Ray's warnings, progress lines and execution notes off stderr, and its results in
     input order; -> the ray.init arguments that do the same for Ray's own logger and the workers."""
     from ray.data import DataContext
@@ -159,7 +159,7 @@ def _merge_pairs(chunks: list[Chunk]) -> list[Chunk]:
     return merged + chunks[len(merged) * 2:]
 
 
-def read_chunk(chunk: dict, path: str, fmt: str) -> list[dict]:
+def read_chunk(chunk: dict[str, Any], path: str, fmt: str) -> list[dict[str, Any]]:
     """A Chunk's prompts (checked by index_file) as rows {"index", "prompt", "line"}; runs in Ray."""
     with open(path, "rb") as f:
         f.seek(chunk["start"])

@@ -200,3 +200,63 @@ def test_no_module_is_longer_than_a_reader_takes_in():
                                                         *(ROOT / "specdiff_cli").rglob("*.py")])
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert long == {}
+
+
+
+def module_imports(path: Path) -> set[str]:
+    """What a file imports when it is imported: its top-level imports, those under `if` (type-only
+    ones included) and `try`; imports inside functions are deferred and run later."""
+    package = _module(path) if path.name == "__init__.py" else _module(path)[:-1]
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                names.update({module} | {f"{module}.{a.name}" for a in node.names})
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body + node.orelse)
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return names
+
+
+def import_cycles() -> list[list[str]]:
+    """The strongly connected groups of more than one specdiff module in the graph of module_imports."""
+    paths = {".".join(_module(p)): p for p in (ROOT / "specdiff").rglob("*.py")}
+    graph = {m: {n for n in module_imports(p) if n in paths and n != m} for m, p in paths.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's algorithm
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                groups.append(sorted(group))
+    for module in sorted(graph):
+        if module not in order:
+            connect(module)
+    return sorted(groups)
+
+
+def test_no_import_cycles_type_only_ones_included():
+    """A type lives in the room that owns it: Row in contracts, Costs in metrics, Task in
+    training/checkpoints (which saves it), loss_function's settings as a protocol in losses."""
+    assert import_cycles() == []
+
+
+def test_the_cycle_finder_sees_type_only_imports():
+    assert "specdiff.contracts.Row" in module_imports(ROOT / "specdiff" / "adaptive.py")  # under TYPE_CHECKING

@@ -58,7 +58,7 @@ class DiffusionDrafter(nn.Module):
 
     def __init__(self, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
                  parameterization: str = "subs", tokenizer: Any = None, source: str = "",
-                 length: int | None = None, defaults: dict | None = None, untrained: bool = False,
+                 length: int | None = None, defaults: dict[str, Any] | None = None, untrained: bool = False,
                  target_embeddings: bool = False, draft_vocab: DraftVocab | None = None):
         super().__init__()
         if draft_vocab is not None and bool(draft_vocab.inside[mask_id:mask_id + 1].any()):

@@ -2,6 +2,7 @@
 specdiff/artifacts.py the directory format).
 
     onnx.py       target step graph / drafter denoiser graph, checked against their spec
+    drafters.py   EXPORTERS: per drafter graph a kind declares (specdiff.kinds), how it is written
     validate.py   the exported graph against PyTorch on a sweep of shapes and cache histories
     tensorrt.py   TensorRT engines built from the ONNX graphs
     export.py     the whole `specdiff export`: models -> directory with manifest.json

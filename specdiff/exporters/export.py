@@ -1,6 +1,7 @@
-"""`specdiff export`: a target and/or a diffusion drafter -> a checked export directory. A DFlash
-drafter is exported with its target only: the target's graph then also outputs the hidden states
-the drafter reads, and the drafter's graph holds the target's embedding and head.
+"""`specdiff export`: a target and/or a drafter -> a checked export directory. A drafter is written
+as the graph its kind declares (specdiff.kinds; drafters.EXPORTERS says how). A DFlash drafter is
+exported with its target only: the target's graph then also outputs the hidden states the drafter
+reads, and the drafter's graph holds the target's embedding and head.
 
     export("out", target="gpt2", drafter="./drafter", fmt="onnx", dtype="fp32")
 
@@ -23,10 +24,9 @@ from specdiff.extras import require
 from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
 from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
-from specdiff.drafters.a2d import A2DDrafter
-from specdiff.drafters.dflash import DFlashDrafter, hidden_state_indices
-from specdiff.drafters.diffusion import DiffusionDrafter
+from specdiff.contracts import Drafter
 from specdiff.errors import ExportValidationError, LoadError, UsageError
+from specdiff.kinds import kind_of
 from specdiff.loading import is_block_checkpoint, load_drafter, load_target, pair_models
 from specdiff.registry import Registry, as_registry
 from specdiff.requests import check_device_name, check_names
@@ -34,9 +34,10 @@ from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
 
 from .manifest import source_record, tool_versions
-from .onnx import Graph, check_graph, dflash_graph, drafter_graph, export_graph, target_graph
+from .drafters import EXPORTERS, GraphExporter
+from .onnx import Graph, check_graph, export_graph, target_graph
 from .tensorrt import MAX_OPSET, build_engines
-from .validate import validate
+from .validate import Sweep, validate
 
 FORMATS = {"onnx": ("onnx",), "tensorrt": ("tensorrt",), "all": ("onnx", "tensorrt")}
 MIN_OPSET = 18  # the dynamo exporter's own opset
@@ -137,18 +138,16 @@ def _check_causal(target: str | None, drafter: str | None, registry: Registry) -
 
 
 def _load(target: str | None, drafter: str | None, device: str, dtype: str,
-          registry: Registry) -> tuple[CausalLMTarget | BlockDiffusionTarget | None,
-                                       DiffusionDrafter | DFlashDrafter | None, Any]:
+          registry: Registry) -> tuple[CausalLMTarget | BlockDiffusionTarget | None, Any, Any]:
     """-> (target, drafter, the tokenizer of the export)."""
     _check_causal(target, drafter, registry)
     log(f"loading {' and '.join(repr(name) for name in (target, drafter) if name)}")
     t = load_target(target, device=device, dtype=dtype, registry=registry) if target else None
     d = load_drafter(drafter, device=device, dtype=dtype, registry=registry) if drafter else None
-    if isinstance(d, DFlashDrafter) and t is None:
-        raise UsageError(f"DFlash drafter '{drafter}' drafts from its target's hidden states: export it together "
-                         "with its `target` (or the `pair`)")
-    if d is not None and not isinstance(d, (DiffusionDrafter, DFlashDrafter)):
-        raise UsageError(f"'{drafter}' is {_unexported_kind(d)}")
+    if d is not None:
+        exporter = _exporter(d, drafter)
+        if exporter.alone and t is None:
+            raise UsageError(exporter.alone.format(name=drafter) + ": export it together with its `target` (or the `pair`)")
     if t is not None and d is not None:
         pair_models(t, d)
     tokenizer = t.tokenizer if t is not None else d.tokenizer if d is not None else None  # _names: one is given
@@ -157,16 +156,16 @@ def _load(target: str | None, drafter: str | None, device: str, dtype: str,
     return t, d, tokenizer
 
 
-def _unexported_kind(drafter: Any) -> str:
-    """Why a loaded drafter that is neither a DDiT nor a DFlash drafter has no drafter graph here."""
-    if isinstance(drafter, A2DDrafter):
-        return ("a masked-diffusion Qwen3 of dllm: `specdiff export` writes DDiT and DFlash drafter graphs only; "
-                "run it with the torch runtime")
-    return "a causal LM, not a diffusion drafter: export it with `target`"
+def _exporter(drafter: Drafter, name: str | None) -> GraphExporter:
+    """How the loaded drafter's graph is written: its kind's graph, or why its kind has none."""
+    kind = kind_of(drafter)
+    if kind is None or kind.graph is None:
+        raise UsageError(f"'{name}' is {kind.no_graph if kind else 'not a drafter specdiff exports'}")
+    return EXPORTERS[kind.graph.name]
 
 
 def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str, opset: int, max_batch: int,
-                 max_seq: int | None, device: str, registry: Registry) -> dict:
+                 max_seq: int | None, device: str, registry: Registry) -> dict[str, Any]:
     t, d, tokenizer = _load(target, drafter, device, dtype, registry)
     tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
     context = t.max_length if t is not None else DRAFTER_ONLY_CONTEXT
@@ -175,29 +174,27 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
     module: Graph
     if t is not None:
         assert target is not None  # what t was loaded from
-        layers = hidden_state_indices(d) if isinstance(d, DFlashDrafter) else ()
-        module, spec, record = target_graph(t, layers)
+        module, spec, record = target_graph(t, _exporter(d, drafter).features(d) if d is not None else ())
         components["target"] = _component(tmp, "target", module, spec, record, dtype, opset)
         components["target"]["source"] = source_record(target, ("target",), registry)
     if d is not None:
         assert drafter is not None  # what d was loaded from
-        if isinstance(d, DFlashDrafter):
-            assert t is not None  # _load: a DFlash drafter comes with its target
-            module, spec, record = dflash_graph(d, t.vocab_size)
-        else:
-            module, spec, record = drafter_graph(d)
+        exporter = _exporter(d, drafter)
+        module, spec, record = exporter.build(d, t)
         if d.draft_vocab is not None:
             d.draft_vocab.save(tmp)  # record["draft_vocab"], hashed with the graphs
-        components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset, d.mask_id)
+        components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset,
+                                           (d.mask_id, exporter.sweep))
         components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
     return {"dtype": dtype, "opset": opset, "limits": limits.to_json(), "tools": tool_versions(),
             "tokenizer": {"dir": TOKENIZER_DIR, "vocab_size": len(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)},
             "components": components}
 
 
-def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict, dtype: str, opset: int,
-               mask_id: int | None = None) -> dict:
-    """Export, check against the spec, validate against PyTorch; -> the manifest record."""
+def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict[str, Any], dtype: str, opset: int,
+               drafter: tuple[int, Sweep] | None = None) -> dict[str, Any]:
+    """Export, check against the spec, validate against PyTorch (a drafter graph: its mask id and
+    sweep); -> the manifest record."""
     path = tmp / f"{kind}.onnx"
     log(f"exporting the {kind} graph {path.name} ({dtype}, opset {opset})")
     start = time.perf_counter()
@@ -207,7 +204,7 @@ def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dic
     if problems:
         raise ExportValidationError(path.name, problems, len(spec.inputs) + len(spec.outputs))
     log(f"validating {path.name} against PyTorch")
-    validation = validate(module, spec, path, dtype, mask_id)
+    validation = validate(module, spec, path, dtype, *drafter) if drafter else validate(module, spec, path, dtype)
     size = sum(p.stat().st_size for p in tmp.glob(f"{kind}.onnx*"))
     verdict = "skipped: " + validation["skipped"] if validation["passed"] is None else \
         f"max |diff| {validation['max_abs_diff']} over {validation['checks']} checks"
@@ -216,7 +213,7 @@ def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dic
             "export_s": round(took, 2), "bytes": size, "validation": validation}
 
 
-def _drop_graphs(tmp: Path, manifest: dict) -> None:
+def _drop_graphs(tmp: Path, manifest: dict[str, Any]) -> None:
     """--format tensorrt keeps the engines only."""
     for kind, component in manifest["components"].items():
         for path in tmp.glob(f"{kind}.onnx*"):

@@ -4,6 +4,7 @@ files) and the versions of the tools that made the export."""
 from __future__ import annotations
 
 from importlib import metadata
+from typing import Any
 
 from specdiff.artifacts import file_hashes, model_directory, model_identity
 from specdiff.errors import LoadError
@@ -29,7 +30,7 @@ def tool_versions() -> dict[str, str | None]:
     return {tool: _version(dists) for tool, dists in TOOLS.items()}
 
 
-def source_record(name: str, kinds: tuple[str, ...], registry: Registry) -> dict:
+def source_record(name: str, kinds: tuple[str, ...], registry: Registry) -> dict[str, Any]:
     """{"name", "source" (directory or hub id), "files": {path: sha256}, "identity" (one sha256
     of its config and weights: artifacts.model_identity)} of a model as loaded."""
     source, entry = resolve(name, kinds, registry)

@@ -46,7 +46,7 @@ class TargetStep(nn.Module):
         self.layers = layers
 
     @staticmethod
-    def pack(spec: GraphSpec, values: dict) -> tuple:
+    def pack(spec: GraphSpec, values: dict[str, Any]) -> tuple[Any, ...]:
         """{input name: value} -> the positional arguments of forward."""
         names = spec.input_names
         return (values[names[0]], values[names[1]], values[names[2]], [values[n] for n in names[3:]])
@@ -74,7 +74,7 @@ class Denoiser(nn.Module):
         drafter.head()  # a draft vocabulary's rows gathered here, not inside the traced graph
 
     @staticmethod
-    def pack(spec: GraphSpec, values: dict) -> tuple:
+    def pack(spec: GraphSpec, values: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(values[n] for n in spec.input_names)
 
     def forward(self, input_ids: torch.Tensor, sigma: torch.Tensor | None = None) -> tuple[torch.Tensor]:
@@ -95,7 +95,7 @@ class DFlashStep(nn.Module):
         self.embed, self.head = drafter.bound()  # registered here, so that the graph holds them
 
     @staticmethod
-    def pack(spec: GraphSpec, values: dict) -> tuple:
+    def pack(spec: GraphSpec, values: dict[str, Any]) -> tuple[Any, ...]:
         names = spec.input_names
         return (*(values[n] for n in names[:4]), [values[n] for n in names[4:]])
 
@@ -122,7 +122,7 @@ def probe_kv(model: Any) -> tuple[int, int, int]:
 
 
 def target_graph(target: CausalLMTarget | BlockDiffusionTarget,
-                 feature_layers: tuple[int, ...] = ()) -> tuple[TargetStep, GraphSpec, dict]:
+                 feature_layers: tuple[int, ...] = ()) -> tuple[TargetStep, GraphSpec, dict[str, Any]]:
     """A specdiff.contracts.Target -> (module to export, its spec, the manifest `model` record);
     feature_layers: HF hidden_states indices the graph also outputs (a DFlash drafter's)."""
     model = target.model.eval()
@@ -138,7 +138,7 @@ def target_graph(target: CausalLMTarget | BlockDiffusionTarget,
     return TargetStep(model, feature_layers), target_spec(layers, heads, head_dim, head_rows, features), record
 
 
-def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, GraphSpec, dict]:
+def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, GraphSpec, dict[str, Any]]:
     """A DFlash drafter bound to its target (whose real vocabulary is `vocab_size` tokens) ->
     (module to export, its spec, the manifest `model` record). With a draft vocabulary the graph's
     logits are its N rows and the record names the map's file (written beside the graph)."""
@@ -155,7 +155,7 @@ def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, G
     return DFlashStep(drafter.eval()), spec, record
 
 
-def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict]:
+def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict[str, Any]]:
     """A DiffusionDrafter -> (module to export, its spec, the manifest `model` record)."""
     cfg = drafter.config
     record = {"name": drafter.source, "vocab_size": drafter.vocab_size, "mask_id": drafter.mask_id,

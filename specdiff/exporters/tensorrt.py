@@ -22,6 +22,7 @@ from specdiff.graphs import GraphSpec, Limits, graph_kind, spec_from_model
 from specdiff.artifacts import write_engine
 from specdiff.errors import ExportValidationError, LoadError, UsageError
 from specdiff.extras import install_hint
+from specdiff.kinds import drafter_graph
 
 MAX_OPSET = 20
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -61,15 +62,16 @@ def network_settings(trt: Any, onnx_dtype: str, engine_dtype: str) -> tuple[int,
     return 0, [getattr(trt.BuilderFlag, BUILDER_FLAGS[engine_dtype])]
 
 
-def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[str, tuple]:
+def profile_shapes(spec: GraphSpec, triples: dict[str, dict[str, int]]) -> dict[str, tuple[Any, ...]]:
     """{input name: (min shape, opt shape, max shape)} from the min / opt / max axis sizes."""
     shapes = {level: spec.shapes(triples[level]) for level in ("min", "opt", "max")}
     return {name: (shapes["min"][name], shapes["opt"][name], shapes["max"][name]) for name in spec.input_names}
 
 
-def triples_for(kind: str, model: dict, limits: Limits) -> dict[str, dict[str, int]]:
-    """A DFlash drafter's context rows are the target's cached tokens: its axes are the target's."""
-    if graph_kind(kind, model) in ("target", "dflash"):
+def triples_for(kind: str, model: dict[str, Any], limits: Limits) -> dict[str, dict[str, int]]:
+    """A drafter graph that reads the target's cached rows (DFlash's context) has the target's axes."""
+    graph = graph_kind(kind, model)
+    if graph == "target" or drafter_graph(graph).target_axes:
         return limits.target_triples()
     return limits.drafter_triples(model["context_length"])
 
@@ -98,7 +100,7 @@ def build_engine(trt: Any, onnx_path: Path, spec: GraphSpec, triples: dict[str, 
     return bytes(plan)
 
 
-def build_engines(root: Path, manifest: dict, trt: Any, gpu: str) -> None:
+def build_engines(root: Path, manifest: dict[str, Any], trt: Any, gpu: str) -> None:
     """An engine beside each component's ONNX graph; records it in the manifest."""
     dtype, limits = manifest["dtype"], Limits(**manifest["limits"])
     for kind, component in manifest["components"].items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -50,7 +51,6 @@ DFLASH_SWEEP = (  # steps: context rows fed per call; in batch 3, row b's first 
     Case("context 6, then 5, 1, 3", 1, (6, 5, 1, 3)),
     Case("batch 3, left-padded: context 7, then 5, 3", 3, (7, 5, 3)),
 )
-SWEEPS = {"target": TARGET_SWEEP, "drafter": DRAFTER_SWEEP, "dflash": DFLASH_SWEEP}
 
 
 class Comparison:
@@ -78,7 +78,7 @@ class Comparison:
             self.problems.append(f"{where}: {name} {int(bad.sum())}/{diff.numel()} values off, "
                                  f"max |diff| {worst:.3g}")
 
-    def summary(self, runtime: str, cases: tuple[Case, ...]) -> dict:
+    def summary(self, runtime: str, cases: Sequence[Case]) -> dict[str, Any]:
         return {"runtime": runtime, "cases": [c.name for c in cases], "checks": self.checks,
                 "tolerance": {"atol": self.atol, "rtol": self.rtol, "atol_times": "max(1, max |torch|)"},
                 "max_abs_diff": {k: float(f"{v:.3g}") for k, v in self.max_diff.items()},
@@ -86,7 +86,7 @@ class Comparison:
 
 
 def _run_target_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
-                     cmp: Comparison) -> None:
+                     cmp: Comparison, mask_id: int | None) -> None:
     layers = (len(spec.inputs) - 3) // 2  # 3 id inputs, then a key and a value per layer
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
@@ -105,8 +105,9 @@ def _run_target_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Cas
         past = [ref[name] for name in present_names(layers)]
 
 
-def _run_drafter_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str, cmp: Comparison,
-                      mask_id: int) -> None:
+def run_drafter_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str, cmp: Comparison,
+                     mask_id: int | None) -> None:
+    assert mask_id is not None, "a drafter graph is validated with its mask id"
     length, masked = case.steps
     device = next(module.parameters()).device
     feeds = spec.dummy_inputs(axis_sizes(case.batch, length), dtype, torch.Generator().manual_seed(length), device)
@@ -117,8 +118,9 @@ def _run_drafter_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Ca
         cmp.check(case.name, name, got[name], ref[name])
 
 
-def _run_dflash_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
-                     cmp: Comparison, mask_id: int) -> None:
+def run_dflash_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
+                    cmp: Comparison, mask_id: int | None) -> None:
+    assert mask_id is not None, "a drafter graph is validated with its mask id"
     layers = (len(spec.inputs) - 4) // 2  # 4 inputs, then a key and a value per draft layer
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
@@ -140,6 +142,21 @@ def _run_dflash_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Cas
         past = [ref[name] for name in present_names(layers, "present_context")]
 
 
+# (module, spec, runtime, case, dtype, comparison, mask id: a drafter's) -> None: one case run on both sides
+RunCase = Callable[[Graph, GraphSpec, Runtime, Case, str, Comparison, "int | None"], None]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The cases a graph is validated on and how one runs (a drafter graph's: exporters.drafters)."""
+
+    cases: Sequence[Case]
+    run: RunCase
+
+
+TARGET = Sweep(TARGET_SWEEP, _run_target_case)
+
+
 def _open(path: Path, device: torch.device) -> OrtRuntime:
     """ONNX Runtime on the module's device when it has a provider for it, else on the CPU."""
     if device.type == "cuda":
@@ -151,8 +168,9 @@ def _open(path: Path, device: torch.device) -> OrtRuntime:
 
 
 @torch.no_grad()
-def validate(module: Graph, spec: GraphSpec, path: Path, dtype: str, mask_id: int | None = None) -> dict:
-    """Run the sweep of spec.kind; -> summary for the manifest. Raises ExportValidationError
+def validate(module: Graph, spec: GraphSpec, path: Path, dtype: str, mask_id: int | None = None,
+             sweep: Sweep = TARGET) -> dict[str, Any]:
+    """Run the sweep (a drafter graph's with its mask id); -> summary for the manifest. Raises ExportValidationError
     listing every mismatch. bf16 graphs are skipped (summary says why) where onnxruntime cannot
     run them (its CPU provider has no bf16 kernels)."""
     device = next(module.parameters()).device
@@ -164,14 +182,8 @@ def validate(module: Graph, spec: GraphSpec, path: Path, dtype: str, mask_id: in
         detail = str(e).rsplit(": ", 1)[-1]
         return {"runtime": None, "passed": None, "skipped": f"onnxruntime cannot run this bf16 graph here ({detail})"}
     cmp = Comparison(dtype)
-    cases = SWEEPS[spec.kind]
-    for case in cases:
-        if spec.kind == "target":
-            _run_target_case(module, spec, runtime, case, dtype, cmp)
-        else:
-            assert mask_id is not None, "a drafter graph is validated with its mask id"
-            run = _run_dflash_case if spec.kind == "dflash" else _run_drafter_case
-            run(module, spec, runtime, case, dtype, cmp, mask_id)
+    for case in sweep.cases:
+        sweep.run(module, spec, runtime, case, dtype, cmp, mask_id)
     if cmp.problems:
         raise ExportValidationError(path.name, cmp.problems, cmp.checks)
-    return cmp.summary(f"onnxruntime-{runtime.device.type}", cases)
+    return cmp.summary(f"onnxruntime-{runtime.device.type}", sweep.cases)

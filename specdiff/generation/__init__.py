@@ -21,7 +21,7 @@ tokenized and checked, before the first token is generated.
 Rooms: choosing (where each setting comes from), planning (Plan: models, method, decoder),
 loaded (models given loaded: their device and dtype, one decoding loop per target at a time),
 prompts (chat template, stop strings, prompt checks), streaming (stream, iter_generate). This
-module holds `generate` and re-exports what the others offer. May import: methods, loading,
+module holds `generate` and re-exports what the others offer. May import: methods, kinds, loading,
 registry, requests, settings, decoding; never the CLI or bench.
 """
 

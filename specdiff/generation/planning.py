@@ -1,5 +1,5 @@
 """A run's plan: the models loaded, the method chosen and prepared into its Decoder, every setting
-resolved once (choosing.py) and checked before the first token. May import: methods, loading,
+resolved once (choosing.py) and checked before the first token. May import: methods, kinds, loading,
 registry, requests, settings, compiled, loaded; not streaming or the CLI.
 """
 
@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, cast
 
 from ..compiled import compile_models, compile_seconds
-from ..contracts import Decoder, Target
+from ..contracts import Decoder, Drafter, Target
 from ..errors import UntrainedDrafterWarning, UsageError, WidthDependenceWarning
 from ..loading import load_drafter, load_target, pair_models
-from ..methods import DRAFTER_KINDS, METHODS, TARGET_KINDS, Method, Models, default_method
+from ..kinds import get_kind, kind_of
+from ..methods import METHODS, TARGET_KINDS, Method, Models, default_method
 from ..registry import Registry, as_registry
 from ..requests import check_flags, check_names, check_request, check_text_options
 from ..sampling import Sampling
@@ -31,7 +32,7 @@ class Plan:
     sampling, and where each setting came from."""
 
     target: Target
-    drafter: Any  # None when the method drafts with none
+    drafter: Drafter | None  # None when the method drafts with none
     method: Method
     sampling: Sampling
     decoder: Decoder
@@ -121,7 +122,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
 _WARNED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # untrained drafters, half-precision targets warned about
 
 
-def _warn_untrained(drafter: Any) -> None:
+def _warn_untrained(drafter: Drafter) -> None:
     """Say once per drafter (a bench makes many plans) that its config marks it untrained: a run
     with `drafter init`'s random weights is slower than ar, and nothing else says why."""
     if not getattr(drafter, "untrained", False) or drafter in _WARNED:
@@ -150,7 +151,7 @@ def _warn_width_dependent(target: Any, sampling: Sampling) -> None:
         stacklevel=3)
 
 
-def _check_drafter(method: Method, drafter: Any) -> None:
+def _check_drafter(method: Method, drafter: Drafter | None) -> None:
     """The method's kind of drafter; a drafter given of another kind is named, with the methods
     that draft with it (a DFlash drafter given to specdiff: dflash)."""
     if drafter is None or method.accepts(drafter):
@@ -158,15 +159,16 @@ def _check_drafter(method: Method, drafter: Any) -> None:
         return
     takers = [m.name for m in METHODS.values() if m.target == method.target and m.accepts(drafter)]
     instead = f": use `method` {' or '.join(takers)}, which drafts with it" if takers else ""
-    raise UsageError(f"method '{method.name}' needs {DRAFTER_KINDS[cast(str, method.needs)][0]}; the `drafter` "
+    raise UsageError(f"method '{method.name}' needs {get_kind(cast(str, method.needs)).what}; the `drafter` "
                      f"given, '{_name(drafter)}', is {_kind(drafter)}{instead}")
 
 
-def _kind(drafter: Any) -> str:
-    return next((what for what, check in DRAFTER_KINDS.values() if check(drafter)), "this drafter")
+def _kind(drafter: Drafter) -> str:
+    kind = kind_of(drafter)
+    return kind.what if kind else "this drafter"
 
 
-def _default_method(drafter: Any, target: Any) -> Method:
+def _default_method(drafter: Drafter | None, target: Any) -> Method:
     """The method no option or pair names: the first for this target that uses the drafter (its
     kind's reference without one). A drafter given that no such method can use is refused, not
     dropped silently."""
@@ -190,7 +192,7 @@ def _check_loaded(target: Any, drafter: Any) -> None:
         raise UsageError(f"`target` must be a models.yaml name, a directory, a hub id or a loaded target "
                          f"(specdiff.load_target), got {type(target).__name__}")
     unloaded = drafter is None or isinstance(drafter, str)  # a name is left unloaded for a method without one
-    if not unloaded and not any(check(drafter) for _, check in DRAFTER_KINDS.values()):
+    if not unloaded and kind_of(drafter) is None:
         raise UsageError(f"`drafter` must be a models.yaml name, a directory, a hub id or a loaded drafter "
                          f"(specdiff.load_drafter), got {type(drafter).__name__}")
 

@@ -5,7 +5,7 @@ its own module (a `prepare` and the loop it runs) plus one entry here (and its n
 
     name        what users pass as `method`
     prepare_with (method, Models, settings, sampling, acceptance) -> Decoder: its module's
-    needs       the kind of drafter it needs (DRAFTER_KINDS; None: no drafter)
+    needs       the kind of drafter it needs (the name of a specdiff.kinds declaration; None: no drafter)
     target      the kind of target it decodes (TARGET_KINDS): a causal LM or a block-diffusion LM
     build       (drafter, DraftSettings) -> Proposer, for speculative methods
     rules       acceptance rules it can run, preferred first when sampling; the proposer it builds
@@ -28,15 +28,14 @@ from typing import Any
 from ..block_decoding import decode_block, decode_simsd_exact
 from ..drafters.autoregressive import ARProposer
 from ..drafters.diffusion import DiffusionProposer
+from ..contracts import Drafter
 from ..errors import UsageError
 from ..settings import BlockSettings, DraftSettings
 from ..simsd import decode_simsd
 from . import blocks, dflash, plain, speculative
-from .base import (DRAFTER_KINDS, TARGET_KINDS, Method, Models, is_autoregressive, is_block_diffusion,
-                   is_dflash, is_diffusion)
+from .base import TARGET_KINDS, Method, Models, is_block_diffusion
 
-__all__ = ["DRAFTER_KINDS", "METHODS", "TARGET_KINDS", "Method", "Models", "default_method", "get_method",
-           "is_autoregressive", "is_block_diffusion", "is_dflash", "is_diffusion"]
+__all__ = ["METHODS", "TARGET_KINDS", "Method", "Models", "default_method", "get_method", "is_block_diffusion"]
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "plain decoding, one target call per token: the reference", plain.prepare),
@@ -69,7 +68,7 @@ def get_method(name: str) -> Method:
         raise UsageError(f"unknown method '{name}' (choose from {', '.join(METHODS)})") from e
 
 
-def default_method(drafter: Any, target: Any = None) -> Method:
+def default_method(drafter: Drafter | None, target: Any = None) -> Method:
     """The first method for this target's kind that accepts this drafter; its kind's reference
     (ar, block) without one."""
     kind = "block-diffusion" if is_block_diffusion(target) else "causal"

@@ -1,5 +1,6 @@
 """What a method is: its declaration (Method), the models it decodes with (Models), the kinds of
-drafter and target it may need, and the step-size check every causal decoder shares.
+target it may decode (the kinds of drafter are specdiff.kinds'), and the step-size check every
+causal decoder shares.
 
 May import: specdiff's contracts, settings, budget, adaptive, errors and the drafters' and targets' kinds;
 not generation (which imports this).
@@ -13,10 +14,10 @@ from typing import Any, Callable, Hashable
 
 from ..adaptive import Costs
 from ..budget import check_step
-from ..contracts import Decoder, Proposer, Target
-from ..drafters.autoregressive import ARDrafter
-from ..drafters.dflash import is_dflash_drafter as is_dflash
+from ..contracts import Decoder, Drafter, Proposer, Target
 from ..errors import UsageError
+from ..kinds import get_kind
+from ..kinds.block import is_block_diffusion
 from ..sampling import Sampling
 
 
@@ -25,31 +26,9 @@ class Models:
     """The loaded models a method decodes with; `drafter` is None for a method without one."""
 
     target: Any
-    drafter: Any = None
+    drafter: Any = None  # of the kind the method needs (its own module reads what that kind offers)
 
 
-def is_diffusion(drafter: Any) -> bool:
-    """A DiffusionDrafter, or any object with its drafting interface (x0_logits, mask_id,
-    vocab_size, context_length), such as an exported graph (runtimes.models.GraphDrafter)."""
-    return hasattr(drafter, "x0_logits") and hasattr(drafter, "mask_id")
-
-
-def is_autoregressive(drafter: Any) -> bool:
-    return isinstance(drafter, ARDrafter)
-
-
-def is_block_diffusion(model: Any) -> bool:
-    """A block-diffusion LM (targets.block.BlockDiffusionTarget): SDAR and the demo block pair."""
-    return getattr(model, "kind", None) == "block-diffusion"
-
-
-# kind -> (how messages name it, the check)
-DRAFTER_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "autoregressive": ("an autoregressive (causal LM) drafter", is_autoregressive),
-    "diffusion": ("a diffusion drafter", is_diffusion),
-    "block-diffusion": ("a block-diffusion drafter", is_block_diffusion),
-    "dflash": ("a DFlash drafter", is_dflash),
-}
 TARGET_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "causal": ("a causal LM target", lambda target: not is_block_diffusion(target)),
     "block-diffusion": ("a block-diffusion target (SDAR layout)", is_block_diffusion),
@@ -66,7 +45,7 @@ class Method:
     name: str
     summary: str
     prepare_with: Prepare
-    needs: str | None = None  # a key of DRAFTER_KINDS; None: no drafter
+    needs: str | None = None  # the name of a drafter kind (specdiff.kinds); None: no drafter
     build: Callable[[Any, Any], Proposer] | None = None  # (drafter, DraftSettings) -> its proposer
     rules: tuple[str, ...] = ()
     family: type | None = None  # the settings dataclass whose fields it reads (specdiff.settings)
@@ -78,12 +57,12 @@ class Method:
         """The decoder of one run: the method's pieces built around the models, checked."""
         return self.prepare_with(self, models, settings, sampling, acceptance)
 
-    def accepts(self, drafter: Any) -> bool:
-        return self.needs is not None and DRAFTER_KINDS[self.needs][1](drafter)
+    def accepts(self, drafter: Drafter | None) -> bool:
+        return self.needs is not None and get_kind(self.needs).holds(drafter)
 
-    def check_drafter(self, drafter: Any) -> None:
+    def check_drafter(self, drafter: Drafter | None) -> None:
         if self.needs is not None and not self.accepts(drafter):
-            raise UsageError(f"method '{self.name}' needs {DRAFTER_KINDS[self.needs][0]} (`drafter`)")
+            raise UsageError(f"method '{self.name}' needs {get_kind(self.needs).what} (`drafter`)")
 
     def check_target(self, target: Any) -> None:
         what, check = TARGET_KINDS[self.target]
@@ -113,7 +92,7 @@ _KEPT: "weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Any, dict[Hasha
     weakref.WeakKeyDictionary()
 
 
-def kept_costs(target: Any, drafter: Any, key: Hashable) -> dict[int, Costs]:
+def kept_costs(target: Any, drafter: Drafter, key: Hashable) -> dict[int, Costs]:
     """The cost tables (batch size -> Costs) that every decoder of these two loaded models under
     `key` (its draft settings and sampling) shares in this process: a library user calling
     generate() per request times them once, not on every call (seconds each)."""

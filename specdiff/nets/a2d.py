@@ -12,6 +12,7 @@ mask (drafters/a2d.py). No time conditioning; logits are not shifted: position i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -25,7 +26,7 @@ OWN_FIELDS = ("model_type", "architectures", "auto_map")
 TRAINED_LENGTH = 1024  # Tiny-A2D's SFT sequence length (dllm examples/a2d); not in the config
 
 
-def is_a2d(config: dict) -> bool:
+def is_a2d(config: dict[str, Any]) -> bool:
     return config.get("model_type") == MODEL_TYPE
 
 

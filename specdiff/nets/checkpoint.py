@@ -57,7 +57,7 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], s
     module.load_state_dict(state, strict=False)
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(read_small_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -67,14 +67,14 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def read_safetensors(path: Path) -> dict:
+def read_safetensors(path: Path) -> dict[str, Any]:
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
 
 
-def is_own_format(config: dict) -> bool:
+def is_own_format(config: dict[str, Any]) -> bool:
     return config.get("specdiff_format") == FORMAT
 
 
@@ -95,7 +95,7 @@ def save_tensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str,
 
 def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, context_length: int,
              parameterization: str, tokenizer: Any = None, dtype: torch.dtype | None = None,
-             defaults: dict | None = None, untrained: bool = False, target_embeddings: bool = False) -> None:
+             defaults: dict[str, Any] | None = None, untrained: bool = False, target_embeddings: bool = False) -> None:
     """Write a drafter in the project's format (tokenizer files and recorded `defaults` too, when
     given; `untrained`: random weights, recorded so that a run can say so; `target_embeddings`:
     the rows it shares with its target are left out)."""
@@ -115,7 +115,7 @@ def save_own(directory: Path, backbone: DDiT, *, vocab_size: int, mask_id: int, 
         tokenizer.save_pretrained(str(directory))
 
 
-def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
+def load_own(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str, Any]]:
     """-> (backbone with weights, drafting fields of the config, its recorded `defaults` included:
     {} when it has none, `untrained`: False unless `drafter init` wrote it, and `target_embeddings`:
     whether rows 0..V-1 of its embedding and head, zero here, are to be read from its target)."""
@@ -138,7 +138,7 @@ def load_own(directory: Path, config: dict) -> tuple[DDiT, dict]:
     return backbone, fields
 
 
-def _with_shared_rows(backbone: DDiT, state: dict, vocab_size: int) -> dict:
+def _with_shared_rows(backbone: DDiT, state: dict[str, Any], vocab_size: int) -> dict[str, Any]:
     """The stored rows V.. of each shared matrix under its own name, rows 0..V-1 zero (the
     target's, filled in when the drafter is paired); a missing or misshapen `_rest` is left for
     load_state_strict to report."""

@@ -53,7 +53,7 @@ OWN_FIELDS = ("model_type", "architectures", "auto_map", "block_size", "num_targ
 ROPE_TYPES = ("default", "linear", "yarn")  # inverse frequencies fixed at load (tested against the reference)
 
 
-def is_dflash(config: dict) -> bool:
+def is_dflash(config: dict[str, Any]) -> bool:
     """Whether a config.json is a DFlash draft's (architectures names DFlashDraftModel)."""
     architectures = config.get("architectures")
     return isinstance(architectures, list) and ARCHITECTURE in architectures
@@ -141,7 +141,7 @@ def read_dflash_config(directory: Path) -> tuple[Qwen3Config, DFlashSpec]:
     return qwen, DFlashSpec(block, mask, tuple(ids), n_target)
 
 
-def dflash_config(qwen: Qwen3Config, spec: DFlashSpec) -> dict:
+def dflash_config(qwen: Qwen3Config, spec: DFlashSpec) -> dict[str, Any]:
     """The config.json of a DFlash checkpoint (the inverse of read_dflash_config; no auto_map: no
     code ships)."""
     fields = qwen.to_diff_dict()

@@ -54,11 +54,11 @@ class Format:
 
     name: str
     weights: str  # the weights file inside the directory
-    detect: Callable[[dict], bool]
-    read: Callable[[Path, dict], tuple[DDiT, dict]]  # directory, config -> backbone, drafter fields
+    detect: Callable[[dict[str, Any]], bool]
+    read: Callable[[Path, dict[str, Any]], tuple[DDiT, dict[str, Any]]]  # directory, config -> backbone, drafter fields
 
 
-def _fields(config: dict, spec: dict[str, type], where: Path) -> dict[str, Any]:
+def _fields(config: dict[str, Any], spec: dict[str, type], where: Path) -> dict[str, Any]:
     """Dotted keys of `spec` looked up in `config`; one LoadError naming every missing or mistyped one."""
     found, problems = {}, []
     for dotted, kind in spec.items():
@@ -82,14 +82,14 @@ def _backbone(where: Path, **shape: Any) -> DDiT:
         raise LoadError(f"{where}: {e}") from e
 
 
-def _hub_fields(vocab_rows: int, length: int, parameterization: str, where: Path) -> dict:
+def _hub_fields(vocab_rows: int, length: int, parameterization: str, where: Path) -> dict[str, Any]:
     if length < 2:
         raise LoadError(f"{where}: model length {length} leaves no room for a context token and a draft slot")
     return {"vocab_size": vocab_rows - 1, "mask_id": vocab_rows - 1, "length": length,
             "context_length": length - min(DRAFT_ROOM, length // 2), "parameterization": parameterization}
 
 
-def _read_pickle(path: Path) -> dict:
+def _read_pickle(path: Path) -> dict[str, Any]:
     """A pickled state dict, with torch.load(weights_only=True): no code runs."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -100,11 +100,11 @@ def _read_pickle(path: Path) -> dict:
     return state
 
 
-def _is_sedd(config: dict) -> bool:
+def _is_sedd(config: dict[str, Any]) -> bool:
     return isinstance(config.get("model"), dict) and isinstance(config.get("graph"), dict)
 
 
-def _read_sedd(directory: Path, config: dict) -> tuple[DDiT, dict]:
+def _read_sedd(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str, Any]]:
     where = directory / "config.json"
     f = _fields(config, SEDD_FIELDS, where)
     for key, wanted in (("graph.type", "absorb"), ("noise.type", "loglinear"), ("model.scale_by_sigma", True)):
@@ -119,11 +119,11 @@ def _read_sedd(directory: Path, config: dict) -> tuple[DDiT, dict]:
     return backbone, _hub_fields(rows, f["model.length"], "sedd", where)
 
 
-def _is_mdlm(config: dict) -> bool:
+def _is_mdlm(config: dict[str, Any]) -> bool:
     return config.get("model_type") == "mdlm"
 
 
-def _read_mdlm(directory: Path, config: dict) -> tuple[DDiT, dict]:
+def _read_mdlm(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str, Any]]:
     where = directory / "config.json"
     f = _fields(config, MDLM_FIELDS, where)
     backbone = _backbone(where, vocab_size=f["vocab_size"], hidden_size=f["hidden_dim"], n_heads=f["n_heads"],
@@ -142,7 +142,7 @@ FORMATS = {f.name: f for f in (
 )}
 
 
-def detect(config: dict) -> Format | None:
+def detect(config: dict[str, Any]) -> Format | None:
     """The diffusion format a config.json belongs to, or None (e.g. a Hugging Face causal LM)."""
     return next((f for f in FORMATS.values() if f.detect(config)), None)
 
@@ -154,7 +154,7 @@ def get_format(name: str) -> Format:
         raise LoadError(f"unknown drafter format '{name}' (known: {', '.join(FORMATS)})") from e
 
 
-def load_checkpoint(directory: Path, fmt: Format | None = None) -> tuple[DDiT, dict]:
+def load_checkpoint(directory: Path, fmt: Format | None = None) -> tuple[DDiT, dict[str, Any]]:
     """A drafter directory -> (backbone with weights, DiffusionDrafter fields: vocab_size,
     mask_id, context_length, parameterization, and the trained length for hub formats). The
     format is detected unless given."""
@@ -169,7 +169,7 @@ def load_checkpoint(directory: Path, fmt: Format | None = None) -> tuple[DDiT, d
     return backbone, fields
 
 
-def _check_fields(backbone: DDiT, fields: dict, directory: Path) -> None:
+def _check_fields(backbone: DDiT, fields: dict[str, Any], directory: Path) -> None:
     """The real vocabulary and the mask id (past it, or a tokenizer's own mask token inside it)
     fit the model's rows; the parameterisation is known."""
     V, mask, n, rows = fields["vocab_size"], fields["mask_id"], fields["context_length"], backbone.config.vocab_size

@@ -33,11 +33,11 @@ SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_la
                 "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
-def is_sdar(config: dict) -> bool:
+def is_sdar(config: dict[str, Any]) -> bool:
     return config.get("model_type") == MODEL_TYPE
 
 
-def block_fields(config: dict, source: str) -> tuple[int, int]:
+def block_fields(config: dict[str, Any], source: str) -> tuple[int, int]:
     """-> (block_size, mask_token_id) of an SDAR config, checked as integers (not booleans)."""
     block, mask = config.get("block_size"), config.get("mask_token_id")
     if not (_is_int(block) and block >= 1 and _is_int(mask) and mask >= 0):
@@ -71,7 +71,7 @@ def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def qwen3_config(config: dict, where: Path, what: str, own: tuple[str, ...] = OWN_FIELDS) -> Qwen3Config:
+def qwen3_config(config: dict[str, Any], where: Path, what: str, own: tuple[str, ...] = OWN_FIELDS) -> Qwen3Config:
     """The Qwen3 fields of a config.json (all but the format's `own` fields) as transformers' own
     Qwen3Config; one LoadError naming the file for a malformed one (SDAR, nets/dflash.py)."""
     fields = {k: v for k, v in config.items() if k not in own}
@@ -102,7 +102,7 @@ def save_sdar(directory: Path, model: Qwen3ForCausalLM, block_size: int, mask_to
                                   "block_size": block_size, "mask_token_id": mask_token_id}, dtype)
 
 
-def save_qwen3(directory: Path, model: Qwen3ForCausalLM, own: dict, dtype: torch.dtype | None = None) -> None:
+def save_qwen3(directory: Path, model: Qwen3ForCausalLM, own: dict[str, Any], dtype: torch.dtype | None = None) -> None:
     """Write a Qwen3ForCausalLM in a format transformers does not know (SDAR, nets/a2d.py):
     model.safetensors (every tensor, a tied head's as its own copy) and config.json (its Qwen3
     fields, then the format's `own` ones and the dtype; no auto_map: no code ships). The tokenizer

@@ -44,7 +44,7 @@ def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, dev
 
     from specdiff.graphs import graph_kind
 
-    from .models import GraphDFlashDrafter, GraphDrafter, GraphTarget
+    from .models import GRAPHS
 
     if not isinstance(runtime, str) or runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r:.40} (choose from {', '.join(CHOICES)})")
@@ -54,9 +54,7 @@ def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, dev
     for kind, name in (sources or {}).items():
         if name is not None:
             check_exported_from(art, kind, name)
-    built: dict[str, type[GraphTarget] | type[GraphDrafter] | type[GraphDFlashDrafter]] = \
-        {"target": GraphTarget, "drafter": GraphDrafter, "dflash": GraphDFlashDrafter}
-    return {kind: built[graph_kind(kind, art.record(kind)["model"])].from_artifacts(
+    return {kind: GRAPHS[graph_kind(kind, art.record(kind)["model"])].from_artifacts(
                 art, backend.open_graph(art, kind, device), device)
             for kind in ("target", "drafter") if art.component(kind) is not None}
 

@@ -217,3 +217,8 @@ class GraphDFlashDrafter:
         cache.kv = list(zip(past[::2], past[1::2]))
         cache.valid = None if bool(mask.all()) else mask
         return out["logits"][:, :slots or self.block_size - 1].float()
+
+
+# graph name -> the model over it; tests/test_kinds.py holds the drafter graphs equal to the kinds' graphs
+GRAPHS: dict[str, type[GraphTarget] | type[GraphDrafter] | type[GraphDFlashDrafter]] = {
+    "target": GraphTarget, "drafter": GraphDrafter, "dflash": GraphDFlashDrafter}

@@ -65,7 +65,7 @@ class OrtRuntime:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._where = (self.device.type, self.device.index or 0)
 
-    def check_io(self, io: dict) -> None:
+    def check_io(self, io: dict[str, Any]) -> None:
         """The graph's inputs and outputs are the manifest's (names, dtypes, fixed dims): the
         manifest is not hashed, and a runtime that trusted it fed names the graph lacks."""
         graph = {"inputs": self.session.get_inputs(), "outputs": self.session.get_outputs()}

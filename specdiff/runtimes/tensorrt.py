@@ -25,7 +25,7 @@ TRT_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloa
               "INT32": torch.int32, "INT8": torch.int8, "UINT8": torch.uint8, "BOOL": torch.bool}
 
 
-def check_engine(meta: dict, path: Path, trt_version: str, gpu: str) -> None:
+def check_engine(meta: dict[str, Any], path: Path, trt_version: str, gpu: str) -> None:
     """Refuse an engine built with another TensorRT version or for another GPU."""
     if meta.get("tensorrt") != trt_version or meta.get("gpu") != gpu:
         raise LoadError(f"{path}: engine built with TensorRT {meta.get('tensorrt')} for {meta.get('gpu')}; "
@@ -40,7 +40,7 @@ def torch_dtypes(trt: Any) -> dict[Any, torch.dtype]:
 class TrtRuntime:
     """One engine and its execution context. run({name: tensor}) -> {output name: tensor}."""
 
-    def __init__(self, trt: Any, plan: bytes, meta: dict, device: torch.device | str,
+    def __init__(self, trt: Any, plan: bytes, meta: dict[str, Any], device: torch.device | str,
                  expected: list[str] | None = None):
         self.device = torch.device(device)
         self.limits = Limits(**meta["limits"])

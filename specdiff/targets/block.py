@@ -46,6 +46,7 @@ class BlockDiffusionTarget:
     and mask_id)."""
 
     kind = "block-diffusion"
+    draft_vocab = None  # as a drafter (simsd-exact's): every id (contracts.Drafter)
 
     def __init__(self, model: Any, tokenizer: Any, name: str = "", *, block_size: int, mask_id: int):
         self.model = model.eval()

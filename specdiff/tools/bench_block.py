@@ -49,7 +49,7 @@ def _plan(models: Models, method: str, s: Settings, **draft: Any) -> Plan:
 def run_block(models: Models, prompts: list[str], methods: Sequence[str], s: Settings, *,
               steps: Sequence[int | None] = (None,), gammas: Sequence[int | None] = (None,),
               remasking: str | None = None, threshold: float | None = None,
-              log: Callable[[str], None] = lambda msg: None) -> dict:
+              log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Time each method at each step count (module docstring); -> the report."""
     rows = [(m, t, g) for t in steps for m in BLOCK_METHODS if m in methods or m == "block"
             for g in (gammas if m == "simsd-exact" else (None,))]
@@ -82,7 +82,7 @@ def checks(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
 
 
 def _rows(rows: list[tuple[str, int | None, int | None]], plans: list[Plan],
-          passes: list[list[list[Output]]]) -> list[dict]:
+          passes: list[list[list[Output]]]) -> list[dict[str, Any]]:
     reference: dict[int, list[list[Output]]] = {_steps(p): ps for p, ps in zip(plans, passes)
                                                 if p.method.name == "block"}
     out = []
@@ -129,7 +129,7 @@ def _total(outputs: list[Output]) -> Metrics:
     return total
 
 
-def format_block_table(report: dict) -> str:
+def format_block_table(report: dict[str, Any]) -> str:
     head = f"{'method':<12} {'T':>3} {'g':>3} {'tok/s':>8} {'speedup':>8} {'tok/call':>9} {'alpha':>6} {'agree':>6}  exact"
     lines = [head]
     for r in report["rows"]:

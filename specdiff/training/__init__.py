@@ -12,9 +12,10 @@
     data.py         a run's data assembled once: sequences, raw text, validation batches
     drafter.py      the drafter a run starts from: new, through the target's embeddings, or given
     losses.py       Slots (the drafter's x0 logits at the draft slots, one pass) and the losses
-    loop.py         the optimizer loop over a Task (what is trained): learning rate schedule, steps,
-                    validation loss; DiffusionTask
-    checkpoints.py  checkpoints and resume, the published drafter, undoing a diverged run
+    loop.py         the optimizer loop over a Task: learning rate schedule, steps, validation loss;
+                    DiffusionTask
+    checkpoints.py  Task (what is trained and checkpointed), checkpoints and resume, the published
+                    drafter, undoing a diverged run
 
 The losses read DiffusionDrafter.x0_logits, the one chain from ids to x0 logits that drafting and
 the exported graphs run too (specdiff.drafters.diffusion.x0_logits_from): training scores exactly

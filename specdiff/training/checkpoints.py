@@ -1,4 +1,5 @@
-"""What a `specdiff distill` run writes: checkpoints to resume from, and the published drafter.
+"""What a `specdiff distill` run writes: checkpoints to resume from, and the published drafter;
+and what it trains and checkpoints, a Task (the loop runs one; loop.DiffusionTask, dflash.DFlashTask).
 
 A checkpoint (weights, optimizer, step, batch RNG state = data position, validation history) is
 written to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; `resume` continues from the
@@ -20,7 +21,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -32,11 +33,25 @@ from ..errors import DivergedError, LoadError
 from ..nets.checkpoint import load_own, read_json, save_own
 from .teacher import Teacher
 
-if TYPE_CHECKING:
-    from .loop import Task
-
 KEEP = 2  # checkpoints kept
 T = TypeVar("T")
+
+
+class Task(Protocol):
+    """What one kind of drafter needs trained: its module, batches, loss, validation and files."""
+
+    @property
+    def module(self) -> nn.Module: ...  # the weights trained and checkpointed
+
+    def batch(self, size: int, generator: torch.Generator) -> Any: ...  # generator's state: the data position
+
+    def loss(self, batch: Any) -> torch.Tensor: ...
+
+    def scored(self, batch: Any) -> int: ...  # the tokens a step trained on (the report's train_tokens)
+
+    def validation(self) -> float: ...  # the loss on fixed held-out batches
+
+    def save(self, directory: Path) -> None: ...  # the drafter's files (a checkpoint's, no tokenizer)
 
 
 @dataclass
@@ -44,7 +59,7 @@ class TrainState:
     step: int = 0
     tokens: int = 0
     train_s: float = 0.0
-    history: list = field(default_factory=list)  # [step, val loss]
+    history: list[Any] = field(default_factory=list)  # [step, val loss]
     rng: torch.Tensor | None = None  # state of the batch generator: the data position
 
 
@@ -101,7 +116,7 @@ def _set_aside(path: Path) -> Path:
     return path.replace(aside)
 
 
-def read_state(path: Path) -> tuple[dict, TrainState]:
+def read_state(path: Path) -> tuple[dict[str, Any], TrainState]:
     """A checkpoint's state.pt -> (optimizer state, TrainState); a LoadError if it cannot be read."""
     try:
         saved = torch.load(path / "state.pt", weights_only=True)
@@ -123,7 +138,7 @@ def save_checkpoint(root: Path, task: Task, opt: torch.optim.Optimizer, state: T
         shutil.rmtree(old)
 
 
-def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict, TrainState]:
+def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict[str, Any], TrainState]:
     """A diffusion drafter's checkpoint (not yet paired with `target`); a LoadError if it cannot be read."""
     backbone, fields = load_own(path, read_json(path / "config.json"))
     drafter = DiffusionDrafter(backbone, tokenizer=target.tokenizer, source=str(path), **fields)

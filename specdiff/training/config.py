@@ -214,7 +214,7 @@ def _check_data(cfg: DistillConfig) -> None:
         raise UsageError(f"`continuation_tokens` ({cfg.continuation_tokens}) must be >= `gamma` ({cfg.draft_gamma})")
 
 
-def trained_for(cfg: DistillConfig) -> dict:
+def trained_for(cfg: DistillConfig) -> dict[str, Any]:
     """The draft settings a run trains for, recorded in the drafter's config.json: its examples
     are gamma slots masked as the l2r schedule with T = steps_per_draft masks them."""
     return {"gamma": cfg.draft_gamma, "steps": cfg.steps_per_draft, "schedule": "l2r"}

@@ -269,7 +269,7 @@ def corpus(seqs: Sequences, features: torch.Tensor | MappedFeatures, pad_id: int
     return Corpus(seqs, features, padding(seqs.ids, pad_id), torch.where(limits > P, limits, 0))
 
 
-def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict:
+def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict[str, Any]:
     """Train a DFlash drafter for `target` into cfg.out (see the module docstring) -> the report
     (data_only: the teacher data and features, then a short report)."""
     wall = time.perf_counter()
@@ -319,7 +319,7 @@ def _first(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
     return DFlashDrafter(net.float().train(), spec, source=str(cfg.out), draft_vocab=load_draft_vocab(Path(cfg.drafter)))
 
 
-def _resumed(path: Path) -> tuple[DFlashDrafter, dict, TrainState]:
+def _resumed(path: Path) -> tuple[DFlashDrafter, dict[str, Any], TrainState]:
     """A DFlash checkpoint (checkpoints.resumable's `read`): a LoadError if it cannot be read."""
     net, spec = load_dflash(path)
     drafter = DFlashDrafter(net.train(), spec, source=str(path), draft_vocab=load_draft_vocab(path))
@@ -368,7 +368,7 @@ def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
 
 
 def _report(cfg: DistillConfig, target: CausalLMTarget, task: DFlashTask, state: TrainState, val_set: Corpus,
-            P: int, wall_s: float) -> dict:
+            P: int, wall_s: float) -> dict[str, Any]:
     drafter = task.module
     evaluation = evaluate_drafter(cfg, target, drafter, val_set.seqs, P, method="dflash")
     return {

@@ -23,6 +23,7 @@ import json
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ from .loop import DiffusionTask, train
 from .teacher import Teacher
 
 
-def distill(cfg: DistillConfig, progress: bool = False) -> dict:
+def distill(cfg: DistillConfig, progress: bool = False) -> dict[str, Any]:
     """Train a drafter for cfg.target into cfg.out (see the module docstring) -> the report."""
     wall = time.perf_counter()
     check(cfg)
@@ -72,7 +73,7 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict:
     return report
 
 
-def build_data(cfg: DistillConfig, target: Teacher, progress: bool) -> dict:
+def build_data(cfg: DistillConfig, target: Teacher, progress: bool) -> dict[str, Any]:
     """data_only: the teacher data cache alone -> a short report."""
     data = prepare(cfg, target, initial_drafter(cfg, target), progress)
     return {"target": target.name, "data": str(data_directory(cfg)), "generated_tokens": data.generated_tokens,
@@ -80,7 +81,7 @@ def build_data(cfg: DistillConfig, target: Teacher, progress: bool) -> dict:
 
 
 def _report(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, state: TrainState, data: Data,
-            wall: float) -> dict:
+            wall: float) -> dict[str, Any]:
     """report.json of a finished run that started at perf_counter() `wall` (evaluate_drafter runs here)."""
     return {
         "target": target.name, "drafter": str(Path(cfg.out)), "loss": cfg.loss, "draft_temperature": cfg.draft_temperature,
@@ -99,7 +100,7 @@ def _report(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, stat
     }
 
 
-def _soft_label_report(cfg: DistillConfig, data: Data) -> dict | None:
+def _soft_label_report(cfg: DistillConfig, data: Data) -> dict[str, Any] | None:
     """How much of p the soft labels keep: the mean over positions of their summed probability."""
     if data.train.soft_p is None:
         return None

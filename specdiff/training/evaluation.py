@@ -9,7 +9,7 @@ from .teacher import Sequences, Teacher
 
 
 def evaluate_drafter(cfg: DistillConfig, target: Teacher, drafter: Any, val: Sequences, P: int,
-                     **settings: Any) -> dict:
+                     **settings: Any) -> dict[str, Any]:
     """tau and alpha of `settings` (default: specdiff, l2r, T steps) against the target on
     held-out prompts (distinct prompts: the S samples of one share it), greedy and at
     eval_temperature (seed cfg.seed)."""
@@ -22,7 +22,7 @@ def evaluate_drafter(cfg: DistillConfig, target: Teacher, drafter: Any, val: Seq
         prompts = [row[int((row != fill).float().argmax()):] for row in prompts]
     texts = [t for t in target.tokenizer.batch_decode(prompts) if t.strip()][:cfg.eval_prompts]
     drafter.eval()
-    report: dict = {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens}
+    report: dict[str, Any] = {"prompts": len(texts), "max_new_tokens": cfg.continuation_tokens}
     for key, temperature in (("greedy", 0.0), ("sampled", cfg.eval_temperature)):
         m = generate(texts, target=target, drafter=drafter, gamma=cfg.draft_gamma, temperature=temperature,
                      max_new_tokens=cfg.continuation_tokens, seed=cfg.seed, **settings).metrics

@@ -10,16 +10,15 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from ..drafters.diffusion import DiffusionDrafter
 from ..errors import DivergedError
 from .batches import Batch
-from .checkpoints import TrainState, save_checkpoint, save_drafter
+from .checkpoints import Task, TrainState, save_checkpoint, save_drafter
 from .config import DistillConfig
 from .data import Data
 from .losses import loss_function
@@ -36,23 +35,6 @@ def learning_rate(step: int, peak: float, max_steps: int) -> float:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
     return peak * (MIN_LR + (1 - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-class Task(Protocol):
-    """What one kind of drafter needs trained: its module, batches, loss, validation and files."""
-
-    @property
-    def module(self) -> nn.Module: ...  # the weights trained and checkpointed
-
-    def batch(self, size: int, generator: torch.Generator) -> Any: ...  # generator's state: the data position
-
-    def loss(self, batch: Any) -> torch.Tensor: ...
-
-    def scored(self, batch: Any) -> int: ...  # the tokens a step trained on (the report's train_tokens)
-
-    def validation(self) -> float: ...  # the loss on fixed held-out batches
-
-    def save(self, directory: Path) -> None: ...  # the drafter's files (a checkpoint's, no tokenizer)
 
 
 class DiffusionTask:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,16 @@ from ..drafters.diffusion import NOISE_EPS, DiffusionDrafter, loglinear_sigma, m
 from ..errors import UsageError
 from .batches import Batch
 
-if TYPE_CHECKING:
-    from .config import DistillConfig
+
+class LossSettings(Protocol):
+    """What loss_function reads of a run's settings (config.DistillConfig, which checks the names
+    against LOSSES: the settings are the config's room, the losses this one)."""
+
+    @property
+    def loss(self) -> str: ...
+
+    @property
+    def draft_temperature(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,7 @@ AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
 DFLASH_LOSSES = ("ce", "kl", "lk")  # training/dflash.py: per slot, weighted by the slot's reach
 
 
-def loss_function(cfg: DistillConfig) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
+def loss_function(cfg: LossSettings) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
     """The configured loss, with the deployment temperature where it takes one; "a+b" is the
     sum of losses a and b (e.g. ce+kl: the hard labels' argmax and the soft labels' spread),
     over one drafter pass."""

@@ -172,7 +172,7 @@ def _features(out: Any, layer_ids: Sequence[int], mask: torch.Tensor | None = No
     return (feats if mask is None else feats * mask[..., None]).half().cpu()
 
 
-def _joined(feats: list, width: int) -> torch.Tensor | None:
+def _joined(feats: list[Any], width: int) -> torch.Tensor | None:
     """Per-call features -> (B, width, F), zeros past the last call (rows that all ended early)."""
     if feats[0] is None:
         return None
@@ -180,7 +180,7 @@ def _joined(feats: list, width: int) -> torch.Tensor | None:
     return torch.nn.functional.pad(joined, (0, 0, 0, width - joined.shape[1]))[:, :width]
 
 
-def _finished(prompts: torch.Tensor, ids: list, soft: list, length: int, eos_id: int) -> Sequences:
+def _finished(prompts: torch.Tensor, ids: list[Any], soft: list[Any], length: int, eos_id: int) -> Sequences:
     """Sequences whose rows all ended early, padded to `length` with eos (soft labels one-hot on it)."""
     B, rest = prompts.shape[0], length - (len(ids) - 1)
     ids = [*ids, prompts.new_full((B, rest), eos_id)]

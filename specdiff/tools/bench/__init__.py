@@ -54,7 +54,7 @@ __all__ = ["DEFAULT_PROMPTS", "METHODS", "NEEDS", "PASSES", "SPREAD_LIMIT", "Cpu
 
 
 def run(models: Models, prompts: list[str], rows: list[Variant], settings: Settings,
-        log: Callable[[str], None] = lambda msg: None) -> dict:
+        log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Time every variant on the prompts; -> the report (what bench.json holds)."""
     if settings.repeats < 1 or settings.warmup < 0:
         raise UsageError("repeats must be >= 1 and warmup >= 0")

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from torch import nn
 
 from ...drafters.autoregressive import ARDrafter
+from ...kinds import DrafterKind, get_kind, kind_of
 from ...drafters.dflash import DFlashDrafter
 from ...drafters.diffusion import DiffusionDrafter
 from ...errors import UsageError
@@ -25,8 +26,7 @@ from ...targets.causal import CausalLMTarget
 from ...vocab import DraftVocab
 
 METHODS = (*(m for m in REGISTRY if REGISTRY[m].target == "causal"), *PEERS)  # block targets: bench_block.py
-SLOTS = {"diffusion": "drafter", "block-diffusion": "drafter", "dflash": "drafter", "autoregressive": "ar_drafter"}  # drafter kind -> Models field
-NEEDS = {**{m.name: SLOTS[m.needs] for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
+NEEDS = {**{m.name: get_kind(m.needs).slot for m in REGISTRY.values() if m.needs}, "hf-assisted": "ar_drafter"}
 DEFAULT_PROMPTS = data_path("prompts", "heldout.jsonl")
 
 
@@ -35,7 +35,7 @@ class Models:
     target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
     drafter: DiffusionDrafter | DFlashDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
-    graphs: dict[str, dict] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
+    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
 
     def drafter_module(self, method: str) -> nn.Module | BlockDiffusionTarget | None:
         """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
@@ -51,7 +51,7 @@ class Models:
         drafter = self.graphs[v.runtime].get(slot) if v.on_graphs else getattr(self, slot)
         return getattr(drafter, "draft_vocab", None)
 
-    def names(self) -> dict:
+    def names(self) -> dict[str, Any]:
         return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
                 "ar_drafter": getattr(self.ar_drafter, "source", None)}
 
@@ -118,7 +118,7 @@ def default_prompts(pair: str | None, target: Any, registry: Registry | None = N
 
 def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = None, ar_drafter: Any = None,
                 methods: Sequence[str] = (), device: str = "cpu", dtype: str = "auto",
-                registry: Registry | None = None) -> tuple[Models, dict]:
+                registry: Registry | None = None) -> tuple[Models, dict[str, Any]]:
     """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
     `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
     pair's `ar_drafter:` is loaded."""
@@ -131,7 +131,8 @@ def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = N
         if name is None:
             continue
         loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
-        if must_be_ar and not isinstance(loaded, ARDrafter):
+        slot = cast(DrafterKind, kind_of(loaded)).slot  # the field its kind loads into
+        if must_be_ar and slot != "ar_drafter":
             raise UsageError(f"ar_drafter '{name}' is not a causal LM")
-        setattr(models, "ar_drafter" if isinstance(loaded, ARDrafter) else "drafter", loaded)  # diffusion, dflash
+        setattr(models, slot, loaded)
     return models, defaults

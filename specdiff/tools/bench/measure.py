@@ -11,7 +11,7 @@ import platform
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import transformers
@@ -28,7 +28,7 @@ class Repeat:
 
     tokens: list[list[int]]  # per prompt
     seconds: list[float]
-    calls: list[dict]  # per prompt: role -> [Call] (batched: the calls made until it was done)
+    calls: list[dict[str, Any]]  # per prompt: role -> [Call] (batched: the calls made until it was done)
     metrics: list[Metrics | None] = field(default_factory=list)  # per prompt, the loop's own (peers: None)
     cuda_peak_mb: float | None = None  # peak CUDA memory allocated during this pass
     kv_peak_mb: float | None = None  # largest KV cache the target held during this pass
@@ -37,7 +37,7 @@ class Repeat:
     def tokens_per_s(self) -> float:
         return sum(map(len, self.tokens)) / sum(self.seconds)
 
-    def role_calls(self, role: str) -> list:
+    def role_calls(self, role: str) -> list[Any]:
         return [c for prompt in self.calls for c in prompt.get(role, [])]
 
 
@@ -88,7 +88,7 @@ def time_variants(models: Models, rows: list[Variant], s: Settings, prompts: lis
     return repeats, [one_pass.compile_s for one_pass in passes]
 
 
-def memory_of(repeats: list[Repeat]) -> dict:
+def memory_of(repeats: list[Repeat]) -> dict[str, Any]:
     """The process's RSS high-water mark (all variants so far), this variant's CUDA peak and the
     largest KV cache its passes held (HF peers keep their own cache: None)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
@@ -97,7 +97,7 @@ def memory_of(repeats: list[Repeat]) -> dict:
     return {"peak_rss_mb": rss, "cuda_peak_mb": max(cuda) if cuda else None, "kv_cache_peak_mb": kv or None}
 
 
-def environment(models: Models, load: CpuLoad | None = None) -> dict:
+def environment(models: Models, load: CpuLoad | None = None) -> dict[str, Any]:
     """The machine and software a run had; `foreign_cpu_load`: the cores other processes kept busy
     during it (`load`; "unknown" where that cannot be read)."""
     device = models.target.device

@@ -71,7 +71,7 @@ def _temperature(v: Variant, s: Settings) -> float:
     return s.temperature if v.temperature is None else v.temperature
 
 
-def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict:
+def _hf_kwargs(models: Models, v: Variant, s: Settings) -> dict[str, Any]:
     t, temperature = models.target, _temperature(v, s)
     kw: dict[str, Any] = {"do_sample": temperature > 0, "pad_token_id": t.eos_token_id,
                           "eos_token_id": t.eos_token_id}

@@ -11,9 +11,10 @@ from typing import Iterable, Iterator, Sequence
 from ... import selection
 from ...acceptance import RULES
 from ...drafters.diffusion import get_schedule
+from ...contracts import Drafter
 from ...errors import IncompatibleModelsError, UsageError
 from ...generation import DEFAULT_STEPS, DEFAULTS
-from ...methods import DRAFTER_KINDS
+from ...kinds import get_kind
 from ...settings import AUTO
 from .config import METHODS, NEEDS, REGISTRY, Models, Variant
 
@@ -69,7 +70,9 @@ def check_unique(**lists: Sequence[object]) -> None:
             raise UsageError(f"`{name}` lists {twice} twice: each value is one row; give it once")
 
 
-GRAPH_METHODS = ("ar", "specdiff", "dflash")  # what runs on exported graphs
+# what runs on exported graphs: causal methods with no drafter, or one whose kind has a graph (ar, specdiff, dflash)
+GRAPH_METHODS = tuple(m.name for m in REGISTRY.values()
+                      if m.target == "causal" and (m.needs is None or get_kind(m.needs).graph is not None))
 
 
 def _runs(v: Variant) -> bool:
@@ -122,7 +125,7 @@ def available_methods(models: Models) -> list[str]:
     return [m for m in METHODS if NEEDS.get(m) is None or _drafts_with(m, getattr(models, NEEDS[m]))]
 
 
-def _drafts_with(method: str, drafter: object) -> bool:
+def _drafts_with(method: str, drafter: Drafter | None) -> bool:
     """Whether `method` can draft with `drafter` (the registry's kind; the peers: any AR drafter)."""
     return drafter is not None and (method not in REGISTRY or REGISTRY[method].accepts(drafter))
 
@@ -135,7 +138,7 @@ def check_models(models: Models, rows: list[Variant]) -> None:
             drafter = graphs.get("drafter")
             needs = REGISTRY[v.method].needs
             if "target" not in graphs or (needs is not None and not REGISTRY[v.method].accepts(drafter)):
-                held = "a target" if needs is None else f"a target and {DRAFTER_KINDS[needs][0]}"
+                held = "a target" if needs is None else f"a target and {get_kind(needs).what}"
                 raise UsageError(f"{v.runtime} rows of '{v.method}' need exported graphs of {held}")
             if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
                 raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
