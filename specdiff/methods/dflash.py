@@ -20,12 +20,17 @@ and each row keeps its first g_b. The drafter keeps each row's context K/V acros
 (RowContexts): a step feeds it only the features of the positions verified since the row's last
 draft.
 
+With `tree` N > 0 the row drafts a tree instead (DFlashDrafts: N nodes best-first over the
+slots' marginals, depth <= g_b), the target verifies every row's tree in one call and keeps the
+accepted path (specdiff.trees; a contracts.TreeTarget: the torch CausalLMTarget), the rule is
+greedy or match over the tree (tree_rule; docs/lossless.md, "Trees").
+
 The target is any contracts.CapturingTarget (the torch CausalLMTarget, or an exported graph's
 GraphTarget whose graph outputs the drafter's layers); the drafter is a DFlashDrafter or its
 exported graph (runtimes.models.GraphDFlashDrafter): both draft through the same call.
 
-May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, targets,
-drafters.
+May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, trees,
+targets, drafters.
 """
 
 from __future__ import annotations
@@ -120,12 +125,13 @@ class DFlashDrafts:
         self.contexts = RowContexts()
 
     def __repr__(self) -> str:
-        return f"DFlashDrafts({self.drafter.source!r}{f', drafts={self.K}' if self.K > 1 else ''})"
+        return (f"DFlashDrafts({self.drafter.source!r}{f', drafts={self.K}' if self.K > 1 else ''}"
+                f"{f', tree={self.tree}' if self.tree else ''})")
 
     @torch.no_grad()
     def __call__(self, batch: list[Row], g: list[int]) -> list[Draft]:
         """batch row b is the target's cache row b -> one Draft (1, g_b) per row (K > 1:
-        selection.Candidates, tokens (1, K, g_b))."""
+        selection.Candidates, tokens (1, K, g_b); tree: a trees.Tree of depth <= g_b)."""
         none = trees.empty_tree(self.target.device, self.target.vocab_size) if self.tree else empty_draft(self.target)
         drafts: list[Draft] = [none] * len(batch)
         members = [b for b, g_b in enumerate(g) if g_b]
@@ -136,11 +142,7 @@ class DFlashDrafts:
         logits = head_logits(self._logits(rows, members, batch, max(g[b] for b in members)), vocab,
                              self.target.vocab_size)  # (B', max g_b, N or V): what the head may propose
         if self.tree:
-            ranking = Sampling(temperature=1.0) if self.sampling.greedy else self.sampling
-            probs = ranking.probs(logits)
-            for i, b in enumerate(members):
-                drafts[b] = trees.best_first(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab))
-            return drafts
+            return self._trees(logits, members, g, drafts)
         probs = self.warping.probs(logits)  # (B', max g_b, N or V)
         for i, (b, row) in enumerate(zip(members, rows)):
             p_b = probs[i:i + 1, :g[b]]  # (1, g_b, N or V)
@@ -152,6 +154,16 @@ class DFlashDrafts:
                 q_b, tokens = on_target(p_b, selection.draw_candidates(argmax, p_b, self.K, self.iid, row.generator),
                                         vocab)
                 drafts[b] = selection.Candidates(tokens, q_b, calls=1)
+        return drafts
+
+    def _trees(self, logits: torch.Tensor, members: list[int], g: list[int], drafts: list[Draft]) -> list[Draft]:
+        """logits (B', max g_b, N or V) of the drafting rows (batch rows `members`) -> `drafts`
+        with a trees.Tree of up to self.tree nodes and depth <= g_b at each of them."""
+        ranking = Sampling(temperature=1.0) if self.sampling.greedy else self.sampling  # greedy q is one-hot
+        probs = ranking.probs(logits)
+        vocab = self.drafter.draft_vocab
+        for i, b in enumerate(members):
+            drafts[b] = trees.best_first(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab))
         return drafts
 
     def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
