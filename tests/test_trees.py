@@ -21,6 +21,7 @@ from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
 from specdiff.methods.dflash import DFlashDrafts
 from specdiff.sampling import Sampling
+from specdiff import trees
 from specdiff.targets.causal import CausalLMTarget
 from specdiff.trees import Tree, ancestry, best_first, tree_probs, walk, walk_greedy
 
@@ -147,6 +148,26 @@ def test_tree_greedy_equals_ar(models, reference, target, batch_size):
     assert _differing(result, reference[target]) == []
     assert result.metrics.new_tokens == reference[target].metrics.new_tokens
     assert models[target].captured == ()
+
+
+def test_a_repetition_penalty_reads_each_nodes_own_path(models):
+    """p at a node is penalised with the context and that node's path (tree_probs): greedy with
+    a penalty stays ar's, and penalising with the whole tree's tokens instead does not."""
+    options = dict(max_new_tokens=MAX_NEW, repetition_penalty=3.0)
+    ref = generate(PROMPTS[:6], target=models["llama"], method="ar", **options)
+    got = generate(PROMPTS[:6], target=models["llama"], drafter=models["llama-dflash"], method="dflash", gamma=4,
+                   tree=16, batch_size=3, **options)
+    assert _differing(got, ref) == []
+    def whole_tree(sampling, logits, context, tokens, parent):
+        prefix = torch.cat([context, tokens[None, 1:].to(context.device)], 1)  # every node's token, not the path's
+        return torch.cat([sampling.target_probs(logits[:, i:i + 1], prefix, prefix[:, :0])
+                          for i in range(logits.shape[1])], 1)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(trees, "tree_probs", whole_tree)
+        broken = generate(PROMPTS[:6], target=models["llama"], drafter=models["llama-dflash"], method="dflash", gamma=4,
+                          tree=16, batch_size=3, **options)
+    assert _differing(broken, ref) != []
 
 
 class Oracle:
