@@ -333,3 +333,13 @@ def test_a_target_without_tree_verify_is_refused(models):
     with pytest.raises(UsageError, match="verifies chains only"):
         tree_rule(object(), chain_only, Sampling(), None)
     assert isinstance(target, CausalLMTarget) and target.can_tree() is None
+
+
+def test_bench_sweeps_trees_beside_chains_on_fixed_gammas():
+    from specdiff.tools.bench.sweep import variants
+
+    labels = [v.label for v in variants(["ar", "specdiff", "dflash"], gammas=("auto", 4), trees=(0, 8))]
+    assert {"dflash g=4", "dflash g=4 tree=8", "dflash g=auto"} <= set(labels)
+    assert [label for label in labels if "tree" in label] == ["dflash g=4 tree=8"]  # specdiff, gamma auto: chains
+    graphs = variants(["ar", "dflash"], gammas=(4,), trees=(0, 8), runtimes=("torch", "onnxruntime"))
+    assert [v.label for v in graphs if v.tree] == ["dflash g=4 tree=8"]  # exported graphs take no tree mask
