@@ -42,10 +42,10 @@ TreeRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 @dataclass
 class Tree(Draft):
     """One row's draft tree after its last token x (a Draft whose tokens are the nodes'): tokens
-    (N,) int64 (target ids), q (g, V) the per-slot marginals it was chosen from (over a draft
-    vocabulary's N rows where the drafter has one), calls: drafter
-    calls; parent (N,) int64 (the parent's index among these nodes, -1: x), depth (N,) int64
-    (1 .. g); parents precede children."""
+    (N,) int64 (target ids, siblings distinct), q (g, V) the per-slot marginals it was chosen
+    from (over a draft vocabulary's rows where the drafter has one), calls: drafter calls;
+    parent (N,) int64 (the parent's index among these nodes, -1: x), depth (N,) int64 (1 .. g);
+    parents precede children."""
 
     parent: torch.Tensor
     depth: torch.Tensor
