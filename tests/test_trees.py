@@ -1,7 +1,7 @@
 """Draft trees (issue 39; specdiff.trees, targets.trees): the tree a drafter's marginals give, the
 target's verify of a whole tree per row (ragged, left-padded rows; windowed layers), the cache
-kept to the accepted path, greedy identity with ar, and the tree rule's distribution by the
-chi-square test of test_sampling_exact, beside broken rules that must fail it.
+kept to the accepted path, greedy identity with ar, batch-size independence, refusals. The
+rules' distributions: tests/test_trees_exact.py.
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.acceptance import standard
+from specdiff import trees
 from specdiff.decoding import Row, decode_drafted
 from specdiff.errors import UsageError
-from specdiff.generation import iter_generate, plan
-from specdiff.methods.dflash import DFlashDrafts
+from specdiff.generation import plan
 from specdiff.sampling import Sampling
-from specdiff import trees
 from specdiff.targets.causal import CausalLMTarget
-from specdiff.trees import Tree, ancestry, best_first, tree_probs, walk, walk_greedy
+from specdiff.trees import Tree, ancestry, best_first, walk_greedy
 
-import test_sampling_exact as exact
-from test_dflash_method import small  # noqa: F401  (the V = 8 target and its DFlash drafter)
 from tiny import TEXT, make_dflash, make_llama, make_qwen3
 
 WORDS = TEXT.split()
@@ -192,7 +188,7 @@ class Oracle:
             at = len(tokens) - 2
         keep = [i for i, dep in enumerate(depth) if dep <= g]
         as_tensor = torch.tensor
-        return Tree(as_tensor([tokens[i] for i in keep], dtype=torch.long), torch.zeros(0, 1), 0,
+        return Tree(as_tensor([tokens[i] for i in keep], dtype=torch.long), torch.zeros(g, self.target.vocab_size), 0,
                     as_tensor([parent[i] for i in keep], dtype=torch.long), as_tensor([depth[i] for i in keep]))
 
 
@@ -216,7 +212,7 @@ def test_paths_through_second_children_keep_the_cache_exact(models, reference, n
     assert sum(row.metrics.accepted for row in rows) / sum(row.metrics.iterations for row in rows) > 3
 
 
-def first_child(tokens, parent, p, generator=None):
+def first_child(tokens, parent, p, q=None, generator=None):
     """A broken rule: descend to the first child unchecked, then emit the target's argmax."""
     B, node = tokens.shape[0], torch.zeros(tokens.shape[0], dtype=torch.long)
     while True:
@@ -232,81 +228,16 @@ def test_a_rule_that_takes_the_first_child_unchecked_is_not_ar(models, reference
     assert sum(row.new_tokens != outputs[tuple(row.ids[:row.n_prompt])] for row in rows) > len(rows) // 2
 
 
-@pytest.mark.parametrize("target", ["gpt2", pytest.param("qwen3-window", marks=SLOW)])
-def test_sampled_tree_output_does_not_depend_on_the_batch_size(models, target):
+@pytest.mark.parametrize("target,acceptance", [("gpt2", None), ("gpt2", "multi"),
+                                               pytest.param("qwen3-window", None, marks=SLOW)])
+def test_sampled_tree_output_does_not_depend_on_the_batch_size(models, target, acceptance):
+    """match over the tree, and multi (children drawn from q with the row's generator)."""
     one, three = (generate(PROMPTS, target=models[target], drafter=models[f"{target}-dflash"], method="dflash",
-                           max_new_tokens=MAX_NEW, gamma=4, tree=8, temperature=1.0, top_k=20, seed=7, batch_size=b)
+                           max_new_tokens=MAX_NEW, gamma=4, tree=8, temperature=1.0, top_k=20, seed=7, batch_size=b,
+                           acceptance=acceptance)
                   for b in (1, 3))
     assert [o.tokens for o in three.outputs] == [o.tokens for o in one.outputs]
     assert len({tuple(o.tokens[:4]) for o in one.outputs}) > 10  # really sampled
-
-
-# --- the target's distribution -----------------------------------------------------------------
-
-@torch.no_grad()
-def tree_samples(target, drafter, sampling, rule, seed, nodes=6):
-    """exact.N samples of the first exact.DEPTH tokens after exact.CONTEXT through one tree step:
-    the DFlash tree (the same for every row: the context is), its verify (extend_tree, tree_probs),
-    then `rule` over all rows at once -> (cell ids (N,), accepted depth (N,))."""
-    g = torch.Generator().manual_seed(seed)
-    prompt = exact.CONTEXT[0].tolist()
-    step = DFlashDrafts(target, drafter, sampling, tree=nodes)
-    target.capture(step.layers)
-    try:
-        target.prefill(exact.CONTEXT[:, :-1])
-        tree = step([Row(prompt, 8, target.max_length, None, target.device, g)], [exact.GAMMA])[0]
-        tokens = torch.cat([exact.CONTEXT[0, -1:], tree.tokens])[None]  # verify numbering (1, S)
-        parent = torch.cat([torch.tensor([-1]), tree.parent + 1])[None]
-        logits = target.extend_tree(tokens, parent, torch.tensor([tokens.shape[1]]))
-    finally:
-        target.capture(())
-    p = tree_probs(sampling, logits, exact.CONTEXT, tokens[0], parent[0])
-    n_rows = exact.N
-    node, y = rule(tokens.expand(n_rows, -1), parent.expand(n_rows, -1), p.expand(n_rows, -1, -1), g, tree=tree)
-    paths = [ancestry(parent[0].tolist(), i)[1:] for i in range(tokens.shape[1])]  # per node: its path's nodes
-    table = torch.zeros(tokens.shape[1], exact.GAMMA, dtype=torch.long)
-    for i, path in enumerate(paths):
-        table[i, :len(path)] = tokens[0, path]
-    depth = torch.tensor([len(path) for path in paths])[node]
-    return exact.first_tokens(target.model, table[node], depth, y, sampling, g), depth
-
-
-def tree_walk(tokens, parent, p, generator=None, tree=None):
-    return walk(tokens, parent, p, generator)
-
-
-def standard_on_the_top_chain(tokens, parent, p, generator=None, tree=None):
-    """A broken rule: each node's first child (chosen deterministically, the top of its slot)
-    accepted with probability min(1, p / q), q the slot's marginal, as if it had been drawn from
-    q; at the first rejection a draw from norm(max(0, p - q))."""
-    chain, node = [0], 0
-    while bool((parent[0] == node).any()):
-        node = int((parent[0] == node).long().argmax())
-        chain.append(node)
-    draft = tokens[:, chain[1:]]
-    n, y = standard(draft, tree.q[None, :len(chain) - 1].expand(tokens.shape[0], -1, -1), p[:, chain], generator)
-    return torch.tensor(chain)[n], y
-
-
-SAMPLINGS = ["t1", "t0.7-top3"]
-
-
-@pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_a_tree_step_has_the_target_distribution(small, sampling):  # noqa: F811
-    target, drafter = small
-    s = exact.SAMPLINGS[sampling]
-    cells, depth = tree_samples(target, drafter, s, tree_walk, seed=11)
-    print(f"accepted depth {depth.float().mean():.3f}")
-    assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
-    assert 0.05 < (depth > 0).float().mean() < 0.95  # sensitive: trees neither always rejected nor always taken
-
-
-@pytest.mark.parametrize("sampling", ["t1", pytest.param("t0.7-top3", marks=SLOW)])
-def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(small, sampling):  # noqa: F811
-    target, drafter = small
-    s = exact.SAMPLINGS[sampling]
-    cells, _ = tree_samples(target, drafter, s, standard_on_the_top_chain, seed=11)
-    assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) < exact.P_BROKEN
 
 
 # --- planning and refusals ---------------------------------------------------------------------
@@ -314,9 +245,12 @@ def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(small, s
 def test_tree_refusals(models, tiny):
     target, drafter = models["gpt2"], models["gpt2-dflash"]
     p = plan(target=target, drafter=drafter, method="dflash", gamma=3, tree=6, temperature=0.7)
-    assert (p.decoder.rule, p.decoder.ran()["tree"]) == ("match", 6)
+    assert (p.decoder.rule, p.decoder.ran()["tree"], p.decoder.drafts.iid) == ("match", 6, False)
+    p = plan(target=target, drafter=drafter, method="dflash", gamma=3, tree=6, temperature=0.7, acceptance="multi")
+    assert (p.decoder.rule, p.decoder.drafts.iid) == ("multi", True)
     for options, message in [({"gamma": 3, "drafts": 2}, "give `drafts` 1"), ({}, "give an integer `gamma`"),
-                             ({"gamma": 3, "acceptance": "standard", "temperature": 1.0}, "does not apply")]:
+                             ({"gamma": 3, "acceptance": "standard", "temperature": 1.0}, "does not apply"),
+                             ({"gamma": 3, "acceptance": "multi"}, "does not apply")]:
         with pytest.raises(UsageError, match=message):
             plan(target=target, drafter=drafter, method="dflash", tree=6, **options)
     with pytest.raises(UsageError, match="method 'specdiff' does not use `tree`"):

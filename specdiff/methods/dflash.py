@@ -23,7 +23,8 @@ draft.
 With `tree` N > 0 the row drafts a tree instead (DFlashDrafts: N nodes best-first over the
 slots' marginals, depth <= g_b), the target verifies every row's tree in one call and keeps the
 accepted path (specdiff.trees; a contracts.TreeTarget: the torch CausalLMTarget), the rule is
-greedy or match over the tree (tree_rule; docs/lossless.md, "Trees").
+greedy or match over the tree, or multi over children drawn from q (tree_rule; docs/lossless.md,
+"Trees").
 
 The target is any contracts.CapturingTarget (the torch CausalLMTarget, or an exported graph's
 GraphTarget whose graph outputs the drafter's layers); the drafter is a DFlashDrafter or its
@@ -49,7 +50,7 @@ from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
-from ..vocab import head_logits, on_target, target_ids
+from ..vocab import head_logits, on_target, target_ids, target_probs
 from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import check_drafts, rule_name
 
@@ -142,7 +143,7 @@ class DFlashDrafts:
         logits = head_logits(self._logits(rows, members, batch, max(g[b] for b in members)), vocab,
                              self.target.vocab_size)  # (B', max g_b, N or V): what the head may propose
         if self.tree:
-            return self._trees(logits, members, g, drafts)
+            return self._trees(logits, batch, members, g, drafts)
         probs = self.warping.probs(logits)  # (B', max g_b, N or V)
         for i, (b, row) in enumerate(zip(members, rows)):
             p_b = probs[i:i + 1, :g[b]]  # (1, g_b, N or V)
@@ -156,14 +157,18 @@ class DFlashDrafts:
                 drafts[b] = selection.Candidates(tokens, q_b, calls=1)
         return drafts
 
-    def _trees(self, logits: torch.Tensor, members: list[int], g: list[int], drafts: list[Draft]) -> list[Draft]:
+    def _trees(self, logits: torch.Tensor, batch: list[Row], members: list[int], g: list[int],
+               drafts: list[Draft]) -> list[Draft]:
         """logits (B', max g_b, N or V) of the drafting rows (batch rows `members`) -> `drafts`
-        with a trees.Tree of up to self.tree nodes and depth <= g_b at each of them."""
+        with a trees.Tree of up to self.tree nodes and depth <= g_b at each of them; `iid` (rule
+        multi): its shape, every node's token then drawn from q with the row's generator."""
         ranking = Sampling(temperature=1.0) if self.sampling.greedy else self.sampling  # greedy q is one-hot
         probs = ranking.probs(logits)
         vocab = self.drafter.draft_vocab
         for i, b in enumerate(members):
-            drafts[b] = trees.best_first(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab))
+            tree = trees.best_first(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab))
+            tree.q = target_probs(probs[i, :g[b]], vocab)  # (g_b, V)
+            drafts[b] = trees.sampled_children(tree, batch[b].generator) if self.iid else tree
         return drafts
 
     def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
@@ -260,6 +265,7 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     verify: Rule | selection.SelectRule | trees.TreeRule
     if settings.tree:
         rule = tree_rule(target, settings, sampling, acceptance)
+        drafts.iid = rule == "multi"  # recursive rejection needs every child drawn from q
         verify = trees.RULES[rule]
     else:
         rule = rule_name(acceptance, sampling, method, drafts, settings)
@@ -270,7 +276,8 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
 
 
 def tree_rule(target: Any, settings: DraftSettings, sampling: Sampling, acceptance: str | None) -> str:
-    """The rule of a `tree` run (trees.RULES: greedy at temperature 0, else match over the tree),
+    """The rule of a `tree` run (trees.RULES: greedy at temperature 0, else match over the tree, or
+    multi asked for: children sampled from q, recursive rejection over siblings),
     or UsageError for what a tree cannot run with: another rule, K > 1 drafts, gamma auto, a
     target that does not verify trees (an exported graph, a model whose windows count columns)."""
     why = target.can_tree() if isinstance(target, TreeTarget) else (
@@ -282,7 +289,9 @@ def tree_rule(target: Any, settings: DraftSettings, sampling: Sampling, acceptan
     if settings.adaptive:
         raise UsageError("`tree` drafts to a fixed depth: give an integer `gamma` (the tree's depth bound)")
     rule = "greedy" if sampling.greedy else "match"
+    if acceptance == "multi" and not sampling.greedy:
+        return acceptance  # sampled children, recursive rejection over siblings
     if acceptance not in (None, rule):
-        raise UsageError(f"`tree` verifies by walking the tree with draws from p ({rule} over a tree): "
-                         f"acceptance {acceptance} does not apply")
+        raise UsageError(f"`tree` verifies by walking the tree with draws from p ({rule} over a tree) or by "
+                         f"recursive rejection over sampled children (multi): acceptance {acceptance} does not apply")
     return rule
