@@ -277,3 +277,5 @@ def test_bench_sweeps_trees_beside_chains_on_fixed_gammas():
     assert [label for label in labels if "tree" in label] == ["dflash g=4 tree=8"]  # specdiff, gamma auto: chains
     graphs = variants(["ar", "dflash"], gammas=(4,), trees=(0, 8), runtimes=("torch", "onnxruntime"))
     assert [v.label for v in graphs if v.tree] == ["dflash g=4 tree=8"]  # exported graphs take no tree mask
+    sampled = variants(["dflash"], gammas=(4,), trees=(0, 8), rules=("standard", "multi"), temperatures=(0.7,))
+    assert [v.label for v in sampled] == ["ar t=0.7", "dflash g=4 standard t=0.7", "dflash g=4 tree=8 multi t=0.7"]

@@ -49,8 +49,8 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
         rows.append(Variant("ar", temperature=temperature))
         for v in _treed(_drafting(methods, gammas, steps, schedules), trees):
             for k in drafts if "drafts" in _settings(v.method) and not v.tree else (None,):
-                fit: list[str | None] = [r for r in rules if r is not None and fits(r, k or 1, temperature)
-                                         and (not v.tree or r in ("greedy", "match"))]
+                fit: list[str | None] = [r for r in rules if r is not None and (
+                    fits_tree(r, temperature) if v.tree else fits(r, k or 1, temperature))]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
     unused = [r for r in rules if r is not None and r not in {v.acceptance for v in rows}]
     if unused:
@@ -123,6 +123,14 @@ def fits(rule: str, drafts: int, temperature: float | None) -> bool:
     single-draft rules for one draft, selection rules for several, greedy only at temperature 0."""
     single = rule in RULES and rule != "multi"
     return (single if drafts == 1 else rule in selection.RULES) and not (rule == "greedy" and temperature)
+
+
+def fits_tree(rule: str, temperature: float | None) -> bool:
+    """Whether a tree row at this temperature runs the rule (methods.dflash.tree_rule): greedy at
+    temperature 0, match or multi (sampled children) when sampling."""
+    if temperature == 0:
+        return rule == "greedy"
+    return rule in ("match", "multi") or (temperature is None and rule == "greedy")
 
 
 def _settings(method: str) -> tuple[str, ...]:
