@@ -144,7 +144,8 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
           methods: tuple[str, ...] | None, prompt_file: str | None, input_format: str, num_prompts: int | None,
           max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int | str, ...] | None,
           steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
-          trees: tuple[int, ...] | None, draft_temperature: float | None, rules: tuple[str, ...] | None, temperatures: tuple[float, ...] | None,
+          trees: tuple[int, ...] | None, draft_temperature: float | None, rules: tuple[str, ...] | None,
+          temperatures: tuple[float, ...] | None,
           top_k: int, top_p: float, batch_sizes: tuple[int, ...] | None, compiled: bool, artifacts: str | None,
           runtime: str | None, seed: int, out: str, check: bool, threads: int | None, device: str, dtype: str,
           truncate_prompt: bool, chat: bool | None, no_plots: bool) -> None:

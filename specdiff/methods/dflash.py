@@ -236,8 +236,9 @@ class DFlashDecoder:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
         self.target.capture(self.drafts.layers)
         try:
-            check_sizes(self.target, gamma=max(self.settings.gamma, self.settings.tree), copies=self.settings.drafts, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, rows=rows, context=context)
+            check_sizes(self.target, gamma=max(self.settings.gamma, self.settings.tree),  # a tree: N + 1 verified
+                        copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows,
+                        context=context)
         finally:
             self.target.capture(())
 

@@ -99,7 +99,8 @@ class CausalLMTarget(HFModel, TreeRows):
         dtype = self.model.dtype
 
         def additive(ok: torch.Tensor) -> torch.Tensor:
-            return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, torch.finfo(dtype).min)[:, None]
+            zeros = torch.zeros(ok.shape, dtype=dtype, device=ok.device)
+            return zeros.masked_fill(~ok, torch.finfo(dtype).min)[:, None]  # (B, 1, S, C + S)
 
         config = self.model.config
         if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
