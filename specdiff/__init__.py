@@ -10,8 +10,9 @@ Rooms (each package's docstring says what lives there and what it may import):
     generation/   the API: settings resolved, the plan, prompts, streaming (generate, stream)
     methods/      the decoding methods and the Decoder each prepares (plain, speculative,
                   dflash, blocks); settings.py declares every setting once
-    decoding.py block_decoding.py simsd.py selection.py acceptance.py sampling.py metrics.py
-                  the algorithm: decoding loops, rules, warping, metrics (contracts.py: the types)
+    decoding.py block_decoding.py simsd.py selection.py trees.py acceptance.py sampling.py metrics.py
+                  the algorithm: decoding loops, rules, draft trees, warping, metrics (contracts.py:
+                  the types)
     adaptive.py   gamma auto: each step's draft length from past acceptance and measured costs
     vocab.py      draft vocabularies: a drafter head's N target ids, widened to q over all V
     targets/ drafters/ nets/   the models: target kinds, proposers, networks and formats

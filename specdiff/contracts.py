@@ -2,6 +2,7 @@
 
     Target    specdiff.targets.causal.CausalLMTarget (PyTorch, the reference),
               specdiff.runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
+    TreeTarget  a Target that verifies draft trees (specdiff.trees): CausalLMTarget
     Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer,
               specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
@@ -150,6 +151,25 @@ class CapturingTarget(Target, Protocol):
 
     def features(self, rows: list[int] | torch.Tensor,
                  newest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class TreeTarget(Target, Protocol):
+    """A Target that verifies draft trees (specdiff.trees; targets.trees.TreeRows: CausalLMTarget).
+
+        can_tree() -> None, or why this model cannot verify a tree (one line)
+        extend_tree(ids (B, S), parent (B, S), new (B,)) -> logits (B, S, V)
+            row b appends the tree ids[b, :new[b]] (parent[b, i] < i, -1: none); node i attends
+            the row's cache and its own ancestors, at position (tokens cached) + (its depth)
+        keep_path(paths)   after extend_tree: row b keeps of those nodes only paths[b] (node
+                           indices, each the parent of the next), as if only they were appended
+    """
+
+    def can_tree(self) -> str | None: ...
+
+    def extend_tree(self, ids: torch.Tensor, parent: torch.Tensor, new: torch.Tensor) -> torch.Tensor: ...
+
+    def keep_path(self, paths: list[list[int]]) -> None: ...
 
 
 @runtime_checkable

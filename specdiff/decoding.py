@@ -15,7 +15,9 @@ Speculative step (cache invariant: the target has cached every token of a row bu
                                                  or any draft step (decode_drafted: methods.dflash)
     verify  p_1..p_{g+1} = target.extend([x, x_1..x_g])  one target call for the batch (K
                                                  candidate drafts: each row's cache repeated K
-                                                 times, B * K rows in the call, _verify_selected)
+                                                 times, B * K rows in the call, _verify_selected;
+                                                 a draft tree: specdiff.trees, one call over
+                                                 every row's tree, the cache kept to the path)
     accept  n, y = rule(draft, q, p)            n draft tokens kept, then y (K drafts: the rule
                                                  also picks the candidate k whose copy is kept)
     roll back the row to len(row) + n, append x_1..x_n, y
@@ -35,9 +37,9 @@ from typing import Callable, Iterable, Iterator, cast
 
 import torch
 
-from . import selection
+from . import selection, trees
 from .adaptive import ROWS, Controller, Costs, measure
-from .contracts import Draft, Proposer, Row, Rule, Target
+from .contracts import Draft, Proposer, Row, Rule, Target, TreeTarget
 from .errors import UsageError
 from .metrics import Metrics
 from .sampling import Sampling
@@ -155,14 +157,16 @@ def proposer_step(proposer: Proposer, sampling: Sampling, target: Target) -> Dra
 
 
 def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampling: Sampling,
-                   rule: Rule | selection.SelectRule, gamma: int, batch_size: int = 1, K: int = 1,
-                   costs: Costs | None = None, costs_s: float = 0.0) -> Iterator[tuple[Row, list[int]]]:
+                   rule: Rule | selection.SelectRule | trees.TreeRule, gamma: int, batch_size: int = 1, K: int = 1,
+                   costs: Costs | None = None, costs_s: float = 0.0,
+                   tree: bool = False) -> Iterator[tuple[Row, list[int]]]:
     """The speculative loop around any draft step: draft(batch, g) -> one Draft (1, g_b) per row
     of the batch (batch row b is the target's cache row b). decode_speculative drafts with a
     proposer; methods.dflash reads the target's cached hidden states. costs (measure_costs):
     gamma auto, each step's length chosen by an adaptive.Controller, at most costs.gamma_max;
     None: gamma every step. costs_s: the seconds timing `costs` took for this run (0: a kept
-    table), counted in the first step (Metrics.costs_s)."""
+    table), counted in the first step (Metrics.costs_s). tree: the draft step drafts a
+    trees.Tree per row, of depth <= g_b, verified by trees.verify with a trees.TreeRule."""
     controller = Controller(costs) if costs is not None else None
     untold = costs_s  # not yet charged to a step
 
@@ -185,8 +189,13 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
         with parts.timed("draft"):
             drafts = draft(batch, g)
         with parts.timed("verify"):
-            accepted = (_verify(target, batch, drafts, g, sampling, cast(Rule, rule)) if K == 1
-                        else _verify_selected(target, batch, drafts, g, sampling, cast(selection.SelectRule, rule), K))
+            if tree:
+                accepted = trees.verify(cast(TreeTarget, target), batch, cast(list[trees.Tree], drafts), sampling,
+                                        cast(trees.TreeRule, rule))
+            elif K == 1:
+                accepted = _verify(target, batch, drafts, g, sampling, cast(Rule, rule))
+            else:
+                accepted = _verify_selected(target, batch, drafts, g, sampling, cast(selection.SelectRule, rule), K)
             target.rollback(torch.tensor([len(row.ids) + len(x) for row, (x, _) in zip(batch, accepted)]))
         pushed = []
         for row, d, g_b, (x, y) in zip(batch, drafts, g, accepted):

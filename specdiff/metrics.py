@@ -6,6 +6,8 @@
                                 was accepted up to it
     histogram[k]  iterations that accepted exactly k draft tokens
     lengths[g]    iterations that drafted exactly g tokens (gamma auto: the lengths chosen)
+    A draft tree (specdiff.trees) counts as a draft of its depth bound g: accepted is the depth of
+    the path kept, per-position acceptance[j] the acceptance by depth, alpha per depth drafted.
     costs         the cost table `gamma` auto chose by (Costs, measured by specdiff.adaptive; None: fixed gamma)
     costs_s       seconds this run spent timing that table (0: kept from an earlier run), charged to
                   the first step's rows: in their wall_s, reported as time_s.costs

@@ -4,7 +4,7 @@ help text and `requests` for its checks before anything loads.
 
     SamplingSettings  how p (and q) are warped: every method (specdiff.sampling.Sampling)
     RunSettings       every method: max_new_tokens, batch_size, chat
-    DraftSettings     causal targets' speculative methods (spec-ar, specdiff)
+    DraftSettings     causal targets' speculative methods (spec-ar, specdiff, dflash)
     BlockSettings     block-diffusion targets' methods (block, simsd-exact)
 
 What reads the declarations: `generation.choosing.choose` (where each setting comes from: option >
@@ -96,6 +96,9 @@ class DraftSettings:
     draft_temperature: float | None = setting(
         None, (int, float), lambda x: _real(x) and 0 < x < math.inf, "be a finite number > 0",
         "Temperature candidates 2..K are sampled at")
+    tree: int = setting(0, int, lambda x: _int(x) and x >= 0, "be an integer >= 0 (0: a chain)",
+                        "Draft a tree of up to N tokens, best-first over the drafter's per-slot marginals, "
+                        "depth at most gamma, verified in one target call (0: a chain)")
     adaptive: bool = setting(True, bool, lambda x: isinstance(x, bool), "be True or False",
                              "Choose each step's draft length in 0..gamma from the acceptance so far and "
                              "measured costs (what `gamma` auto sets; an integer `gamma` option clears it)")

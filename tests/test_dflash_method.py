@@ -386,7 +386,7 @@ def test_a_broken_draft_or_rule_fails_the_same_test(small, broken, sampling):
 def test_a_dflash_drafter_picks_dflash_and_its_block(models):
     p = plan(target=models["gpt2"], drafter=models["gpt2-dflash"])
     assert p.method.name == "dflash" and p.decoder.ran() == {"gamma": 7, "adaptive": True, "drafts": 1,
-                                                             "draft_temperature": None, "acceptance": "greedy"}
+                                                             "draft_temperature": None, "tree": 0, "acceptance": "greedy"}
     assert plan(target=models["gpt2"], drafter=models["gpt2-dflash"], temperature=1.0, drafts=2).decoder.rule == "select"
     assert plan(target=models["gpt2"], drafter=models["gpt2-dflash"], temperature=1.0).decoder.rule == "standard"
     with pytest.raises(UsageError, match="more than the DFlash drafter's block"):

@@ -45,7 +45,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              method: str | None = None, gamma: int | str | None = None, adaptive: bool | None = None,
              steps: int | None = None,
              schedule: str | None = None, drafts: int | None = None, draft_temperature: float | None = None,
-             acceptance: str | None = None, temperature: float | None = None,
+             tree: int | None = None, acceptance: str | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              max_new_tokens: int | None = None, seed: int = 0, device: str | None = None, dtype: str | None = None,
              truncate_prompt: bool = False, progress: bool = False, chat: bool | None = None,
@@ -73,6 +73,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     picks the slots each denoising step commits, dynamic's confidence threshold, steps per block.
     drafts: K > 1 candidate drafts per step, one kept by the target (specdiff.selection;
     acceptance greedy, select or multi); draft_temperature: how candidates 2..K are sampled.
+    tree: N > 0 draft tokens as a tree (dflash; specdiff.trees), depth at most an integer gamma.
     compile: the static KV cache and torch.compile'd steps (specdiff.compiled): the same tokens,
     compiled once per run before decoding.
     threads: torch's CPU threads for this call (set, then restored; None: as the process has
@@ -84,7 +85,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     with torch_threads(threads):
         p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
                  seed=seed, acceptance=acceptance, gamma=gamma, adaptive=adaptive, steps=steps, schedule=schedule, drafts=drafts,
-                 draft_temperature=draft_temperature,
+                 draft_temperature=draft_temperature, tree=tree,
                  temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                  max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
                  remasking=remasking, threshold=threshold, compile=compile)

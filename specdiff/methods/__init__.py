@@ -48,7 +48,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            settings=("gamma", "adaptive", "steps", "schedule", "drafts", "draft_temperature")),
     Method("dflash", "a DFlash drafter drafts a block in one call from the target's hidden states (DFlash)",
            dflash.prepare, needs="dflash", rules=("standard", "match", "greedy", "select", "multi"),
-           family=DraftSettings, settings=("gamma", "adaptive", "drafts", "draft_temperature")),
+           family=DraftSettings, settings=("gamma", "adaptive", "drafts", "draft_temperature", "tree")),
     Method("block", "block-diffusion decoding, one block at a time in `steps` steps (SDAR): the reference",
            blocks.preparer(decode_block), target="block-diffusion", family=BlockSettings,
            settings=("steps", "remasking", "threshold")),

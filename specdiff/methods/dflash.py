@@ -20,12 +20,18 @@ and each row keeps its first g_b. The drafter keeps each row's context K/V acros
 (RowContexts): a step feeds it only the features of the positions verified since the row's last
 draft.
 
+With `tree` N > 0 the row drafts a tree instead (DFlashDrafts: N nodes best-first over the
+slots' marginals, depth <= g_b), the target verifies every row's tree in one call and keeps the
+accepted path (specdiff.trees; a contracts.TreeTarget: the torch CausalLMTarget), the rule is
+greedy or match over the tree, or multi over children drawn from q (tree_rule; docs/lossless.md,
+"Trees").
+
 The target is any contracts.CapturingTarget (the torch CausalLMTarget, or an exported graph's
 GraphTarget whose graph outputs the drafter's layers); the drafter is a DFlashDrafter or its
 exported graph (runtimes.models.GraphDFlashDrafter): both draft through the same call.
 
-May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, targets,
-drafters.
+May import: methods.base, methods.speculative (the rule choice), decoding, acceptance, trees,
+targets, drafters.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .. import acceptance as single, selection
-from ..contracts import CapturingTarget, Draft, Rule
+from .. import acceptance as single, selection, trees
+from ..contracts import CapturingTarget, Draft, Rule, TreeTarget
 from ..adaptive import Costs
 from ..decoding import Row, decode_drafted, empty_draft, measure_costs
 from ..drafters.dflash import hidden_state_indices, is_dflash_drafter as is_dflash
@@ -44,7 +50,7 @@ from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import DraftSettings
-from ..vocab import head_logits, on_target
+from ..vocab import head_logits, on_target, target_ids, target_probs
 from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import check_drafts, rule_name
 
@@ -104,25 +110,31 @@ class DFlashDrafts:
     drafts K > 1: K candidate blocks per row from the same call, as selection.SelfSelection draws
     them from a diffusion drafter: the argmax block, then K - 1 draws from q warped at
     draft_temperature (all K draws when `iid`, which `multi` needs); the slots being independent
-    given the features, the survivors' next tokens are i.i.d. q_j whatever prefix was accepted."""
+    given the features, the survivors' next tokens are i.i.d. q_j whatever prefix was accepted.
+
+    tree N > 0: a trees.Tree per row instead, its N nodes best-first over the per-slot marginals
+    (trees.best_first; slot j's marginal does not depend on x_<j), depth <= g_b; ranked by q (at
+    temperature 0, where q is one-hot, by the drafter's softmax at temperature 1)."""
 
     def __init__(self, target: CapturingTarget, drafter: Any, sampling: Sampling, drafts: int = 1,
-                 draft_temperature: float | None = None, iid: bool = False):
+                 draft_temperature: float | None = None, iid: bool = False, tree: int = 0):
         self.target, self.drafter, self.sampling = target, drafter, sampling
-        self.K, self.iid = drafts, iid
+        self.K, self.iid, self.tree = drafts, iid, tree
         self.warping = sampling if drafts == 1 else selection.candidate_warping(sampling, draft_temperature)
         self.exact_rules = SINGLE_RULES if drafts == 1 else frozenset(selection.RULES)
         self.layers = hidden_state_indices(drafter)
         self.contexts = RowContexts()
 
     def __repr__(self) -> str:
-        return f"DFlashDrafts({self.drafter.source!r}{f', drafts={self.K}' if self.K > 1 else ''})"
+        return (f"DFlashDrafts({self.drafter.source!r}{f', drafts={self.K}' if self.K > 1 else ''}"
+                f"{f', tree={self.tree}' if self.tree else ''})")
 
     @torch.no_grad()
     def __call__(self, batch: list[Row], g: list[int]) -> list[Draft]:
         """batch row b is the target's cache row b -> one Draft (1, g_b) per row (K > 1:
-        selection.Candidates, tokens (1, K, g_b))."""
-        drafts = [empty_draft(self.target)] * len(batch)
+        selection.Candidates, tokens (1, K, g_b); tree: a trees.Tree of depth <= g_b)."""
+        none = trees.empty_tree(self.target.device, self.target.vocab_size) if self.tree else empty_draft(self.target)
+        drafts: list[Draft] = [none] * len(batch)
         members = [b for b, g_b in enumerate(g) if g_b]
         if not members:
             return drafts
@@ -130,6 +142,8 @@ class DFlashDrafts:
         vocab = self.drafter.draft_vocab
         logits = head_logits(self._logits(rows, members, batch, max(g[b] for b in members)), vocab,
                              self.target.vocab_size)  # (B', max g_b, N or V): what the head may propose
+        if self.tree:
+            return self._trees(logits, batch, members, g, drafts)
         probs = self.warping.probs(logits)  # (B', max g_b, N or V)
         for i, (b, row) in enumerate(zip(members, rows)):
             p_b = probs[i:i + 1, :g[b]]  # (1, g_b, N or V)
@@ -141,6 +155,20 @@ class DFlashDrafts:
                 q_b, tokens = on_target(p_b, selection.draw_candidates(argmax, p_b, self.K, self.iid, row.generator),
                                         vocab)
                 drafts[b] = selection.Candidates(tokens, q_b, calls=1)
+        return drafts
+
+    def _trees(self, logits: torch.Tensor, batch: list[Row], members: list[int], g: list[int],
+               drafts: list[Draft]) -> list[Draft]:
+        """logits (B', max g_b, N or V) of the drafting rows (batch rows `members`) -> `drafts`
+        with a trees.Tree of up to self.tree nodes and depth <= g_b at each of them; `iid` (rule
+        multi): its shape, every node's token then drawn from q with the row's generator."""
+        ranking = Sampling(temperature=1.0) if self.sampling.greedy else self.sampling  # greedy q is one-hot
+        probs = ranking.probs(logits)
+        vocab = self.drafter.draft_vocab
+        for i, b in enumerate(members):
+            tree = trees.best_first(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab))
+            tree.q = target_probs(probs[i, :g[b]], vocab)  # (g_b, V)
+            drafts[b] = trees.sampled_children(tree, batch[b].generator) if self.iid else tree
         return drafts
 
     def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
@@ -164,7 +192,7 @@ class DFlashDrafts:
 class DFlashDecoder:
     target: CapturingTarget
     drafts: DFlashDrafts
-    verify: Rule | selection.SelectRule  # over one draft, or choosing among `settings.drafts`
+    verify: Rule | selection.SelectRule | trees.TreeRule  # one draft, `settings.drafts`, or a tree
     rule: str
     settings: DraftSettings
     sampling: Sampling
@@ -180,7 +208,8 @@ class DFlashDecoder:
         try:
             costs, costs_s = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
-                                      self.settings.gamma, batch_size, self.settings.drafts, costs, costs_s)
+                                      self.settings.gamma, batch_size, self.settings.drafts, costs, costs_s,
+                                      tree=bool(self.settings.tree))
         finally:
             self.target.capture(())
             self.drafts.contexts = RowContexts()
@@ -207,8 +236,9 @@ class DFlashDecoder:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
         self.target.capture(self.drafts.layers)
         try:
-            check_sizes(self.target, gamma=self.settings.gamma, copies=self.settings.drafts, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, rows=rows, context=context)
+            check_sizes(self.target, gamma=max(self.settings.gamma, self.settings.tree),  # a tree: N + 1 verified
+                        copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows,
+                        context=context)
         finally:
             self.target.capture(())
 
@@ -231,9 +261,38 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     if settings.gamma > drafter.block_size - 1:
         raise UsageError(f"`gamma` {settings.gamma} is more than the DFlash drafter's block holds "
                          f"({drafter.block_size - 1} draft slots after the anchor)")
-    drafts = DFlashDrafts(target, drafter, sampling, settings.drafts, settings.draft_temperature)
-    rule = rule_name(acceptance, sampling, method, drafts, settings)
-    drafts.iid = rule == "multi"  # recursive rejection needs every candidate drawn from q
-    verify = single.get_rule(rule) if settings.drafts == 1 else selection.get_rule(rule)
+    drafts = DFlashDrafts(target, drafter, sampling, settings.drafts, settings.draft_temperature,
+                          tree=settings.tree)
+    verify: Rule | selection.SelectRule | trees.TreeRule
+    if settings.tree:
+        rule = tree_rule(target, settings, sampling, acceptance)
+        drafts.iid = rule == "multi"  # recursive rejection needs every child drawn from q
+        verify = trees.RULES[rule]
+    else:
+        rule = rule_name(acceptance, sampling, method, drafts, settings)
+        drafts.iid = rule == "multi"  # recursive rejection needs every candidate drawn from q
+        verify = single.get_rule(rule) if settings.drafts == 1 else selection.get_rule(rule)
     return DFlashDecoder(target, drafts, verify, rule, settings, sampling, method.settings,
                          kept_costs(target, drafter, (settings, sampling)))
+
+
+def tree_rule(target: Any, settings: DraftSettings, sampling: Sampling, acceptance: str | None) -> str:
+    """The rule of a `tree` run (trees.RULES: greedy at temperature 0, else match over the tree, or
+    multi asked for: children sampled from q, recursive rejection over siblings),
+    or UsageError for what a tree cannot run with: another rule, K > 1 drafts, gamma auto, a
+    target that does not verify trees (an exported graph, a model whose windows count columns)."""
+    why = target.can_tree() if isinstance(target, TreeTarget) else (
+        "this target verifies chains only (exported graphs take no tree mask): run the torch target or drop `tree`")
+    if why is not None:
+        raise UsageError(f"`tree`: {why}")
+    if settings.drafts > 1:
+        raise UsageError("`tree` already verifies several continuations: give `drafts` 1 with it")
+    if settings.adaptive:
+        raise UsageError("`tree` drafts to a fixed depth: give an integer `gamma` (the tree's depth bound)")
+    rule = "greedy" if sampling.greedy else "match"
+    if acceptance == "multi" and not sampling.greedy:
+        return acceptance  # sampled children, recursive rejection over siblings
+    if acceptance not in (None, rule):
+        raise UsageError(f"`tree` verifies by walking the tree with draws from p ({rule} over a tree) or by "
+                         f"recursive rejection over sampled children (multi): acceptance {acceptance} does not apply")
+    return rule

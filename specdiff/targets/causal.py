@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import IncompatibleModelsError
 from ..hf_cache import returned_cache, with_cache
-from .rows import CapturingRows
+from .trees import TreeRows
 
 
 def context_window(config: Any) -> int:
@@ -67,20 +67,55 @@ class HFModel:
             torch.cuda.synchronize(self.device)
 
 
-class CausalLMTarget(HFModel, CapturingRows):
+class CausalLMTarget(HFModel, TreeRows):
     """A Hugging Face causal LM and its tokenizer, over a per-row KV cache (see RowCache) that can
-    also hold the hidden states of any of its layers (CapturingRows.capture: a DFlash run)."""
+    also hold the hidden states of any of its layers (CapturingRows.capture: a DFlash run) and
+    verify draft trees (TreeRows: a 4-D mask, per layer kind where some layers are windowed)."""
 
     def __init__(self, model: Any, tokenizer: Any, name: str = ""):
-        CapturingRows.__init__(self)
+        TreeRows.__init__(self)
         HFModel.__init__(self, model, tokenizer, name)
 
-    @torch.no_grad()
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self._forward(ids, mask, positions, kv)
+
+    def can_tree(self) -> str | None:
+        """Trees need a model that takes a 4-D mask as given (eager or sdpa attention) and whose
+        windowed layers, if any, are `layer_types` sliding_attention (windows over positions)."""
+        config = self.model.config
+        if getattr(config, "_attn_implementation", "eager") not in ("eager", "sdpa"):
+            return f"{self.name}: tree attention needs eager or sdpa attention, not {config._attn_implementation}"
+        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if "local" in str(getattr(config, "attention_layers", "")) or kinds - {"full_attention", "sliding_attention"}:
+            return (f"{self.name}: its windowed attention counts cache columns, which a tree's branches "
+                    "do not keep contiguous; draft a chain (drop `tree`)")
+        return None
+
+    def _tree_run(self, ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor,
+                  key_positions: torch.Tensor, kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """allowed (B, S, C + S) as the model's additive 4-D mask; with sliding_attention layers a
+        mask per layer kind, the window over positions (HF: a key is seen when q - k < window)."""
+        dtype = self.model.dtype
+
+        def additive(ok: torch.Tensor) -> torch.Tensor:
+            zeros = torch.zeros(ok.shape, dtype=dtype, device=ok.device)
+            return zeros.masked_fill(~ok, torch.finfo(dtype).min)[:, None]  # (B, 1, S, C + S)
+
+        config = self.model.config
+        if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+            return self._forward(ids, additive(allowed), positions, kv)
+        near = positions[:, :, None] - key_positions[:, None, :] < config.sliding_window  # (B, S, C + S)
+        return self._forward(ids, {"full_attention": additive(allowed), "sliding_attention": additive(allowed & near)},
+                             positions, kv)
+
+    @torch.no_grad()
+    def _forward(self, ids: torch.Tensor, mask: Any, positions: torch.Tensor,
+                 kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One forward pass over the cache kv (2L tensors (B, H, C, D), then the captured features
-        (B, 1, C, F) when capturing; [] for none). Every layer keeps all its columns (no
-        sliding-window layers: the mask applies windows)."""
+        (B, 1, C, F) when capturing; [] for none); mask: 2-D (B, C + S) 0/1, or the 4-D masks of
+        _tree_run. Every layer keeps all its columns (no sliding-window layers: the mask applies
+        windows)."""
         kv, features = self.split_features(kv)
         cache = DynamicCache()
         for k, v in zip(kv[::2], kv[1::2]):

@@ -63,6 +63,7 @@ class Variant:
     steps: int | None = None
     schedule: str | None = None
     drafts: int | None = None  # K candidate drafts (None: the plan's default, 1)
+    tree: int | None = None  # draft tree nodes (None or 0: a chain)
     acceptance: str | None = None  # None: Settings.acceptance, else the plan's default
     temperature: float | None = None  # None: Settings.temperature
     batch_size: int = 1
@@ -87,7 +88,8 @@ class Variant:
     def label(self) -> str:
         parts = [self.method] + ([f"g={self.gamma}"] if self.gamma else [])
         parts += [f"T={self.steps}", str(self.schedule)] if self.steps else []
-        parts += ([f"K={self.drafts}"] if self.drafts else []) + ([self.acceptance] if self.acceptance else [])
+        parts += ([f"K={self.drafts}"] if self.drafts else []) + ([f"tree={self.tree}"] if self.tree else [])
+        parts += [self.acceptance] if self.acceptance else []
         parts += [f"t={self.temperature:g}"] if self.temperature is not None else []
         parts += [f"b={self.batch_size}"] if self.batch_size != 1 else []
         return " ".join(parts + ([self.runtime] if self.runtime != "torch" else []))

@@ -56,7 +56,7 @@ def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
     auto = v.gamma == AUTO  # the pair's or drafter's gamma is its cap, not an option that would fix it
     p = plan(target=target, drafter=drafter, method=v.method, gamma=s.gamma_cap if auto else v.gamma,
              adaptive=True if auto else None, steps=v.steps,
-             schedule=v.schedule, drafts=v.drafts, draft_temperature=s.draft_temperature if k > 1 else None,
+             schedule=v.schedule, drafts=v.drafts, tree=v.tree, draft_temperature=s.draft_temperature if k > 1 else None,
              acceptance=v.acceptance or default, temperature=temperature, top_k=s.top_k,
              top_p=s.top_p, max_new_tokens=s.max_new_tokens, seed=s.seed, batch_size=v.batch_size,
              compile=v.compiled, chat=s.chat)

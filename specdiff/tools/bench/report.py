@@ -77,7 +77,8 @@ def spread(xs: list[float]) -> dict:
 
 def _acceptance(r: Repeat, encoded: list[list[int]], batched: bool) -> Metrics:
     """Acceptance from the target's calls (every method alike), or, when a call served several
-    prompts, from the loop's own per-prompt metrics."""
+    prompts or verified a tree (whose width is its size, not its depth), from the loop's own
+    per-prompt metrics."""
     m = Metrics()
     if batched:
         for own in r.metrics:
@@ -100,7 +101,7 @@ def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: 
     as the median over passes of each pass's mean (robust to a pass hit by a noisy neighbour)."""
     mid = sorted(repeats, key=lambda r: r.tokens_per_s)[(len(repeats) - 1) // 2]
     target, drafter = mid.role_calls("target"), mid.role_calls("drafter")
-    m = _acceptance(mid, encoded, v.batch_size > 1 or not v.logged).to_dict()
+    m = _acceptance(mid, encoded, v.batch_size > 1 or not v.logged or bool(v.tree)).to_dict()
     histogram = m["accepted_length_histogram"]
     histogram += [0] * (len(m["per_position_acceptance"]) + 1 - len(histogram))  # k = 0..gamma
     wall, verify, draft = sum(mid.seconds), sum(c.seconds for c in target), sum(c.seconds for c in drafter)

@@ -22,11 +22,12 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
              steps: Sequence[int | None] = (None,), schedules: Sequence[str] = (DEFAULTS["schedule"],),
              drafts: Sequence[int | None] = (None,), rules: Sequence[str | None] = (None,),
              temperatures: Sequence[float | None] = (None,), batch_sizes: Sequence[int] = (1,),
-             runtimes: Sequence[str] = ("torch",)) -> list[Variant]:
+             runtimes: Sequence[str] = ("torch",), trees: Sequence[int | None] = (None,)) -> list[Variant]:
     """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
     only that) x drafts; the other drafting methods sweep gamma. A gamma "auto" (specdiff.adaptive)
-    runs for the methods that choose their draft length (spec-ar, specdiff). Drafting rows sweep the rules
+    runs for the methods that choose their draft length (spec-ar, specdiff). `trees`: tree sizes
+    (0: a chain) for the methods that read `tree` (dflash), on fixed gammas. Drafting rows sweep the rules
     that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
     each batch size and on each of `runtimes` ("torch": eager; "compiled"; a graph runtime, which
     runs ar and specdiff: exports hold a target and a diffusion drafter)."""
@@ -39,15 +40,18 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     for name, values in (("gamma", fixed), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
+    if any(t is not None and t < 0 for t in trees):
+        raise UsageError(f"tree values must be >= 0, got {', '.join(map(str, trees))}")
     check_unique(methods=methods, gammas=gammas, steps=steps, schedules=schedules, drafts=drafts, rules=rules,
-                 temperatures=temperatures, batch_sizes=batch_sizes)
+                 temperatures=temperatures, batch_sizes=batch_sizes, trees=trees)
     check_rules(rules)
     rows = []
     for temperature in temperatures:
         rows.append(Variant("ar", temperature=temperature))
-        for v in _drafting(methods, gammas, steps, schedules):
-            for k in drafts if "drafts" in _settings(v.method) else (None,):
-                fit: list[str | None] = [r for r in rules if r is not None and fits(r, k or 1, temperature)]
+        for v in _treed(_drafting(methods, gammas, steps, schedules), trees):
+            for k in drafts if "drafts" in _settings(v.method) and not v.tree else (None,):
+                fit: list[str | None] = [r for r in rules if r is not None and (
+                    fits_tree(r, temperature) if v.tree else fits(r, k or 1, temperature))]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
     unused = [r for r in rules if r is not None and r not in {v.acceptance for v in rows}]
     if unused:
@@ -76,10 +80,11 @@ GRAPH_METHODS = tuple(m.name for m in REGISTRY.values()
 
 
 def _runs(v: Variant) -> bool:
-    """The HF peers run eager torch at batch 1; graph runtimes run ar, specdiff and dflash."""
+    """The HF peers run eager torch at batch 1; graph runtimes run ar, specdiff and dflash
+    (chains: an exported target takes no tree mask)."""
     if v.method not in REGISTRY:
         return v.batch_size == 1 and v.runtime == "torch"
-    return not v.on_graphs or v.method in GRAPH_METHODS
+    return not v.on_graphs or (v.method in GRAPH_METHODS and not v.tree)
 
 
 def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequence[int | None],
@@ -93,6 +98,14 @@ def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequen
                 fixed = get_schedule(s).fixed_steps
                 for t in dict.fromkeys([fixed] if fixed else [_at_most(t or DEFAULT_STEPS, g) for t in steps]):
                     yield Variant(method, g, t, s)
+
+
+def _treed(rows: Iterable[Variant], trees: Sequence[int | None]) -> Iterator[Variant]:
+    """Each row at each tree size where its method reads `tree` and its gamma is fixed (a tree's
+    depth bound); a chain (tree None or 0) everywhere else."""
+    for v in rows:
+        sizes = [t or None for t in trees] if "tree" in _settings(v.method) and v.gamma != AUTO else [None]
+        yield from (replace(v, tree=t) for t in dict.fromkeys(sizes))
 
 
 def _at_most(steps: int, gamma: int | str) -> int:
@@ -113,6 +126,14 @@ def fits(rule: str, drafts: int, temperature: float | None) -> bool:
     single-draft rules for one draft, selection rules for several, greedy only at temperature 0."""
     single = rule in RULES and rule != "multi"
     return (single if drafts == 1 else rule in selection.RULES) and not (rule == "greedy" and temperature)
+
+
+def fits_tree(rule: str, temperature: float | None) -> bool:
+    """Whether a tree row at this temperature runs the rule (methods.dflash.tree_rule): greedy at
+    temperature 0, match or multi (sampled children) when sampling."""
+    if temperature == 0:
+        return rule == "greedy"
+    return rule in ("match", "multi") or (temperature is None and rule == "greedy")
 
 
 def _settings(method: str) -> tuple[str, ...]:
