@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdiff import generate, trees
+from specdiff import generate, load_drafter, load_target, trees
 from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
 from specdiff.metrics import Costs
@@ -20,7 +20,28 @@ from specdiff.settings import TREE_MAX
 from specdiff.tree_sizes import SizeController
 from specdiff.trees import best_first, first
 
-from test_trees import MAX_NEW, PROMPTS, SLOW, _differing, models, reference  # noqa: F401  (fixtures)
+from test_trees import MAX_NEW, PROMPTS, SLOW, _differing
+from tiny import make_dflash, make_llama, make_qwen3
+
+TARGETS = ("gpt2", "llama", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    """test_trees' tiny targets and DFlash drafters, in directories of this module's own."""
+    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "ta-llama", tiny.tokenizer, scale=10, seed=4),
+             "qwen3": make_qwen3(tiny.root / "ta-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    found = {}
+    for name, path in paths.items():
+        found[name] = load_target(str(path))
+        found[f"{name}-dflash"] = load_drafter(str(make_dflash(tiny.root / f"ta-{name}-dflash", path, scale=10,
+                                                               seed=6)))
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return {name: generate(PROMPTS, target=models[name], method="ar", max_new_tokens=MAX_NEW) for name in TARGETS}
 
 
 def costs(per_token: float = 0.02, draft: float = 0.1, rows: tuple[int, ...] = (1,)) -> Costs:
@@ -133,13 +154,12 @@ def test_tree_auto_settings(models):
         plan(target=target, drafter=drafter, method="dflash", tree="big")
 
 
-def test_the_cli_runs_tree_auto_and_refuses_a_bad_size_in_one_line(tiny, models):
+def test_the_cli_runs_tree_auto_and_refuses_a_bad_size_in_one_line(tiny):
     from click.testing import CliRunner
 
     from specdiff_cli.main import cli
-    from tiny import make_dflash
 
-    drafter = str(make_dflash(tiny.root / "ta-gpt2-dflash", tiny.gpt2, scale=10, seed=6))
+    drafter = str(make_dflash(tiny.root / "ta-cli-dflash", tiny.gpt2, scale=10, seed=6))
     run = ["generate", "--target", str(tiny.gpt2), "--drafter", drafter, "--method", "dflash", "--prompt", "The sea",
            "--max-new-tokens", "6", "--gamma", "3"]
     ok = CliRunner().invoke(cli, [*run, "--tree", "auto", "--stats"])
