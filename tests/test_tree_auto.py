@@ -20,7 +20,7 @@ from specdiff.settings import TREE_MAX
 from specdiff.tree_sizes import SizeController
 from specdiff.trees import best_first, first
 
-from test_trees import MAX_NEW, PROMPTS, SLOW, _differing
+from test_trees import MAX_NEW, PROMPTS, _differing
 from tiny import make_dflash, make_llama, make_qwen3
 
 TARGETS = ("gpt2", "llama", "qwen3")
@@ -122,11 +122,7 @@ def test_the_size_is_chosen_before_the_target_sees_the_tree(models, monkeypatch)
     assert seen
 
 
-IDENTITY = [("gpt2", 3), ("qwen3", 1)] + [pytest.param(t, b, marks=SLOW) for t, b in
-                                          [("gpt2", 1), ("llama", 1), ("llama", 3), ("qwen3", 3)]]
-
-
-@pytest.mark.parametrize("target,batch_size", IDENTITY)
+@pytest.mark.parametrize("target,batch_size", [(t, b) for t in TARGETS for b in (1, 3)])
 def test_tree_auto_greedy_equals_ar(models, reference, target, batch_size, monkeypatch):
     """With a cost table under which a node pays where the drafter gives it a chance of 0.2% (the
     sizes then follow the drafter's q: several occur), and with the costs the decoder times."""
