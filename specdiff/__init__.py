@@ -14,6 +14,7 @@ Rooms (each package's docstring says what lives there and what it may import):
                   the algorithm: decoding loops, rules, draft trees, warping, metrics (contracts.py:
                   the types)
     adaptive.py   gamma auto: each step's draft length from past acceptance and measured costs
+    tree_sizes.py tree auto: each step's draft tree size from its q, past acceptance and costs
     vocab.py      draft vocabularies: a drafter head's N target ids, widened to q over all V
     targets/ drafters/ nets/   the models: target kinds, proposers, networks and formats
     kinds/        the kinds of drafter, one declaration each (detected, loaded, paired, compiled,

@@ -16,9 +16,9 @@ measured faster is noise) at 1 row and at R_t = min(R, ROWS) rows, never more: a
 c(1) plus a per-row cost (each row's tokens, its own cache), so c(R) = c(1) + (R - 1) (c(R_t) -
 c(1)) / (R_t - 1), interpolated up to R_t and extrapolated beyond it (the per-row part made
 non-negative and non-decreasing in w and g too). Timing is then bounded whatever the batch:
-(2 gamma_max + 1) REPEATS calls at 1 row and as many at R_t; the loop counts its seconds in the
-run (Metrics.costs_s: time_s.costs, in the first step's rows' wall_s). Past R_t the table is
-only a model (on a CPU, a few rows fit in its caches and 512 do not: a 512-row drafter call took 3x
+(2 gamma_max + 1) REPEATS calls at 1 row and as many at R_t (tree auto's widths: N_max - gamma_max
+more); the loop counts its seconds in the run (Metrics.costs_s: time_s.costs, in the first step's
+rows' wall_s). Past R_t the table is only a model (on a CPU, a few rows fit in its caches and 512 do not: a 512-row drafter call took 3x
 the extrapolation), so there the run's own steps correct it (`Controller.observe`): plain steps
 and drafting steps are scaled apart by what they took against what the table said, summed over
 the run (ratio of the sums, 1 until seen; drafting takes the plain ratio until it has been seen).
@@ -133,12 +133,14 @@ class Controller:
 
 
 def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: list[Row], gamma_max: int,
-            copies: int = 1) -> Costs:
+            copies: int = 1, width: int = 0) -> Costs:
     """Time c_v and c_d at 1 and len(rows) rows (each call REPEATS times, the fastest kept), on
     `rows` (dummy rows of a short context, all of one length, at most ROWS) joined to an emptied
     target cache, which is emptied again after. copies: cached rows per row in a verify call (K
-    drafts). Each table is made non-decreasing in w (g), and so is its per-row part c(R_t) - c(1),
-    never negative: otherwise noise, which extrapolated to many rows would make a wider call cheaper."""
+    drafts); width: the widest verify timed, if more than gamma_max + 1 (a tree of width - 1 nodes,
+    one call of width tokens per row). Each table is made non-decreasing in w (g), and so is its
+    per-row part c(R_t) - c(1), never negative: otherwise noise, which extrapolated to many rows
+    would make a wider call cheaper."""
     start, verify, drafts = time.perf_counter(), [], []
     sizes = tuple(dict.fromkeys((1, len(rows))))
     target.keep([])
@@ -149,7 +151,8 @@ def measure(target: Target, draft: Callable[[list[Row], list[int]], Any], rows: 
         target.keep(list(range(R * copies)))
         batch = rows[:R]
         cells: list[Callable[[], Any]] = [partial(draft, batch, [g] * R) for g in range(1, gamma_max + 1)]
-        timed = _fastest(cells + [partial(_extend, target, batch, w, copies) for w in range(1, gamma_max + 2)], target)
+        widths = range(1, max(gamma_max + 1, width) + 1)
+        timed = _fastest(cells + [partial(_extend, target, batch, w, copies) for w in widths], target)
         drafts.append(monotone(timed[:gamma_max]))
         verify.append(monotone(timed[gamma_max:]))
     target.keep([])

@@ -25,6 +25,9 @@ g = gamma, or with `costs` (gamma auto) the G that specdiff.adaptive.Controller 
 steps before this one, clipped per row so that neither max_new_tokens nor the context window is
 overshot; rows drafting the same g share a proposer call. The choice reads no draw of this step,
 so every rule stays exact; its seconds are the step's `control` time (Metrics.control_s).
+tree auto (`tree_max`): g = gamma, the depth bound, and each step's tree size N, chosen by a
+specdiff.tree_sizes.SizeController from this step's q and the past (never p or the coins), cuts
+every row's tree to its first N nodes; or the step is plain.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from .contracts import Draft, Proposer, Row, Rule, Target, TreeTarget
 from .errors import UsageError
 from .metrics import Metrics
 from .sampling import Sampling
+from .tree_sizes import SizeController
 
 Step = Callable[[list[Row], "_Parts"], list[list[int]]]
 DraftStep = Callable[[list[Row], list[int]], list[Draft]]  # (batch, g per row) -> one Draft (1, g_b) per row
@@ -159,20 +163,29 @@ def proposer_step(proposer: Proposer, sampling: Sampling, target: Target) -> Dra
 def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampling: Sampling,
                    rule: Rule | selection.SelectRule | trees.TreeRule, gamma: int, batch_size: int = 1, K: int = 1,
                    costs: Costs | None = None, costs_s: float = 0.0,
-                   tree: bool = False) -> Iterator[tuple[Row, list[int]]]:
+                   tree: bool = False, tree_max: int = 0) -> Iterator[tuple[Row, list[int]]]:
     """The speculative loop around any draft step: draft(batch, g) -> one Draft (1, g_b) per row
     of the batch (batch row b is the target's cache row b). decode_speculative drafts with a
     proposer; methods.dflash reads the target's cached hidden states. costs (measure_costs):
     gamma auto, each step's length chosen by an adaptive.Controller, at most costs.gamma_max;
     None: gamma every step. costs_s: the seconds timing `costs` took for this run (0: a kept
     table), counted in the first step (Metrics.costs_s). tree: the draft step drafts a
-    trees.Tree per row, of depth <= g_b, verified by trees.verify with a trees.TreeRule."""
-    controller = Controller(costs) if costs is not None else None
+    trees.Tree per row, of depth <= g_b, verified by trees.verify with a trees.TreeRule; tree_max
+    (tree auto, with costs timed up to width tree_max + 1): trees of up to tree_max nodes, each step
+    cut to the size a SizeController chooses, gamma the depth bound."""
+    sizes = SizeController(costs, gamma, tree_max) if tree_max and costs is not None else None
+    controller = Controller(costs) if costs is not None and sizes is None else None
     untold = costs_s  # not yet charged to a step
 
     def step(batch: list[Row], parts: _Parts) -> list[list[int]]:
         nonlocal untold
         parts.m.costs_s, untold = untold, 0.0
+        if sizes is not None:
+            with parts.timed("control", sync=False):
+                drafting = sizes.drafts()
+                for row in batch:
+                    row.metrics.costs = sizes.costs
+            return speculate(batch, parts, gamma) if drafting else _plain_step(target, batch, sampling, parts)
         if controller is None:
             return speculate(batch, parts, gamma)
         with parts.timed("control", sync=False):
@@ -188,6 +201,10 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
         g = [min(G, row.room() - 1) for row in batch]  # a step emits at most g + 1 tokens
         with parts.timed("draft"):
             drafts = draft(batch, g)
+        if sizes is not None:  # this step's q and the past only: the invariant of tree_sizes
+            with parts.timed("control", sync=False):
+                N = sizes.size(cast(list[trees.Tree], drafts), gamma)
+                drafts = [trees.first(cast(trees.Tree, d), N) for d in drafts]
         with parts.timed("verify"):
             if tree:
                 accepted = trees.verify(cast(TreeTarget, target), batch, cast(list[trees.Tree], drafts), sampling,
@@ -202,27 +219,31 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
             row.metrics.drafter_calls += d.calls
             row.metrics.record(len(x), g_b)
             pushed.append(row.push(x + [y]))
-        if controller is not None:
+        if controller is not None or sizes is not None:
             with parts.timed("control", sync=False):
-                for row, g_b, (x, _) in zip(batch, g, accepted):
-                    controller.record(row, g_b, len(x))
+                for row, d, g_b, (x, _) in zip(batch, drafts, g, accepted):
+                    if controller is not None:
+                        controller.record(row, g_b, len(x))
+                    if sizes is not None:
+                        sizes.record(cast(trees.Tree, d), len(x))
         return pushed
 
     return _decode(target, rows, sampling, batch_size, step, K)
 
 
 def measure_costs(target: Target, draft: DraftStep, gamma_max: int, batch_size: int, K: int = 1,
-                  context: int = 32) -> Costs:
+                  context: int = 32, width: int = 0) -> Costs:
     """adaptive.measure on dummy rows of `context` tokens (fewer where the target's window is
     short), as many as a step of `batch_size` rows holds, at most adaptive.ROWS (more rows are
-    extrapolated); the target's cache is left empty."""
+    extrapolated); width: the widest verify timed (tree auto: N_max + 1); the target's cache is
+    left empty."""
     rows = min(batch_size, ROWS, target.max_rows // K if target.max_rows else ROWS)
-    n = max(1, min(context, target.max_length - gamma_max - 1))
+    n = max(1, min(max(context, width), target.max_length - max(gamma_max + 1, width)))
     ids = [(7 * i + 1) % target.vocab_size for i in range(n)]
     dummies = [Row(ids, gamma_max + 1, target.max_length, None, target.device,
                    torch.Generator(target.device).manual_seed(b))
                for b in range(rows)]
-    return measure(target, draft, dummies, gamma_max, K)
+    return measure(target, draft, dummies, gamma_max, K, width)
 
 
 def _verify(target: Target, batch: list[Row], drafts: list[Draft], g: list[int], sampling: Sampling,

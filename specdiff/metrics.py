@@ -27,8 +27,9 @@ from typing import Any, Callable, Iterator
 @dataclass(frozen=True)
 class Costs:
     """Seconds of one verify call and one draft call, measured at `rows` = (1, R_t) rows, linear
-    in the rows (extrapolated past R_t): verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row,
-    draft[i][g - 1] for g = 1..gamma_max draft tokens per row."""
+    in the rows (extrapolated past R_t): verify[i][w - 1] for w = 1..gamma_max + 1 tokens per row
+    (or more: a draft tree of N nodes verifies N + 1, specdiff.tree_sizes), draft[i][g - 1] for
+    g = 1..gamma_max draft tokens per row."""
 
     rows: tuple[int, ...]
     verify: tuple[tuple[float, ...], ...]
@@ -41,7 +42,15 @@ class Costs:
 
     def step(self, rows: int, G: int) -> float:
         """c_v(rows, G + 1) + c_d(rows, G): a step of `rows` rows drafting G tokens each."""
-        return self._at(self.verify, rows, G) + (self._at(self.draft, rows, G - 1) if G else 0.0)
+        return self.verified(rows, G + 1) + (self.drafted(rows, G) if G else 0.0)
+
+    def verified(self, rows: int, w: int) -> float:
+        """c_v(rows, w): one target call of w tokens for each of `rows` rows."""
+        return self._at(self.verify, rows, w - 1)
+
+    def drafted(self, rows: int, g: int) -> float:
+        """c_d(rows, g): drafting g >= 1 tokens for each of `rows` rows."""
+        return self._at(self.draft, rows, g - 1)
 
     def _at(self, table: tuple[tuple[float, ...], ...], rows: int, i: int) -> float:
         if len(self.rows) == 1 or rows <= self.rows[0]:
@@ -50,7 +59,7 @@ class Costs:
         return table[0][i] + f * (table[-1][i] - table[0][i])
 
     def to_dict(self) -> dict[str, Any]:
-        """As metrics report it: seconds per call by rows, widths w = 1..gamma_max + 1 (verify)
+        """As metrics report it: seconds per call by rows, widths w = 1..gamma_max + 1 or more (verify)
         and draft lengths g = 1..gamma_max (draft)."""
         return {"rows": list(self.rows), "verify_s": [[round(c, 6) for c in r] for r in self.verify],
                 "draft_s": [[round(c, 6) for c in r] for r in self.draft], "measured_s": round(self.measured_s, 3)}

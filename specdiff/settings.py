@@ -76,6 +76,14 @@ class RunSettings:
 AUTO = "auto"  # `gamma` auto: the draft length is chosen each step (specdiff.adaptive), capped by an integer gamma
 
 
+TREE_MAX = 16  # `tree` auto: sizes 0..TREE_MAX (specdiff.tree_sizes)
+
+
+def tree_nodes(tree: int | str) -> int:
+    """The most nodes a `tree` setting drafts (auto: TREE_MAX)."""
+    return TREE_MAX if tree == AUTO else int(tree)
+
+
 def _gamma(x: object) -> bool:
     return _count(x) or x == AUTO
 
@@ -96,9 +104,11 @@ class DraftSettings:
     draft_temperature: float | None = setting(
         None, (int, float), lambda x: _real(x) and 0 < x < math.inf, "be a finite number > 0",
         "Temperature candidates 2..K are sampled at")
-    tree: int = setting(0, int, lambda x: _int(x) and x >= 0, "be an integer >= 0 (0: a chain)",
-                        "Draft a tree of up to N tokens, best-first over the drafter's per-slot marginals, "
-                        "depth at most gamma, verified in one target call (0: a chain)")
+    tree: int | str = setting(0, (int, str), lambda x: (_int(x) and x >= 0) or x == AUTO,
+                              f"be an integer >= 0 (0: a chain) or {AUTO}",
+                              "Draft a tree of up to N tokens, best-first over the drafter's per-slot marginals, "
+                              "depth at most gamma, verified in one target call (0: a chain; "
+                              f"{AUTO}: the size chosen each step, up to {TREE_MAX})")
     adaptive: bool = setting(True, bool, lambda x: isinstance(x, bool), "be True or False",
                              "Choose each step's draft length in 0..gamma from the acceptance so far and "
                              "measured costs (what `gamma` auto sets; an integer `gamma` option clears it)")

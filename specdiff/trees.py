@@ -95,6 +95,12 @@ def best_first(probs: torch.Tensor, N: int, ids: Callable[[torch.Tensor], torch.
                 torch.tensor(depth, device=device))
 
 
+def first(tree: Tree, N: int) -> Tree:
+    """The tree's first N nodes (a best-first tree's: the tree best_first gives for N; parents
+    precede children, so they are a tree)."""
+    return Tree(tree.tokens[:N], tree.q, tree.calls, tree.parent[:N], tree.depth[:N])
+
+
 def walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The tree rule over B rows (verify numbering): at node u draw y ~ p[u]; if a node c has

@@ -103,9 +103,9 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--drafts", callback=_list(int), metavar="LIST",
               help="Candidate drafts K to sweep (specdiff; self-selection when K > 1) [default: 1].")
 @click.option("--draft-temperature", type=float, help="Temperature candidates 2..K are sampled at.")
-@click.option("--tree", "trees", callback=_list(int, setting="tree"), metavar="LIST",
-              help="Draft tree sizes N to sweep (dflash, on integer --gamma: the depth bound; 0 = a chain) "
-                   "[default: 0].")
+@click.option("--tree", "trees", callback=_list(gamma, "integers or auto", setting="tree"), metavar="LIST",
+              help="Draft tree sizes N to sweep (dflash, on integer --gamma: the depth bound; 0 = a chain; "
+                   "auto: chosen each step) [default: 0].")
 @click.option("--acceptance", "rules", callback=_list(str), metavar="LIST",
               help="Acceptance rules to sweep for spec-ar / specdiff, each on the rows it fits (single-draft "
                    "rules for K = 1, greedy / select / multi for K > 1, greedy only at temperature 0) "
@@ -144,7 +144,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
           methods: tuple[str, ...] | None, prompt_file: str | None, input_format: str, num_prompts: int | None,
           max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int | str, ...] | None,
           steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
-          trees: tuple[int, ...] | None, draft_temperature: float | None, rules: tuple[str, ...] | None,
+          trees: tuple[int | str, ...] | None, draft_temperature: float | None, rules: tuple[str, ...] | None,
           temperatures: tuple[float, ...] | None,
           top_k: int, top_p: float, batch_sizes: tuple[int, ...] | None, compiled: bool, artifacts: str | None,
           runtime: str | None, seed: int, out: str, check: bool, threads: int | None, device: str, dtype: str,
@@ -162,7 +162,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
       specdiff bench --pair demo --methods ar,specdiff --gamma auto,2,4,8 --batch-size 1,4,8,16 --temperature 0,0.7,1
       specdiff bench --pair demo --methods ar,specdiff --compile --artifacts demo-onnx --threads 1
       specdiff bench --pair smol-dflash --methods ar,dflash --runtime onnxruntime --threads 1
-      specdiff bench --pair smol-dflash --methods dflash --gamma 4 --tree 0,8,16 --threads 1   # chain vs trees
+      specdiff bench --pair smol-dflash --methods dflash --gamma 4 --tree 0,8,auto --threads 1   # chain vs trees
       specdiff bench --target gpt2-xl --drafter mdlm-owt --ar-drafter gpt2 --check   # hub models: network
     Each row decodes every prompt (default: all the pair's held-out ones) --warmup + --repeats times.
     The last line on stdout is a JSON summary; DIR/bench.json holds every figure.

@@ -1,5 +1,5 @@
 """Library errors name parameters (`truncate_prompt`), never command-line flags; the CLI shows them
-as the flags that set them (--truncate-prompt). Also the value type of --gamma (an integer or auto),
+as the flags that set them (--truncate-prompt). Also the value type of --gamma and --tree (an integer or auto),
 --pair's check against models.yaml and the bounds of generate's settings (check_setting), made
 while the arguments are parsed: a bad value is refused before a command imports torch and
 transformers (seconds)."""
@@ -20,8 +20,8 @@ def to_flags(message: str) -> str:
 
 
 def gamma(text: str) -> int | str:
-    """A --gamma value: an integer (the draft length, fixed) or `auto` (chosen each step). The
-    library checks the bound (>= 1); ValueError: neither."""
+    """A --gamma or --tree value: an integer (the draft length or tree size, fixed) or `auto`
+    (chosen each step). The library checks the bound; ValueError: neither."""
     return text if text == "auto" else int(text)
 
 

@@ -3,6 +3,10 @@ target of test_sampling_exact with a DFlash drafter over it, 60,000 rows, the fi
 joint distribution against the enumerated one by the chi-square test: match over the best-first
 tree and multi over sampled children pass it; min(1, p/q) on the deterministic top child, multi
 without the residual update and multi over deterministic children fail it.
+
+tree auto (specdiff.tree_sizes): each row's tree cut to the size a SizeController chose from the
+step's q after a history of its own passes it too; a controller that shrinks a row's tree to
+nothing after seeing that the rule would reject it (the step's p and coins) fails it.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import pytest
 import torch
 
 from specdiff import trees
-from specdiff.acceptance import standard
+from specdiff.acceptance import leading_true, standard
 from specdiff.decoding import Row
+from specdiff.metrics import Costs
 from specdiff.methods.dflash import DFlashDrafts
 from specdiff.sampling import sample
+from specdiff.tree_sizes import SizeController
 from specdiff.trees import ancestry, multi, node_q, tree_probs, walk
 
 import test_sampling_exact as exact
@@ -28,10 +34,11 @@ SLOW = pytest.mark.slow
 # --- the target's distribution -----------------------------------------------------------------
 
 @torch.no_grad()
-def tree_samples(target, drafter, sampling, rule, seed, nodes=6):
+def tree_samples(target, drafter, sampling, rule, seed, nodes=6, sizes=None):
     """exact.N samples of the first exact.DEPTH tokens after exact.CONTEXT through one tree step:
     the DFlash tree (the same for every row: the context is), its verify (extend_tree, tree_probs),
-    then `rule` over all rows at once -> (cell ids (N,), accepted depth (N,))."""
+    then `rule` over all rows at once (sizes (N,): row b's tree cut to its first sizes[b] nodes,
+    or sizes(tree) -> (N,)) -> (cell ids (N,), accepted depth (N,))."""
     g = torch.Generator().manual_seed(seed)
     prompt = exact.CONTEXT[0].tolist()
     step = DFlashDrafts(target, drafter, sampling, tree=nodes)
@@ -46,7 +53,8 @@ def tree_samples(target, drafter, sampling, rule, seed, nodes=6):
         target.capture(())
     p = tree_probs(sampling, logits, exact.CONTEXT, tokens[0], parent[0])
     n_rows = exact.N
-    node, y = rule(tokens.expand(n_rows, -1), parent.expand(n_rows, -1), p.expand(n_rows, -1, -1), None, g, tree=tree)
+    rows_parent = parent.expand(n_rows, -1) if sizes is None else cut(parent.expand(n_rows, -1), sizes(tree))
+    node, y = rule(tokens.expand(n_rows, -1), rows_parent, p.expand(n_rows, -1, -1), None, g, tree=tree)
     paths = [ancestry(parent[0].tolist(), i)[1:] for i in range(tokens.shape[1])]  # per node: its path's nodes
     table = torch.zeros(tokens.shape[1], exact.GAMMA, dtype=torch.long)
     for i, path in enumerate(paths):
@@ -94,11 +102,13 @@ def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(small, s
 
 
 @torch.no_grad()
-def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6):
+def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, sizes=None, peek=None):
     """As tree_samples, each row's children drawn i.i.d. from q on the DFlash tree's shape (what
     trees.sampled_children does per row, here for all rows in one draw; sampled False: the
     deterministic tree itself), verified by `rule` (tokens, parent, p, q, generator); p after
-    every path looked up from the target's p after all V + V^2 + V^3 paths."""
+    every path looked up from the target's p after all V + V^2 + V^3 paths. sizes(shape) -> (N,):
+    row b's tree cut to its first sizes[b] nodes; peek(tokens, parent, p, q, sizes, generator) ->
+    sizes: a broken controller that changes them after seeing the step."""
     g = torch.Generator().manual_seed(seed)
     step = DFlashDrafts(target, drafter, sampling, tree=nodes)
     target.capture(step.layers)
@@ -120,7 +130,11 @@ def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6):
     paths = [ancestry(parent[0].tolist(), i)[1:] for i in range(tokens.shape[1])]
     codes = torch.stack([offset[len(path)] + sum(tokens[:, j] * V ** (len(path) - 1 - k) for k, j in enumerate(path))
                          if path else torch.zeros(R, dtype=torch.long) for path in paths], 1)  # (R, S)
-    node, y = rule(tokens, parent, table[codes], q.expand(R, -1, -1), g)
+    p, q = table[codes], q.expand(R, -1, -1)
+    if sizes is not None:
+        chosen = sizes(shape)
+        parent = cut(parent, chosen if peek is None else peek(tokens, parent, p, q, chosen, g))
+    node, y = rule(tokens, parent, p, q, g)
     at = torch.tensor([path + [0] * (G - len(path)) for path in paths])[node]  # (R, G) each row's path, padded
     depth = torch.tensor([len(path) for path in paths])[node]
     return exact.first_tokens(target.model, tokens.gather(1, at), depth, y, sampling, g), depth
@@ -150,3 +164,80 @@ def test_multi_without_the_residual_or_over_deterministic_children_fails_the_sam
     rule = multi_without_residual if broken == "no-residual" else multi
     cells, _ = multi_samples(target, drafter, s, rule, seed=13, sampled=broken == "no-residual")
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) < exact.P_BROKEN
+
+
+# --- tree auto: sizes chosen from the past, and a controller that peeks at the present ----------
+
+def tree_costs(n_max: int) -> Costs:
+    """verify 1 + 0.1 w for w = 1..n_max + 1, drafting 0.5: sizes 0..n_max all occur below."""
+    return Costs((1,), (tuple(1.0 + 0.1 * w for w in range(1, n_max + 2)),), ((0.5,) * exact.GAMMA,))
+
+
+def sizes_from_the_past(shape, seed: int = 5, pasts: int = 64) -> torch.Tensor:
+    """Each of exact.N rows' tree size (N,): a SizeController's choice for this step's tree
+    `shape` (its q, drawn without the target) after one of `pasts` random histories (up to 23
+    earlier steps sized by the controller, accepted to a depth drawn with a skill of their own),
+    from a generator of their own: nothing of the target's p or coins of the step to come. 0: the
+    controller rests (a plain step)."""
+    g, sizes = torch.Generator().manual_seed(seed), []
+    for _ in range(pasts):
+        controller = SizeController(tree_costs(len(shape.tokens)), exact.GAMMA, n_max=len(shape.tokens))
+        skill = float(torch.rand(1, generator=g))
+        for _ in range(int(torch.randint(0, 24, (1,), generator=g))):
+            size = controller.size([shape], exact.GAMMA)
+            controller.record(trees.first(shape, size),
+                              int(leading_true(torch.rand(1, exact.GAMMA, generator=g) < skill)[0]))
+        sizes.append(controller.size([shape], exact.GAMMA) if controller.drafts() else 0)
+    return torch.tensor(sizes).repeat(exact.N // pasts + 1)[:exact.N]
+
+
+def cut(parent: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """parent (R, S) in verify numbering, each row's tree cut to its first sizes[b] nodes: the
+    others get parent -2, which no rule reaches (trees._fed's padding)."""
+    return torch.where(torch.arange(parent.shape[1])[None] > sizes[:, None], torch.full_like(parent, -2), parent)
+
+
+def plain_where_rejected(tokens, parent, p, q, sizes, generator):
+    """Broken: a plain step (size 0) for the rows whose tree the rule would reject at the root,
+    found by running it first on the step's p with the rule's own coins (a copy of the generator),
+    as if the controller had known which trees would fail."""
+    look = torch.Generator().set_state(generator.get_state())
+    node, _ = multi(tokens, cut(parent, sizes), p, q, look)
+    return torch.where(node == 0, torch.zeros_like(sizes), sizes)
+
+
+def pvalues(cells: torch.Tensor, joint: torch.Tensor) -> tuple[float, float]:
+    """The chi-square p-values of the first exact.DEPTH tokens' joint and of the first token alone
+    (its V cells: the sharper test where a controller biases the first token, as peeking at the
+    root's acceptance does)."""
+    block = exact.V ** (exact.DEPTH - 1)  # cells sharing a first token
+    first = torch.zeros_like(joint)
+    first[::block] = joint.reshape(exact.V, block).sum(1)
+    return exact.chi_square_pvalue(cells, joint), exact.chi_square_pvalue(cells - cells % block, first)
+
+
+@pytest.mark.parametrize("rule", ["match", "multi"])
+def test_tree_sizes_chosen_from_the_past_keep_the_target_distribution(small, rule):  # noqa: F811
+    target, drafter = small
+    s = exact.SAMPLINGS["t1"]
+    seen = []
+
+    def sizes(shape):
+        seen.append(sizes_from_the_past(shape))
+        return seen[-1]
+
+    if rule == "match":
+        cells, depth = tree_samples(target, drafter, s, tree_walk, seed=11, sizes=sizes)
+    else:
+        cells, depth = multi_samples(target, drafter, s, multi, seed=13, sizes=sizes)
+    assert 0 in seen[0] and len(set(seen[0].tolist())) >= 3, seen[0].unique()  # plain steps, several sizes
+    assert min(pvalues(cells, exact.exact_joint(target.model, s))) > exact.P_EXACT
+    assert 0.05 < (depth > 0).float().mean() < 0.95
+
+
+def test_a_size_controller_that_peeks_at_the_step_fails_the_same_test(small):  # noqa: F811
+    target, drafter = small
+    s = exact.SAMPLINGS["t1"]
+    cells, _ = multi_samples(target, drafter, s, multi, seed=13, sizes=sizes_from_the_past,
+                             peek=plain_where_rejected)
+    assert min(pvalues(cells, exact.exact_joint(target.model, s))) < exact.P_BROKEN

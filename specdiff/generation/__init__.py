@@ -45,7 +45,7 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
              method: str | None = None, gamma: int | str | None = None, adaptive: bool | None = None,
              steps: int | None = None,
              schedule: str | None = None, drafts: int | None = None, draft_temperature: float | None = None,
-             tree: int | None = None, acceptance: str | None = None, temperature: float | None = None,
+             tree: int | str | None = None, acceptance: str | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
              max_new_tokens: int | None = None, seed: int = 0, device: str | None = None, dtype: str | None = None,
              truncate_prompt: bool = False, progress: bool = False, chat: bool | None = None,
@@ -73,7 +73,8 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     picks the slots each denoising step commits, dynamic's confidence threshold, steps per block.
     drafts: K > 1 candidate drafts per step, one kept by the target (specdiff.selection;
     acceptance greedy, select or multi); draft_temperature: how candidates 2..K are sampled.
-    tree: N > 0 draft tokens as a tree (dflash; specdiff.trees), depth at most an integer gamma.
+    tree: N > 0 draft tokens as a tree (dflash; specdiff.trees), depth at most an integer gamma;
+    "auto": the size chosen each step from measured costs and the acceptance so far (tree_sizes).
     compile: the static KV cache and torch.compile'd steps (specdiff.compiled): the same tokens,
     compiled once per run before decoding.
     threads: torch's CPU threads for this call (set, then restored; None: as the process has

@@ -49,7 +49,7 @@ from ..drafters.dflash import hidden_state_indices, is_dflash_drafter as is_dfla
 from ..nets.dflash import ContextCache
 from ..errors import UsageError
 from ..sampling import Sampling
-from ..settings import DraftSettings
+from ..settings import AUTO, DraftSettings, tree_nodes
 from ..vocab import head_logits, on_target, target_ids, target_probs
 from .base import Method, Models, check_sizes, cost_table, kept_costs
 from .speculative import check_drafts, rule_name
@@ -209,13 +209,19 @@ class DFlashDecoder:
             costs, costs_s = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
                                       self.settings.gamma, batch_size, self.settings.drafts, costs, costs_s,
-                                      tree=bool(self.settings.tree))
+                                      tree=bool(self.settings.tree), tree_max=self.drafts.tree * self.sized)
         finally:
             self.target.capture(())
             self.drafts.contexts = RowContexts()
 
+    @property
+    def sized(self) -> bool:
+        """`tree` auto: each step's tree size chosen by a tree_sizes.SizeController."""
+        return self.settings.tree == AUTO
+
     def costs(self, batch_size: int) -> tuple[Costs | None, float]:
-        """gamma auto's cost table at this batch size (None: fixed gamma) and the seconds spent
+        """gamma auto's or tree auto's cost table at this batch size (None: fixed sizes; a tree's
+        verify widths up to its most nodes + 1) and the seconds spent
         timing it now (base.cost_table), measured on dummy rows with the capture on (as a run has
         it; bench times the table before its passes), then the cache and the drafter's contexts
         emptied and the capture as it was."""
@@ -223,11 +229,12 @@ class DFlashDecoder:
             captured = self.target.captured
             self.target.capture(self.drafts.layers)
             try:
-                return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size, self.settings.drafts)
+                return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size, self.settings.drafts,
+                                     width=(self.drafts.tree + 1) * self.sized)
             finally:
                 self.target.capture(captured)
                 self.drafts.contexts = RowContexts()
-        return cost_table(self.measured, self.settings.adaptive, batch_size, measure)
+        return cost_table(self.measured, self.settings.adaptive or self.sized, batch_size, measure)
 
     def warm_up(self, rows: int, length: int) -> None:
         raise UsageError("method 'dflash' runs the eager torch target; it does not `compile`")
@@ -236,7 +243,7 @@ class DFlashDecoder:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
         self.target.capture(self.drafts.layers)
         try:
-            check_sizes(self.target, gamma=max(self.settings.gamma, self.settings.tree),  # a tree: N + 1 verified
+            check_sizes(self.target, gamma=max(self.settings.gamma, self.drafts.tree),  # a tree: N + 1 verified
                         copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows,
                         context=context)
         finally:
@@ -262,7 +269,7 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
         raise UsageError(f"`gamma` {settings.gamma} is more than the DFlash drafter's block holds "
                          f"({drafter.block_size - 1} draft slots after the anchor)")
     drafts = DFlashDrafts(target, drafter, sampling, settings.drafts, settings.draft_temperature,
-                          tree=settings.tree)
+                          tree=tree_nodes(settings.tree))
     verify: Rule | selection.SelectRule | trees.TreeRule
     if settings.tree:
         rule = tree_rule(target, settings, sampling, acceptance)
@@ -279,16 +286,18 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
 def tree_rule(target: Any, settings: DraftSettings, sampling: Sampling, acceptance: str | None) -> str:
     """The rule of a `tree` run (trees.RULES: greedy at temperature 0, else match over the tree, or
     multi asked for: children sampled from q, recursive rejection over siblings),
-    or UsageError for what a tree cannot run with: another rule, K > 1 drafts, gamma auto, a
-    target that does not verify trees (an exported graph, a model whose windows count columns)."""
+    or UsageError for what a tree cannot run with: another rule, K > 1 drafts, gamma auto with a
+    fixed size (`tree` auto takes gamma's cap as its depth bound), a target that does not verify
+    trees (an exported graph, a model whose windows count columns)."""
     why = target.can_tree() if isinstance(target, TreeTarget) else (
         "this target verifies chains only (exported graphs take no tree mask): run the torch target or drop `tree`")
     if why is not None:
         raise UsageError(f"`tree`: {why}")
     if settings.drafts > 1:
         raise UsageError("`tree` already verifies several continuations: give `drafts` 1 with it")
-    if settings.adaptive:
-        raise UsageError("`tree` drafts to a fixed depth: give an integer `gamma` (the tree's depth bound)")
+    if settings.adaptive and settings.tree != AUTO:
+        raise UsageError(f"`tree` {settings.tree} drafts to a fixed depth: give an integer `gamma` (the tree's depth "
+                         f"bound), or `tree` {AUTO}")
     rule = "greedy" if sampling.greedy else "match"
     if acceptance == "multi" and not sampling.greedy:
         return acceptance  # sampled children, recursive rejection over siblings

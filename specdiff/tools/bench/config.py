@@ -63,7 +63,7 @@ class Variant:
     steps: int | None = None
     schedule: str | None = None
     drafts: int | None = None  # K candidate drafts (None: the plan's default, 1)
-    tree: int | None = None  # draft tree nodes (None or 0: a chain)
+    tree: int | str | None = None  # draft tree nodes (None or 0: a chain; auto: chosen each step)
     acceptance: str | None = None  # None: Settings.acceptance, else the plan's default
     temperature: float | None = None  # None: Settings.temperature
     batch_size: int = 1

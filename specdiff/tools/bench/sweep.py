@@ -22,13 +22,13 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
              steps: Sequence[int | None] = (None,), schedules: Sequence[str] = (DEFAULTS["schedule"],),
              drafts: Sequence[int | None] = (None,), rules: Sequence[str | None] = (None,),
              temperatures: Sequence[float | None] = (None,), batch_sizes: Sequence[int] = (1,),
-             runtimes: Sequence[str] = ("torch",), trees: Sequence[int | None] = (None,)) -> list[Variant]:
+             runtimes: Sequence[str] = ("torch",), trees: Sequence[int | str | None] = (None,)) -> list[Variant]:
     """One row per method and setting, at each temperature; `ar` first. specdiff sweeps gamma x
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
     only that) x drafts; the other drafting methods sweep gamma. A gamma "auto" (specdiff.adaptive)
     runs for the methods that choose their draft length (spec-ar, specdiff). `trees`: tree sizes
-    (0: a chain) for the methods that read `tree` (dflash), on fixed gammas. Drafting rows sweep the rules
-    that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
+    (0: a chain; auto: chosen each step) for the methods that read `tree` (dflash), on fixed gammas.
+    Drafting rows sweep the rules that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
     each batch size and on each of `runtimes` ("torch": eager; "compiled"; a graph runtime, which
     runs ar and specdiff: exports hold a target and a diffusion drafter)."""
     unknown = [m for m in methods if m not in METHODS]
@@ -40,8 +40,8 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     for name, values in (("gamma", fixed), ("steps", steps), ("drafts", drafts), ("batch_size", batch_sizes)):
         if any(v is not None and v < 1 for v in values):
             raise UsageError(f"{name} values must be >= 1, got {', '.join(map(str, values))}")
-    if any(t is not None and t < 0 for t in trees):
-        raise UsageError(f"tree values must be >= 0, got {', '.join(map(str, trees))}")
+    if any(t is not None and t != AUTO and not (isinstance(t, int) and t >= 0) for t in trees):
+        raise UsageError(f"tree values must be integers >= 0 or {AUTO}, got {', '.join(map(str, trees))}")
     check_unique(methods=methods, gammas=gammas, steps=steps, schedules=schedules, drafts=drafts, rules=rules,
                  temperatures=temperatures, batch_sizes=batch_sizes, trees=trees)
     check_rules(rules)
@@ -100,7 +100,7 @@ def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequen
                     yield Variant(method, g, t, s)
 
 
-def _treed(rows: Iterable[Variant], trees: Sequence[int | None]) -> Iterator[Variant]:
+def _treed(rows: Iterable[Variant], trees: Sequence[int | str | None]) -> Iterator[Variant]:
     """Each row at each tree size where its method reads `tree` and its gamma is fixed (a tree's
     depth bound); a chain (tree None or 0) everywhere else."""
     for v in rows:
