@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from specdiff import generate, load_drafter, load_target, selection
+from specdiff import generate, load_drafter, selection
 from specdiff.acceptance import match, standard
 from specdiff.contracts import Draft
 from specdiff.decoding import Row
@@ -32,7 +32,7 @@ from specdiff.targets.causal import CausalLMTarget
 from specdiff_cli.main import cli
 
 import test_sampling_exact as exact
-from tiny import TEXT, make_dflash, make_llama, make_qwen3, small_dflash_net
+from tiny import TEXT, dflash_pairs, make_llama, make_qwen3, small_dflash_net
 
 WORDS = TEXT.split()
 PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 60, 2)]  # 30 prompts, 2-7 words
@@ -46,12 +46,8 @@ TARGETS = ("gpt2", "llama", "qwen3")
 def models(tiny):
     paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "dfm-llama", tiny.tokenizer, scale=10, seed=4),
              "qwen3": make_qwen3(tiny.root / "dfm-qwen3", tiny.tokenizer, scale=10, seed=5)}
-    found = {}
-    for name, path in paths.items():
-        found[name] = load_target(str(path))
-        found[f"{name}-dflash"] = load_drafter(str(make_dflash(tiny.root / f"dfm-{name}-dflash", path, scale=10,
-                                                               seed=6)))
-        found[f"{name}-dir"] = path
+    found = dflash_pairs(tiny, "dfm", paths)
+    found.update({f"{name}-dir": path for name, path in paths.items()})
     return found
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specdiff import generate, load_drafter, load_target, trees
+from specdiff import generate, trees
 from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
 from specdiff.metrics import Costs
@@ -21,7 +21,7 @@ from specdiff.tree_sizes import SizeController
 from specdiff.trees import best_first, first
 
 from test_trees import MAX_NEW, PROMPTS, _differing
-from tiny import make_dflash, make_llama, make_qwen3
+from tiny import dflash_pairs, make_dflash
 
 TARGETS = ("gpt2", "llama", "qwen3")
 
@@ -29,14 +29,7 @@ TARGETS = ("gpt2", "llama", "qwen3")
 @pytest.fixture(scope="module")
 def models(tiny):
     """test_trees' tiny targets and DFlash drafters, in directories of this module's own."""
-    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "ta-llama", tiny.tokenizer, scale=10, seed=4),
-             "qwen3": make_qwen3(tiny.root / "ta-qwen3", tiny.tokenizer, scale=10, seed=5)}
-    found = {}
-    for name, path in paths.items():
-        found[name] = load_target(str(path))
-        found[f"{name}-dflash"] = load_drafter(str(make_dflash(tiny.root / f"ta-{name}-dflash", path, scale=10,
-                                                               seed=6)))
-    return found
+    return dflash_pairs(tiny, "ta")
 
 
 @pytest.fixture(scope="module")

@@ -137,6 +137,23 @@ def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: i
     return directory
 
 
+def dflash_pairs(tiny, prefix: str, paths: dict[str, Path] | None = None) -> dict:
+    """The DFlash tests' targets, loaded, each beside a random DFlash drafter made for it (key
+    "<name>-dflash"): the tiny GPT-2, a Llama and a Qwen3 (or `paths`), new directories named with
+    `prefix` so that modules never rebuild each other's."""
+    from specdiff import load_drafter, load_target
+
+    paths = paths or {"gpt2": tiny.gpt2,
+                      "llama": make_llama(tiny.root / f"{prefix}-llama", tiny.tokenizer, scale=10, seed=4),
+                      "qwen3": make_qwen3(tiny.root / f"{prefix}-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    found = {}
+    for name, path in paths.items():
+        found[name] = load_target(str(path))
+        found[f"{name}-dflash"] = load_drafter(str(make_dflash(tiny.root / f"{prefix}-{name}-dflash", path,
+                                                               scale=10, seed=6)))
+    return found
+
+
 def small_dflash_net(V: int):
     """A DFlash net of one layer, width 16, over a V-row vocabulary, random (normal 0.3, seed 12):
     an adversarial drafter for the chi-square tests' V = 8 target."""
