@@ -15,7 +15,8 @@ docs/lossless.md:
               coins (SpecDiff-2; over K candidates: specdiff.selection).
 
 Every rule: (draft (B, g) int64, q (B, g, V), p (B, g+1, V), generator) -> (n (B,), nxt (B,)):
-n accepted draft tokens, then the token nxt.
+n accepted draft tokens, then the token nxt. `residual` is the update of recursive rejection over
+several drafts (specdiff.selection's multi, specdiff.trees' multi).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from .errors import UsageError
 from .sampling import sample
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, r - q)) per row of (B, V); r itself where that is empty (rounding only)."""
+    rest = (r - q).clamp_min(0)
+    total = rest.sum(-1, keepdim=True)
+    return torch.where(total > 0, rest / total.clamp_min(torch.finfo(r.dtype).tiny), r)
 
 
 def leading_true(ok: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from . import acceptance
+from .acceptance import residual
 from .contracts import Draft
 from .drafters.diffusion import DiffusionProposer
 from .errors import UsageError
@@ -116,13 +117,6 @@ def select(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     return n, y, k
 
 
-def _residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, r - q)) per row of (B, V); r itself where that is empty (rounding only)."""
-    rest = (r - q).clamp_min(0)
-    total = rest.sum(-1, keepdim=True)
-    return torch.where(total > 0, rest / total.clamp_min(torch.finfo(r.dtype).tiny), r)
-
-
 def multi(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, K, g = draft.shape
@@ -139,7 +133,7 @@ def multi(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
             u = torch.rand(B, generator=generator, device=p.device)
             ok = trying & (u * q[rows, j, x] < r[rows, x])  # P = min(1, r(x) / q(x))
             accepted, token = accepted | ok, torch.where(ok, x, token)
-            r = torch.where((trying & ~ok)[:, None], _residual(r, q[:, j]), r)
+            r = torch.where((trying & ~ok)[:, None], residual(r, q[:, j]), r)
         stop = ~done & ~accepted
         if stop.any():
             n[stop], k[stop], y[stop] = j, lead[stop], sample(r[stop], generator)

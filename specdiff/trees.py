@@ -19,7 +19,7 @@ cached), nodes 1..N the tree's tokens; parent[i] < i (a parent precedes its chil
         (sampled_children: best_first's shape, every node's token drawn from q at its depth)
     verify(target, batch, trees, sampling, rule) -> per row (accepted draft tokens, next token)
 
-May import: contracts, sampling.
+May import: acceptance, contracts, sampling.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from .acceptance import residual
 from .contracts import Draft, Row, TreeTarget
 from .sampling import Sampling, sample
 
@@ -145,13 +146,6 @@ def multi(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.
     return node, y
 
 
-def residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, r - q)) per row (n, V); r itself where that is empty (only through rounding)."""
-    rest = (r - q).clamp_min(0)
-    total = rest.sum(-1, keepdim=True)
-    return torch.where(total > 0, rest / total.clamp_min(1e-30), r)
-
-
 def sampled_children(tree: Tree, generator: torch.Generator | None) -> Tree:
     """The tree's shape (chosen from q alone) with every node's token drawn anew from q at its
     depth (tree.q (g, V), independent of the path: DFlash's slots): siblings i.i.d. q, as
@@ -166,10 +160,9 @@ def _walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor,
           draw: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """walk, with y = draw(p (B_live, V)) at each node of the rows still walking."""
     B = tokens.shape[0]
-    rows = torch.arange(B, device=p.device)
     node = torch.zeros(B, dtype=torch.long, device=p.device)
     y = torch.zeros(B, dtype=torch.long, device=p.device)
-    live = rows
+    live = torch.arange(B, device=p.device)
     while len(live):
         y[live] = y_live = draw(p[live, node[live]])  # (B_live,)
         child = (parent[live] == node[live, None]) & (tokens[live] == y_live[:, None])  # (B_live, S)

@@ -74,7 +74,7 @@ def select_then_standard(draft, q, p, generator=None):
 def multi_without_residual(draft, q, p, generator=None):
     """Recursive rejection that keeps trying the survivors against p itself after a rejection."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(selection, "_residual", lambda r, q: r)
+        mp.setattr(selection, "residual", lambda r, q: r)
         return selection.multi(draft, q, p, generator)
 
 
