@@ -57,16 +57,35 @@ PRIOR = (3.0, 4.0)  # pool_k = (passed + 3) / (reached + 4)
 ROWS = 8  # the most rows a cost is timed at; more are extrapolated (batch 512: 1/64 of the timing)
 
 
+class Probes:
+    """When a run that stopped drafting tries again: after `wait` plain steps in a row, a probe;
+    the wait doubles after each probe and starts over at `probe` once drafting pays (`paid`).
+    Shared by gamma auto (Controller) and tree auto (tree_sizes.SizeController)."""
+
+    def __init__(self, probe: int = PROBE):
+        self.probe, self.plain, self.wait = probe, 0, probe  # plain steps in a row; before the next probe
+
+    def paid(self) -> None:
+        self.plain, self.wait = 0, self.probe
+
+    def due(self) -> bool:
+        """One more plain step: True when it is to be a probe instead (the wait then doubled)."""
+        self.plain += 1
+        if self.plain < self.wait:
+            return False
+        self.plain, self.wait = 0, self.wait * 2
+        return True
+
+
 class Controller:
     """Chooses each step's draft length G (`width`) from what earlier steps recorded (`record`).
     Rows are keyed by the Row object, held while it decodes (its id cannot be reused); rows
     that have left the batch are dropped at the next `width`."""
 
     def __init__(self, costs: Costs, probe: int = PROBE):
-        self.costs, self.gamma_max, self.probe = costs, costs.gamma_max, probe
+        self.costs, self.gamma_max, self.probes = costs, costs.gamma_max, Probes(probe)
         self.rows: dict[int, tuple[Row, list[int], list[int]]] = {}  # id -> (row, reached_k, passed_k)
         self.reached, self.passed = [0] * self.gamma_max, [0] * self.gamma_max  # pooled over the run
-        self.plain, self.wait = 0, probe  # plain steps in a row; plain steps before the next probe
         self.steps: dict[int, list[float]] = {}  # rows -> costs.step(rows, G) for G = 0..gamma_max
         self.seen = [0.0] * 4  # past R_t: seconds taken, then predicted, of plain steps; of drafting steps
 
@@ -81,9 +100,9 @@ class Controller:
         rates = [t / c for t, c in zip(tokens, self._steps(len(batch)))]
         best = rates.index(max(rates))  # the shortest of equally good lengths
         if best:
-            self.plain, self.wait = 0, self.probe  # drafting pays: probes start over
+            self.probes.paid()  # drafting pays: probes start over
             return best
-        return self._probed(rates.index(max(rates[1:]), 1))
+        return rates.index(max(rates[1:]), 1) if self.probes.due() else 0  # a probe drafts its best length
 
     def _steps(self, R: int) -> list[float]:
         """costs.step(R, G) for G = 0..gamma_max; past the rows timed, corrected by `observe`."""
@@ -110,14 +129,6 @@ class Controller:
             prefix *= (passed[k] + STRENGTH * pool[k]) / (reached[k] + STRENGTH)
             e.append(e[-1] + prefix)
         return e + [e[-1]] * (self.gamma_max - top)
-
-    def _probed(self, drafting: int) -> int:
-        """A plain step (0), or after `wait` of them in a row the best length that drafts."""
-        self.plain += 1
-        if self.plain < self.wait:
-            return 0
-        self.plain, self.wait = 0, self.wait * 2
-        return drafting
 
     def record(self, row: Row, drafted: int, accepted: int) -> None:
         """A step of `row` drafted `drafted` tokens, the first `accepted` of them accepted: slot k

@@ -25,7 +25,7 @@ adaptive.Controller's: after `probe` plain steps in a row, doubled after each pr
 not bring drafting back. The step that finds drafting does not pay still verifies N* (its drafter
 call is spent).
 
-May import: torch, metrics, settings, trees.
+May import: torch, adaptive (its probing), metrics, settings, trees.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from typing import Sequence
 
 import torch
 
+from .adaptive import PROBE, Probes
 from .metrics import Costs
 from .settings import TREE_MAX
 from .trees import Tree
 
 STRENGTH = 4.0  # pseudo-observations of a calibration of 1 (the drafter believed until it is judged)
-PROBE = 16  # plain steps in a row before a probe (doubled after each failed probe)
 
 
 def reach(tree: Tree, depth: int) -> torch.Tensor:
@@ -63,21 +63,15 @@ class SizeController:
     probes, from the past only), `size(batch_trees, g)` from this step's q, `record` after the verify."""
 
     def __init__(self, costs: Costs, depth: int, n_max: int = TREE_MAX, probe: int = PROBE):
-        self.costs, self.depth, self.n_max, self.probe = costs, depth, n_max, probe
+        self.costs, self.depth, self.n_max, self.probes = costs, depth, n_max, Probes(probe)
         self.reached = [0.0] * depth  # past tree steps whose accepted path reached depth d
         self.predicted = [0.0] * depth  # the reach their trees predicted at depth d
-        self.resting, self.idle, self.wait = False, 0, probe
+        self.resting = False
 
     def drafts(self) -> bool:
         """Whether this step drafts: True unless the last size found drafting not to pay, then
-        False for `wait` plain steps, and True for the probe after them (the wait doubled)."""
-        if not self.resting:
-            return True
-        self.idle += 1
-        if self.idle < self.wait:
-            return False
-        self.idle, self.wait = 0, self.wait * 2
-        return True
+        False for the plain steps before a probe, and True for the probe (adaptive.Probes)."""
+        return not self.resting or self.probes.due()
 
     def expected(self, tree: Tree) -> torch.Tensor:
         """E_b(N) for N = 0..n_max (a tree of fewer nodes: its own E past its size) -> (n_max + 1,)."""
@@ -99,7 +93,7 @@ class SizeController:
         best = int(rates[1:].argmax()) + 1  # the smallest of equally good sizes
         self.resting = bool(R / self.costs.verified(R, 1) > rates[best])
         if not self.resting:
-            self.wait = self.probe  # drafting pays: probes start over
+            self.probes.paid()  # drafting pays: probes start over
         return best
 
     def record(self, tree: Tree, accepted: int) -> None:
