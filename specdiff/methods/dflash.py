@@ -273,12 +273,11 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     verify: Rule | selection.SelectRule | trees.TreeRule
     if settings.tree:
         rule = tree_rule(target, settings, sampling, acceptance)
-        drafts.iid = rule == "multi"  # recursive rejection needs every child drawn from q
         verify = trees.RULES[rule]
     else:
         rule = rule_name(acceptance, sampling, method, drafts, settings)
-        drafts.iid = rule == "multi"  # recursive rejection needs every candidate drawn from q
         verify = single.get_rule(rule) if settings.drafts == 1 else selection.get_rule(rule)
+    drafts.iid = rule == "multi"  # recursive rejection needs every candidate (a tree: every child) drawn from q
     return DFlashDecoder(target, drafts, verify, rule, settings, sampling, method.settings,
                          kept_costs(target, drafter, (settings, sampling)))
 
