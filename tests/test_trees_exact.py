@@ -84,10 +84,15 @@ SAMPLINGS = ["t1", "t0.7-top3"]
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_a_tree_step_has_the_target_distribution(small, sampling):  # noqa: F811
+@pytest.mark.parametrize("children", ["deterministic", "sampled"])
+def test_a_tree_step_has_the_target_distribution(small, children, sampling):  # noqa: F811
+    """match over a best-first tree (tree_samples); multi over children drawn from q (multi_samples)."""
     target, drafter = small
     s = exact.SAMPLINGS[sampling]
-    cells, depth = tree_samples(target, drafter, s, tree_walk, seed=11)
+    if children == "deterministic":
+        cells, depth = tree_samples(target, drafter, s, tree_walk, seed=11)
+    else:
+        cells, depth = multi_samples(target, drafter, s, multi, seed=13)
     print(f"accepted depth {depth.float().mean():.3f}")
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
     assert 0.05 < (depth > 0).float().mean() < 0.95  # sensitive: trees neither always rejected nor always taken
@@ -145,16 +150,6 @@ def multi_without_residual(tokens, parent, p, q, generator=None):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(trees, "residual", lambda r, q_c: r)
         return multi(tokens, parent, p, q, generator)
-
-
-@pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_recursive_rejection_over_sampled_children_has_the_target_distribution(small, sampling):  # noqa: F811
-    target, drafter = small
-    s = exact.SAMPLINGS[sampling]
-    cells, depth = multi_samples(target, drafter, s, multi, seed=13)
-    print(f"accepted depth {depth.float().mean():.3f}")
-    assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
-    assert 0.05 < (depth > 0).float().mean() < 0.95
 
 
 @pytest.mark.parametrize("broken", ["no-residual", "deterministic-children"])
