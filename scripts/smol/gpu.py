@@ -3,23 +3,34 @@ it), then training continues on the CPU.
 
     python scripts/smol/gpu.py --drafter DIR --prompts FILE --out DIR [--generate-s S] [--train-s S]
     python scripts/smol/gpu.py --digest            # the dequantized target's weights digest (sha256)
-    python scripts/smol/gpu.py --merge SHARDS DIR  # returned shards -> DIR, a DFlash checkpoint (fp32)
+    python scripts/smol/gpu.py --merge SHARDS DRAFTER OUT  # returned shards -> OUT, a DFlash checkpoint
 
 1. target   SmolLM2-135M-Instruct as every specdiff run loads it (models.yaml `smollm2-135m-instruct`,
-            the GGUF through transformers, fp32: the target the drafter serves); refused when its
-            weights' digest is not `--expect-digest` (another transformers could dequantize otherwise)
+            the GGUF through transformers), in fp32: the target the drafter serves (dtype "auto" is
+            fp16 on CUDA, another teacher); refused when its weights' digest is not
+            `--expect-digest` (another transformers could dequantize otherwise)
 2. answers  the target's answers to the training questions of --prompts (questions-large.txt; its last
             10% held out, as answers.sh does), --batch rows a call, 128 tokens through the chat
             template, calls alternating greedy / 0.7 / 1.0 at top-p 0.95, the top-32 soft labels and
             the outputs of the layers the drafter reads, kept in memory (teacher.continue_batch, the
-            CPU build's own loop), until --generate-s; the held-out questions' greedy answers first
-3. training the drafter (fp32 weights, bf16 autocast on CUDA) on them with distill's own loss, batches
-            and loop (training/dflash.py, loop.py: ce+kl, per-slot weights, warmup and cosine over the
-            steps that fit in --train-s, measured on the first steps); a checkpoint every
-            --checkpoint-s: the weights in shards of at most 15 MB (huggingface_hub's split) under
-            --out, so a run cut short still returns its newest
+            CPU build's own loop, drawing with a generator on the GPU), until --generate-s; first
+            the greedy answers to VAL_QUESTIONS held-out questions (the validation set)
+3. training the drafter (fp32 weights, bf16 autocast) on them with distill's own loss, batches and
+            loop (training/dflash.py, loop.py: ce+kl, per-slot weights, warmup and cosine), for the
+            steps that fit in --train-s (timed on the first ones) and at most --passes anchors per
+            answer position; validated 20 times; each best validation writes the weights as shards
+            of at most 15 MB (huggingface_hub's split) under --out, so the drafter that returns is
+            the best validated one (the starting one included), also from a run cut short
 4. report   --out/report.json: rates, steps, validation loss history, the GPU, versions;
-            --out/answers.safetensors: the answers' ids (uint16: SmolLM2 has 49,152), for a CPU prefill later
+            --out/answers.safetensors: the answers' ids (uint16: SmolLM2 has 49,152), for a CPU prefill
+
+The first run (H200, 2026-11-27, build/smol/gpu-run-1, before those rules) sampled on the host and
+loaded the target as "auto" (fp16): 704 answer tokens/s (greedy calls of 512 rows 0.19 s a step,
+sampled ones 1.1 s; not profiled there, but the draw was on the host: a 512 x 49,152 CPU
+multinomial costs 0.44 s on one core here), so 1,536 answers in
+326 s; 4,321 steps of 256 x 16 anchors at lr 1e-3 drew each answer position about 100 times and
+overfitted (validation 4.82 -> 9.59); tau greedy 2.10 -> 1.45 (`specdiff bench --pair smol-dflash
+--drafter DIR`, 3 prompts, 64 tokens). Not adopted.
 
 Imports specdiff's library only; no CLI state. Run by gpu.sh on the device (PYTHONPATH=.)."""
 
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -81,7 +93,7 @@ def answers(target: Any, drafter: DFlashDrafter, ids: torch.Tensor, pad: torch.T
         if call and time.perf_counter() > deadline:
             break
         rows = order[start:start + batch]
-        g = torch.Generator().manual_seed(seed * 1_000_003 + call)
+        g = torch.Generator(target.device).manual_seed(seed * 1_000_003 + call)  # draws stay on the GPU
         s, f = continue_batch(target.model, ids[rows].to(target.device), L, target.vocab_size,
                               TEACHERS[call % len(TEACHERS)], g, None, K, pad[rows], target.eos_token_id,
                               drafter.target_layer_ids)
@@ -94,18 +106,28 @@ def answers(target: Any, drafter: DFlashDrafter, ids: torch.Tensor, pad: torch.T
 
 
 class GPUTask(DFlashTask):
-    """DFlashTask with the loss under bf16 autocast (on the CPU too, where gpu.py is tested), and each checkpoint's weights also
-    written as shards under `shards`."""
+    """DFlashTask with the loss under bf16 autocast (on the CPU too, where gpu.py is rehearsed);
+    each validation that is the best so far writes the weights as shards under `shards`, so what
+    returns is the best validated drafter (the starting one, validated at step 0, included)."""
 
     shards: Path
+    best: tuple[int, float] = (-1, math.inf)  # (the step of the best validation, its loss)
+    step: int = 0  # set by the loop's caller through `scored`
 
     def loss(self, batch: Any) -> torch.Tensor:
         with torch.autocast(torch.device(self.cfg.device).type, dtype=torch.bfloat16):
             return super().loss(batch)
 
-    def save(self, directory: Path) -> None:
-        super().save(directory)
-        write_shards(self.module, self.shards)
+    def scored(self, batch: Any) -> int:
+        self.step += 1
+        return super().scored(batch)
+
+    def validation(self) -> float:
+        value = super().validation()
+        if value < self.best[1]:
+            write_shards(self.module, self.shards)
+            self.best = (self.step, value)
+        return value
 
 
 def write_shards(drafter: DFlashDrafter, out: Path) -> None:
@@ -143,7 +165,7 @@ def merge(shards: Path, drafter: Path, out: Path) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     dev = args.device
-    target = load_target(TARGET, device=dev)
+    target = load_target(TARGET, device=dev, dtype="fp32")  # "auto" is fp16 on CUDA: another teacher
     target.model.requires_grad_(False)
     found = digest(target.model)
     if args.expect_digest and found != args.expect_digest:
@@ -174,19 +196,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     task = GPUTask(drafter, sets[0], sets[1], P, cfg)
     task.shards = args.out / "shards"
     step_s = time_step(task, cfg)
-    steps = max(1, int(args.train_s / step_s))
-    every = max(1, int(args.checkpoint_s / step_s))
-    cfg = replace(cfg, max_steps=steps, time_budget=args.train_s, val_every=max(1, steps // 10), checkpoint_every=every)
+    positions = int((sets[0].limits - P).clamp(min=0).sum())  # anchors the answers offer
+    steps = max(1, min(int(args.train_s / step_s), int(args.passes * positions / (args.batch_size * args.anchors))))
+    cfg = replace(cfg, max_steps=steps, time_budget=args.train_s, val_every=max(1, steps // 20), checkpoint_every=steps)
     task.cfg = cfg
     state = TrainState(history=[[0, task.validation()]])
     log(f"training: {step_s * 1000:.0f} ms a step, {steps} steps, val {state.history[0][1]}")
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
-    train(task, opt, state, cfg, progress=False)  # its last checkpoint writes the final shards
+    train(task, opt, state, cfg, progress=False)  # the best validation's weights are in the shards
     return {"device": torch.cuda.get_device_name() if dev.startswith("cuda") else dev, "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "target_digest": found,
             "answers": {"train": len(train_seqs), "held_out": len(val_seqs), "seconds": round(gen_s, 1),
                         "tokens_per_s": round(tokens / gen_s), "batch": args.batch},
-            "training": {"steps": state.step, "planned_steps": steps, "step_ms": round(step_s * 1000, 1),
+            "training": {"steps": state.step, "planned_steps": steps, "anchor_positions": positions,
+                         "best_val": {"step": task.best[0], "loss": task.best[1]}, "step_ms": round(step_s * 1000, 1),
                          "batch_size": cfg.batch_size, "anchors": cfg.anchors, "lr": cfg.lr,
                          "scored_slots": state.tokens, "seconds": round(state.train_s, 1),
                          "val_loss": state.history},
@@ -223,11 +246,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--generate-s", type=float, default=180.0)
     ap.add_argument("--train-s", type=float, default=180.0)
-    ap.add_argument("--checkpoint-s", type=float, default=45.0)
+    ap.add_argument("--passes", type=float, default=2.0, help="at most this many anchors drawn per answer position")
     ap.add_argument("--batch", type=int, default=512, help="questions a generation call")
     ap.add_argument("--batch-size", type=int, default=256, help="answers a training step")
     ap.add_argument("--anchors", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--threads", type=int, default=8, help="torch CPU threads (sampling on the host)")
     args = ap.parse_args()
