@@ -185,7 +185,12 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
                 drafting = sizes.drafts()
                 for row in batch:
                     row.metrics.costs = sizes.costs
-            return speculate(batch, parts, gamma) if drafting else _plain_step(target, batch, sampling, parts)
+            if drafting:
+                return speculate(batch, parts, gamma)
+            pushed = _plain_step(target, batch, sampling, parts)
+            for row in batch:
+                row.metrics.record_tree(0)  # a plain step: no node verified
+            return pushed
         if controller is None:
             return speculate(batch, parts, gamma)
         with parts.timed("control", sync=False):
@@ -218,6 +223,8 @@ def decode_drafted(target: Target, draft: DraftStep, rows: Iterable[Row], sampli
         for row, d, g_b, (x, y) in zip(batch, drafts, g, accepted):
             row.metrics.drafter_calls += d.calls
             row.metrics.record(len(x), g_b)
+            if tree:
+                row.metrics.record_tree(len(d.tokens))
             pushed.append(row.push(x + [y]))
         if controller is not None or sizes is not None:
             with parts.timed("control", sync=False):

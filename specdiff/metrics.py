@@ -6,6 +6,8 @@
                                 was accepted up to it
     histogram[k]  iterations that accepted exactly k draft tokens
     lengths[g]    iterations that drafted exactly g tokens (gamma auto: the lengths chosen)
+    tree_sizes[N] with draft trees: iterations that verified a tree of exactly N nodes (a width of
+                  N + 1 tokens; N = 0: a step that drafted nothing, tree auto's plain steps included)
     A draft tree (specdiff.trees) counts as a draft of its depth bound g: accepted is the depth of
     the path kept, per-position acceptance[j] the acceptance by depth, alpha per depth drafted.
     costs         the cost table `gamma` auto chose by (Costs, measured by specdiff.adaptive; None: fixed gamma)
@@ -82,6 +84,7 @@ class Metrics:
     drafted_at: list[int] = field(default_factory=list)  # iterations drafting >= j+1 tokens
     histogram: list[int] = field(default_factory=list)  # iterations accepting exactly k tokens
     lengths: list[int] = field(default_factory=list)  # iterations drafting exactly g tokens
+    tree_sizes: list[int] = field(default_factory=list)  # tree iterations verifying exactly N nodes
     draft_s: float = 0.0
     verify_s: float = 0.0
     control_s: float = 0.0  # choosing draft lengths (gamma auto)
@@ -105,6 +108,11 @@ class Metrics:
             self.drafted_at[j] += 1
             self.accepted_at[j] += j < accepted
         self.histogram[accepted] += 1
+
+    def record_tree(self, nodes: int) -> None:
+        """The iteration just recorded verified a draft tree of `nodes` nodes."""
+        _grow(self.tree_sizes, nodes + 1)
+        self.tree_sizes[nodes] += 1
 
     @contextmanager
     def timed(self, part: str, sync: Callable[[], None] | None = None) -> Iterator[None]:
@@ -135,7 +143,7 @@ class Metrics:
         for name in ("new_tokens", "wall_s", "target_calls", "drafter_calls", "iterations",
                      "drafted", "accepted", "draft_s", "verify_s", "control_s", "costs_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
-        for name in ("accepted_at", "drafted_at", "histogram", "lengths"):
+        for name in ("accepted_at", "drafted_at", "histogram", "lengths", "tree_sizes"):
             a, b = list(getattr(self, name)), list(getattr(other, name))
             _grow(a, len(b))
             _grow(b, len(a))
@@ -155,6 +163,7 @@ class Metrics:
             "per_position_acceptance": [round(a / n, 4) for a, n in zip(self.accepted_at, self.drafted_at)],
             "accepted_length_histogram": list(self.histogram),
             "draft_length_histogram": list(self.lengths),
+            **({"tree_size_histogram": list(self.tree_sizes)} if self.tree_sizes else {}),
             "time_s": {"draft": round(self.draft_s, 6), "verify": round(self.verify_s, 6),
                        "control": round(self.control_s, 6), "costs": round(self.costs_s, 6),
                        "other": round(max(self.wall_s - self.draft_s - self.verify_s - self.control_s

@@ -522,9 +522,13 @@ def test_dflash_is_benched_with_a_dflash_drafter_and_refused_with_another(tiny, 
     drafter = make_dflash(tmp_path / "dflash", tiny.gpt2)
     models, _ = load_models(target=str(tiny.gpt2), drafter=str(drafter))
     assert available_methods(models) == ["ar", "dflash", "hf-prompt-lookup"]
-    report = run(models, PROMPTS[:2], variants(["dflash"], gammas=(3,)), Settings(max_new_tokens=8, repeats=1,
-                                                                                   warmup=0, threads=1))
-    assert [r["label"] for r in report["rows"]] == ["ar", "dflash g=3"] and report["check"]["passed"]
+    report = run(models, PROMPTS[:2], variants(["dflash"], gammas=(3,), trees=(0, 4)),
+                 Settings(max_new_tokens=8, repeats=1, warmup=0, threads=1))
+    assert [r["label"] for r in report["rows"]] == ["ar", "dflash g=3", "dflash g=3 tree=4"] and report["check"]["passed"]
+    chain, tree = report["rows"][1:]
+    sizes = tree["tree_size_histogram"]  # nodes per verified tree: its verify width is 1 + that
+    assert chain["tree_size_histogram"] is None and sum(sizes) == tree["iterations"] and len(sizes) <= 5
+    assert tree["roofline"]["width"] == pytest.approx(1 + sum(n * c for n, c in enumerate(sizes)) / sum(sizes), abs=0.01)
     auto = run(models, PROMPTS[:2], variants(["dflash"], gammas=("auto",)), Settings(max_new_tokens=8, repeats=1,
                                                                                      warmup=0, threads=1))
     row = auto["rows"][1]  # its cost table timed before the pass: its dummy calls are not read as steps

@@ -119,14 +119,25 @@ def test_the_size_is_chosen_before_the_target_sees_the_tree(models, monkeypatch)
 def test_tree_auto_greedy_equals_ar(models, reference, target, batch_size, monkeypatch):
     """With a cost table under which a node pays where the drafter gives it a chance of 0.2% (the
     sizes then follow the drafter's q: several occur), and with the costs the decoder times."""
-    cut = []
-    monkeypatch.setattr(trees, "first", lambda tree, N: cut.append(N) or first(tree, N))
+    cut, nodes = [], []
+
+    def cut_to(tree, N):
+        kept = first(tree, N)
+        cut.append(N)
+        nodes.append(len(kept.tokens))
+        return kept
+
+    monkeypatch.setattr(trees, "first", cut_to)
     p = plan(target=models[target], drafter=models[f"{target}-dflash"], method="dflash", gamma=4, tree="auto",
              batch_size=batch_size, max_new_tokens=MAX_NEW)
     cheap = replace(p, decoder=replace(p.decoder, measured={batch_size: costs(0.002, 0.0, (1, batch_size))}))
     got = list(iter_generate(PROMPTS, cheap))
     assert [o.tokens for o in got] == [o.tokens for o in reference[target].outputs]
     assert len(set(cut)) >= 3, cut  # several sizes were chosen
+    sizes = [o.metrics.tree_sizes for o in got]  # per row: each step's size (0: a plain step)
+    assert sum(sum(s) for s in sizes) == sum(o.metrics.iterations for o in got)
+    counted = [sum(s[n] for s in sizes if n < len(s)) for n in range(TREE_MAX + 1)]
+    assert counted[1:] == [nodes.count(n) for n in range(1, TREE_MAX + 1)], (counted, nodes)
     timed = generate(PROMPTS, target=models[target], drafter=models[f"{target}-dflash"], method="dflash", gamma=4,
                      tree="auto", batch_size=batch_size, max_new_tokens=MAX_NEW)
     assert _differing(timed, reference[target]) == []

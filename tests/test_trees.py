@@ -140,6 +140,8 @@ def test_tree_greedy_equals_ar(models, reference, target, batch_size):
     assert _differing(result, reference[target]) == []
     assert result.metrics.new_tokens == reference[target].metrics.new_tokens
     assert models[target].captured == ()
+    sizes = result.metrics.tree_sizes  # nodes verified per row and step: a size for every iteration
+    assert sum(sizes) == result.metrics.iterations and len(sizes) <= 9 and sizes[8] > 0, sizes
 
 
 def test_a_repetition_penalty_reads_each_nodes_own_path(models):

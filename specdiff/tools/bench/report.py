@@ -37,6 +37,7 @@ class Measured:
     per_position_acceptance: list[float]
     accepted_length_histogram: list[int]  # k = 0..gamma accepted draft tokens
     draft_length_histogram: list[int]  # g = 0..gamma drafted tokens per verification (gamma auto: chosen)
+    tree_size_histogram: list[int] | None  # N = 0.. nodes per verified tree (tree auto: chosen); None: chains
     draft_costs: dict[str, Any] | None  # the cost table gamma auto chose by (adaptive.Costs; None: fixed)
     time_s: dict[str, float]  # draft, verify, control, other
     calls: dict[str, Any]  # target, target_prefill, drafter, drafter_per_iteration
@@ -116,7 +117,8 @@ def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: 
              "drafter_per_iteration": len(drafter) / m["iterations"] if m["iterations"] else 0.0}
     return Measured(v, spread([r.tokens_per_s for r in repeats]), sum(map(len, mid.tokens)),
                     statistics.median([r.tokens_per_s for r in repeats]) / v.batch_size, wall, m["iterations"],
-                    m["tau"], m["alpha"], m["per_position_acceptance"], histogram, m["draft_length_histogram"], costs,
+                    m["tau"], m["alpha"], m["per_position_acceptance"], histogram, m["draft_length_histogram"],
+                    m.get("tree_size_histogram") if v.tree else None, costs,
                     {"draft": draft, "verify": verify, "control": control,
                      "other": max(wall - draft - verify - control, 0.0)}, calls, cost,
                     memory, compile_s, _coverage(vocab, mid.tokens))
@@ -184,9 +186,9 @@ def unreliable(runs: list[float], ar_runs: list[float], speedup_range: list[floa
 
 def x_floor(m: Measured, floor: Floor | None) -> dict[str, float | None]:
     """A row's verify calls (ar: its decode calls) beside the hardware's floor (tools/roofline.py):
-    their mean width (tokens a row per call: 1 + the mean draft length) and cost / floor, the floor
+    their mean width (tokens a row per call: 1 + the mean draft length, or tree size) and cost / floor, the floor
     of a call of batch x width tokens."""
-    lengths = m.draft_length_histogram
+    lengths = m.tree_size_histogram or m.draft_length_histogram  # a tree of N nodes is N + 1 wide
     width = 1 + sum(g * n for g, n in enumerate(lengths)) / sum(lengths) if sum(lengths) else 1.0
     c_v = m.call_cost_s["verify"]
     if floor is None or not c_v:
