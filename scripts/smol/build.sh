@@ -41,6 +41,9 @@
 #   8. dflash at scale  WORK/dflash-scale: smol-dflash continued on every finished part (dflash_scale.sh,
 #                 SMOL_SCALE_STEPS steps, default 3000), then published to MODELS/dflash-drafter in fp16
 #                 (`dflash_scale.sh publish`); commit it (and its card) whenever work stops
+#   9. on a GPU   scripts/smol/gpu.sh (two device calls: pack here, stash, run, merge here): the
+#                 target's answers in bulk and smol-dflash trained on them in one prepared run;
+#                 the returned weights merged into WORK/dflash-gpu, adopted only if bench says so
 #
 # Resumable: every step is skipped when its output exists; the teacher data is written a chunk at
 # a time and training checkpoints every 100 steps (every 2 minutes for the AR drafter), so a rerun
