@@ -12,8 +12,12 @@
 #
 # `merge` puts the returned weights together with the drafter's config and map into WORK/dflash-gpu,
 # a DFlash checkpoint that `specdiff bench --drafter` reads and `specdiff distill --drafter`
-# continues (dflash_scale.sh with SMOL_SCALE_FROM=WORK/dflash-gpu). The tracked tree must be small
-# enough to travel twice beside the halves: send it from a checkout without specdiff/data/models.
+# continues (`specdiff distill --drafter WORK/dflash-gpu`). The tracked tree must be small enough to
+# travel twice beside the halves (each call carries at most 64 MiB, the tree included): send from a
+# branch without the shipped models, and come back after the two calls:
+#   git checkout -b gpu-send && git rm -rq specdiff/data/models && git commit -qm "send only"
+#   (device) stash with carry [".gpu/a"], then at once run with carry [".gpu/b"]; give the machine back
+#   git checkout main && git branch -D gpu-send
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 digest=3c5fdee91060c09a103a3ace048e09657659253dda455eaa5b13bcd2d5525f3b  # gpu.py --digest of the fp32 target
