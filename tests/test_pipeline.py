@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from specdiff_cli.main import cli
 
 TIMEOUT = 180
+pytestmark = pytest.mark.slow  # a real process each (7-10 s: python, torch, the CLI): CI's slow step
 
 
 def specdiff_executable() -> str:

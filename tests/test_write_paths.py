@@ -95,7 +95,7 @@ def test_full_device_as_output_is_one_line(tiny):
     one_line_error(result.stderr, 1, result.exit_code, "cannot write /dev/full: No space left on device")
 
 
-@pytest.mark.parametrize("command", ["models", "generate"])
+@pytest.mark.parametrize("command", ["models", pytest.param("generate", marks=pytest.mark.slow)])  # 9 s: a real process
 def test_full_stdout_is_one_line(tiny, command):
     args = ["models"] if command == "models" else generate(tiny)
     with open("/dev/full", "w") as full:
@@ -129,6 +129,7 @@ def small_files() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # writes past 4 KiB fail: EFBIG
 
 
+@pytest.mark.slow  # 9.5 s: a real process under a file-size limit
 def test_file_too_large_in_drafter_init_is_one_line(tiny, tmp_path):
     out = tmp_path / "drafter"
     run = specdiff(["drafter", "init", "--target", str(tiny.gpt2), "--out", str(out)], preexec_fn=small_files)
