@@ -87,7 +87,7 @@ class Comparison:
 
 def _run_target_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
                      cmp: Comparison, mask_id: int | None) -> None:
-    layers = (len(spec.inputs) - 3) // 2  # 3 id inputs, then a key and a value per layer
+    layers = sum(name.startswith("past_key_values.") for name in spec.input_names) // 2
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
     past: list[torch.Tensor] = []  # the cache: 2L tensors (B, H, P, D)
