@@ -81,6 +81,7 @@ def test_manifest_records_sources_tokenizer_io_tools_and_validation(tiny, onnx_p
         assert v["passed"] and v["runtime"] == "onnxruntime-cpu" and v["tolerance"]["atol"] == TOLERANCE["fp32"][0]
         assert max(v["max_abs_diff"].values()) < 1e-4
     assert any("batch 3" in c and "19" in c for c in target["validation"]["cases"])
+    assert any("tree" in c for c in target["validation"]["cases"])  # a draft tree's mask, not only causal ones
 
 
 @pytest.mark.parametrize("which", ["onnx_pair", pytest.param("onnx_neo", marks=pytest.mark.slow)])  # 9 s: slow step
