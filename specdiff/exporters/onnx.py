@@ -5,9 +5,10 @@ drafter as a step function over its context K/V (the IO contract is specdiff/gra
 Recipe (docs/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
 inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and
 the presents are read back from it. A target step takes its attention as additive 4-D masks, which
-the model uses as given: one graph verifies chains and draft trees (runtimes.models builds them). torch.onnx.export with dynamo=True, traced with every dynamic
-axis >= 2 (a size-1 sample specialises sdpa's causal flag), weights as external data. Prefill uses
-the same graph with past_len = 0, so the graph has no If / Loop nodes.
+the model uses as given: one graph verifies chains and draft trees (runtimes.models builds them).
+torch.onnx.export with dynamo=True, traced with every dynamic axis >= 2 (a size-1 sample
+specialises sdpa's causal flag), weights as external data. Prefill uses the same graph with
+past_len = 0, so the graph has no If / Loop nodes.
 """
 
 from __future__ import annotations

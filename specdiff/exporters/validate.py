@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdiff.graphs import MASKS, TOLERANCE, TORCH_DTYPES, GraphSpec, additive_mask, axis_sizes, past_names, present_names
+from specdiff.graphs import (MASKS, TOLERANCE, TORCH_DTYPES, GraphSpec, additive_mask, axis_sizes, past_names,
+                             present_names)
 from specdiff.runtimes.onnxruntime import OrtRuntime
 from specdiff.contracts import Runtime
 from specdiff.errors import ExportValidationError, LoadError
