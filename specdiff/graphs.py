@@ -132,7 +132,8 @@ def causal(batch: int, seq_len: int, past_len: int) -> torch.Tensor:
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """allowed (B, S, T) bool -> the step graph's additive mask (B, 1, S, T): 0 where allowed, the
-    dtype's lowest value elsewhere (finite: a row with nothing allowed averages, never NaN)."""
+    dtype's lowest value elsewhere. Give every row something allowed: in fp16 the lowest value plus
+    a negative score rounds to -inf, and a softmax over a row of -inf is NaN."""
     zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return zeros.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
