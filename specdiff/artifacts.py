@@ -34,7 +34,7 @@ from .reading import read_small_text, sha256_file
 from .requests import check_recorded
 
 FORMAT = "specdiff-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: target steps take additive 4-D masks (draft trees), not a 2-D 0/1 mask
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 ENGINE_MAGIC = b"specdiff-tensorrt-engine\n"
@@ -63,7 +63,9 @@ COMPONENT = {"graph": (str, NULL), "engine": (dict, NULL),
              "io": {"inputs": [{"name": str}], "outputs": [{"name": str}]}}
 TARGET = {"name": str, "vocab_size": int, "max_length": int, "eos_token_id": (int, NULL), "layers": int,
           "kv_heads": int, "head_dim": int, "head_rows": Maybe(int),
-          "feature_layers": Maybe([int]), "features": Maybe(int)}  # beside a drafter that reads them
+          "feature_layers": Maybe([int]), "features": Maybe(int),  # beside a drafter that reads them
+          "sliding_window": Maybe(int),  # a model with sliding_attention layers: the graph's second mask
+          "no_trees": Maybe(str)}  # why the graph cannot verify draft trees (absent: it can)
 # a drafter's `model` record: the schema its kind's graph declares (specdiff.kinds, graphs.DrafterGraph)
 DTYPES = ("fp32", "fp16", "bf16")  # what a graph is exported in (graphs.TORCH_DTYPES, exporters)
 TARGET_SIZES = ("vocab_size", "max_length", "layers", "kv_heads", "head_dim")  # integers >= 1

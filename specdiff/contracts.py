@@ -2,7 +2,7 @@
 
     Target    specdiff.targets.causal.CausalLMTarget (PyTorch, the reference),
               specdiff.runtimes.models.GraphTarget (an exported step graph on ONNX Runtime / TensorRT)
-    TreeTarget  a Target that verifies draft trees (specdiff.trees): CausalLMTarget
+    TreeTarget  a Target that verifies draft trees (specdiff.trees): CausalLMTarget, runtimes.models.GraphTarget
     Proposer  specdiff.drafters.diffusion.DiffusionProposer, specdiff.drafters.autoregressive.ARProposer,
               specdiff.selection.SelfSelection (K candidate drafts, verified by selection.verify)
     Rule      the functions of specdiff.acceptance (greedy, standard, match, select); over K
@@ -155,7 +155,7 @@ class CapturingTarget(Target, Protocol):
 
 @runtime_checkable
 class TreeTarget(Target, Protocol):
-    """A Target that verifies draft trees (specdiff.trees; targets.trees.TreeRows: CausalLMTarget).
+    """A Target that verifies draft trees (specdiff.trees; targets.trees.TreeRows: CausalLMTarget, GraphTarget).
 
         can_tree() -> None, or why this model cannot verify a tree (one line)
         extend_tree(ids (B, S), parent (B, S), new (B,)) -> logits (B, S, V)

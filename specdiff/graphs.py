@@ -4,7 +4,11 @@ runtime (names, dtypes, TensorRT profile shapes).
 
 Target step graph (L layers, H key/value heads of size D, V_head rows of the output head):
     input_ids                      (batch, seq_len)            int64
-    attention_mask                 (batch, total_len)          int64   total_len = past_len + seq_len
+    attention_mask                 (batch, 1, seq_len, total_len)  dtype  additive: 0 where query i may
+                                   attend key column j, the dtype's lowest value elsewhere (causal for a
+                                   chain, ancestors for a draft tree); total_len = past_len + seq_len
+ [  sliding_attention_mask         (batch, 1, seq_len, total_len)  dtype  the same for the model's
+                                   sliding_attention layers (Qwen3, Gemma: `layer_types`), windows included]
     position_ids                   (batch, seq_len)            int64
     past_key_values.{i}.key|value  (batch, H, past_len, D)     dtype   i < L; past_len may be 0
  -> logits                         (batch, seq_len, V_head)    dtype
@@ -47,7 +51,8 @@ TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (3e-2, 1e-2), "bf16": (2e-1, 5e-2)}
 class TensorSpec:
     """One named graph input or output. dims: axis names (dynamic) or sizes (fixed).
     dtype: "int64", "float32" or "model" (the dtype the graph was exported in).
-    fill: how a dummy value is made: ids, mask, positions, normal or sigma."""
+    fill: how a dummy value is made: ids, mask, causal (an additive 4-D causal mask), positions,
+    normal or sigma."""
 
     name: str
     dims: tuple[Any, ...]
@@ -86,8 +91,8 @@ class GraphSpec:
 
     def dummy_inputs(self, sizes: dict[str, int], dtype: str, generator: torch.Generator,
                      device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """Inputs of the given axis sizes: random ids below id_range, an all-ones attention mask,
-        positions past_len .. past_len + seq_len - 1, normal floats, sigma in [0, 3)."""
+        """Inputs of the given axis sizes: random ids below id_range, an all-ones 2-D mask, a causal
+        additive 4-D one, positions past_len .. past_len + seq_len - 1, normal floats, sigma in [0, 3)."""
         return {t.name: _dummy(t, sizes, dtype, self.id_range, generator).to(device) for t in self.inputs}
 
     def to_json(self, dtype: str) -> dict[str, Any]:
@@ -102,6 +107,8 @@ def _dummy(t: TensorSpec, sizes: dict[str, int], dtype: str, id_range: int,
         return torch.randint(0, id_range, shape, generator=generator)
     if t.fill == "mask":
         return torch.ones(shape, dtype=torch.int64)
+    if t.fill == "causal":
+        return additive_mask(causal(sizes["batch"], sizes["seq_len"], sizes["past_len"]), TORCH_DTYPES[dtype])
     if t.fill == "positions":
         start = sizes["past_len"]
         return torch.arange(start, start + shape[1]).expand(shape).contiguous()
@@ -117,11 +124,25 @@ def axis_sizes(batch: int, seq_len: int, past_len: int = 0) -> dict[str, int]:
     return {"batch": batch, "seq_len": seq_len, "past_len": past_len, "total_len": past_len + seq_len}
 
 
+def causal(batch: int, seq_len: int, past_len: int) -> torch.Tensor:
+    """(batch, seq_len, past_len + seq_len) bool: query i sees every column up to its own, past_len + i."""
+    cols = torch.arange(past_len + seq_len)
+    return (cols[None, :] <= past_len + torch.arange(seq_len)[:, None]).expand(batch, -1, -1)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """allowed (B, S, T) bool -> the step graph's additive mask (B, 1, S, T): 0 where allowed, the
+    dtype's lowest value elsewhere. Give every row something allowed: in fp16 the lowest value plus
+    a negative score rounds to -inf, and a softmax over a row of -inf is NaN."""
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return zeros.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
 def check_step_inputs(inputs: dict[str, Any]) -> None:
     """A target step's attention_mask must span exactly past_len + seq_len positions."""
     mask, past = inputs.get("attention_mask"), inputs.get("past_key_values.0.key")
-    if mask is not None and past is not None and mask.shape[1] != past.shape[2] + inputs["input_ids"].shape[1]:
-        raise UsageError(f"attention_mask covers {mask.shape[1]} positions; past ({past.shape[2]}) + "
+    if mask is not None and past is not None and mask.shape[-1] != past.shape[2] + inputs["input_ids"].shape[1]:
+        raise UsageError(f"attention_mask covers {mask.shape[-1]} positions; past ({past.shape[2]}) + "
                          f"new ({inputs['input_ids'].shape[1]}) tokens make {past.shape[2] + inputs['input_ids'].shape[1]}")
 
 
@@ -137,10 +158,16 @@ def _kv(names: list[str], heads: int, length: str, head_dim: int) -> tuple[Tenso
     return tuple(TensorSpec(n, ("batch", heads, length, head_dim)) for n in names)
 
 
-def target_spec(layers: int, heads: int, head_dim: int, head_rows: int, features: int = 0) -> GraphSpec:
-    """features: F, the size of the `features` output (0: none)."""
-    inputs = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"),
-              TensorSpec("attention_mask", ("batch", "total_len"), "int64", "mask"),
+MASKS = ("attention_mask", "sliding_attention_mask")  # a target step's masks: all layers', sliding layers'
+
+
+def target_spec(layers: int, heads: int, head_dim: int, head_rows: int, features: int = 0,
+                sliding: bool = False) -> GraphSpec:
+    """features: F, the size of the `features` output (0: none); sliding: the model has
+    sliding_attention layers (a second mask input)."""
+    masks = tuple(TensorSpec(name, ("batch", 1, "seq_len", "total_len"), "model", "causal")
+                  for name in MASKS[:1 + sliding])
+    inputs = (TensorSpec("input_ids", ("batch", "seq_len"), "int64", "ids"), *masks,
               TensorSpec("position_ids", ("batch", "seq_len"), "int64", "positions"))
     outputs = (TensorSpec("logits", ("batch", "seq_len", head_rows)),
                *_kv(present_names(layers), heads, "total_len", head_dim))
@@ -195,7 +222,7 @@ def spec_from_model(kind: str, model: dict[str, Any]) -> GraphSpec:
     graph = graph_kind(kind, model)
     if graph == "target":
         return target_spec(model["layers"], model["kv_heads"], model["head_dim"], model["head_rows"],
-                           model.get("features", 0))
+                           model.get("features", 0), "sliding_window" in model)
     return drafter_graph(graph).spec(model)
 
 

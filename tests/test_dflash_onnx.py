@@ -165,7 +165,7 @@ def test_bench_runs_dflash_on_the_exported_graphs_beside_eager(tiny, onnx_dflash
 @pytest.mark.slow  # 11 s: CI's slow step
 def test_an_fp16_export_validates_and_drafts(tiny, tmp_path):
     """fp16 graphs of a tied-head Llama (SmolLM2's shape) and a DFlash drafter over it: both pass
-    the fp16 validation on ONNX Runtime's CPU provider and decode with drafts."""
+    the fp16 validation on ONNX Runtime's CPU provider and decode with drafts, chains and trees."""
     from tiny import make_dflash, make_llama
 
     llama = make_llama(tmp_path / "llama", tiny.tokenizer, scale=10, seed=3, tied=True)
@@ -174,6 +174,14 @@ def test_an_fp16_export_validates_and_drafts(tiny, tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert all(m["components"][kind]["validation"]["passed"] for kind in ("target", "drafter"))
     graphs = load_models("onnxruntime", out)
-    result = generate(PROMPTS[:4], target=graphs["target"], drafter=graphs["drafter"], method="dflash",
-                      max_new_tokens=8, batch_size=2, gamma=3)
-    assert result.metrics.drafter_calls > 0 and result.metrics.new_tokens > 0
+    for tree in (None, 4):
+        result = generate(PROMPTS[:4], target=graphs["target"], drafter=graphs["drafter"], method="dflash",
+                          max_new_tokens=8, batch_size=2, gamma=3, tree=tree)
+        assert result.metrics.drafter_calls > 0 and result.metrics.new_tokens > 0
+    target = graphs["target"]  # ragged rows, one tree with padding nodes: fp16 masks leave no row all masked
+    target.keep([])
+    for n in (9, 3):
+        target.join(torch.arange(n)[None] + 5)
+    logits = target.extend_tree(torch.full((2, 5), 7), torch.tensor([[-1, 0, 0, 1, 1]] * 2), torch.tensor([5, 3]))
+    target.keep_path([[0, 1, 3], [0]])
+    assert logits.isfinite().all() and target.extend(torch.tensor([[8], [9]])).isfinite().all()

@@ -74,13 +74,14 @@ def test_manifest_records_sources_tokenizer_io_tools_and_validation(tiny, onnx_p
         "name": None, "model_type": "gpt2", "attn_implementation": "sdpa", "vocab_size": 300, "head_rows": 320,
         "max_length": 128, "eos_token_id": 299, "layers": 2, "kv_heads": 2, "head_dim": 16}
     inputs = {t["name"]: t["dims"] for t in target["io"]["inputs"]}
-    assert inputs["attention_mask"] == ["batch", "total_len"]
+    assert inputs["attention_mask"] == ["batch", 1, "seq_len", "total_len"]  # additive: chains and trees
     assert inputs["past_key_values.1.value"] == ["batch", 2, "past_len", 16]
     for component in (target, drafter):
         v = component["validation"]
         assert v["passed"] and v["runtime"] == "onnxruntime-cpu" and v["tolerance"]["atol"] == TOLERANCE["fp32"][0]
         assert max(v["max_abs_diff"].values()) < 1e-4
     assert any("batch 3" in c and "19" in c for c in target["validation"]["cases"])
+    assert any("tree" in c for c in target["validation"]["cases"])  # a draft tree's mask, not only causal ones
 
 
 @pytest.mark.parametrize("which", ["onnx_pair", pytest.param("onnx_neo", marks=pytest.mark.slow)])  # 9 s: slow step

@@ -247,7 +247,7 @@ def test_registry_path_that_is_missing_says_so(tiny, tmp_path):
 
 
 GOOD_MANIFEST = {
-    "format": "specdiff-export", "format_version": 1, "dtype": "fp32",
+    "format": "specdiff-export", "format_version": 2, "dtype": "fp32",
     "tokenizer": {"dir": "tokenizer", "vocab_size": 300, "vocab_sha256": "0" * 64},
     "files": {"target.onnx": "0" * 64},
     "components": {"target": {"graph": "target.onnx", "engine": None, "io": {  # the names a 2-layer target's graph has

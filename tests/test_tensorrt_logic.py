@@ -193,9 +193,9 @@ def test_profiles_come_from_consistent_triples():
     shapes = profile_shapes(spec, limits.target_triples())
     for level in range(3):
         ids, mask, past = (shapes[n][level] for n in ("input_ids", "attention_mask", "past_key_values.1.value"))
-        assert mask == (ids[0], past[2] + ids[1]) and past[:2] == (ids[0], 2) and mask[1] <= 128
+        assert mask == (ids[0], 1, ids[1], past[2] + ids[1]) and past[:2] == (ids[0], 2) and mask[3] <= 128
     assert shapes["past_key_values.0.key"][0] == (1, 2, 0, 16)  # prefill: an empty past
-    assert shapes["input_ids"][2] == (3, 64) and shapes["attention_mask"][2] == (3, 128)
+    assert shapes["input_ids"][2] == (3, 64) and shapes["attention_mask"][2] == (3, 1, 64, 128)
     drafter = profile_shapes(drafter_spec(301, True), limits.drafter_triples(16))
     assert drafter == {"input_ids": ((1, 1), (1, 24), (3, 80)), "sigma": ((1,), (1,), (3,))}
     neo = Limits.for_context(2048)  # gpt-neo-2.7B's defaults: 64-token steps up to 1985 tokens

@@ -256,7 +256,8 @@ def test_tree_refusals(models, tiny):
 
 
 def test_a_target_without_tree_verify_is_refused(models):
-    """An exported graph's target verifies chains only; so does any Target without extend_tree."""
+    """A Target without extend_tree verifies chains only (exported graphs verify trees:
+    tests/test_trees_onnx.py)."""
     target = models["gpt2"]
     p = plan(target=target, drafter=models["gpt2-dflash"], method="dflash", gamma=3)
     from specdiff.methods.dflash import tree_rule
@@ -274,6 +275,6 @@ def test_bench_sweeps_trees_beside_chains_on_fixed_gammas():
     assert {"dflash g=4", "dflash g=4 tree=8", "dflash g=auto"} <= set(labels)
     assert [label for label in labels if "tree" in label] == ["dflash g=4 tree=8"]  # specdiff, gamma auto: chains
     graphs = variants(["ar", "dflash"], gammas=(4,), trees=(0, 8), runtimes=("torch", "onnxruntime"))
-    assert [v.label for v in graphs if v.tree] == ["dflash g=4 tree=8"]  # exported graphs take no tree mask
+    assert [v.label for v in graphs if v.tree] == ["dflash g=4 tree=8", "dflash g=4 tree=8 onnxruntime"]
     sampled = variants(["dflash"], gammas=(4,), trees=(0, 8), rules=("standard", "multi"), temperatures=(0.7,))
     assert [v.label for v in sampled] == ["ar t=0.7", "dflash g=4 standard t=0.7", "dflash g=4 tree=8 multi t=0.7"]

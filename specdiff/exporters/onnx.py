@@ -4,9 +4,11 @@ drafter as a step function over its context K/V (the IO contract is specdiff/gra
 
 Recipe (docs/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
 inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and
-the presents are read back from it. torch.onnx.export with dynamo=True, traced with every dynamic
-axis >= 2 (a size-1 sample specialises sdpa's causal flag), weights as external data. Prefill uses
-the same graph with past_len = 0, so the graph has no If / Loop nodes.
+the presents are read back from it. A target step takes its attention as additive 4-D masks, which
+the model uses as given: one graph verifies chains and draft trees (runtimes.models builds them).
+torch.onnx.export with dynamo=True, traced with every dynamic axis >= 2 (a size-1 sample
+specialises sdpa's causal flag), weights as external data. Prefill uses the same graph with
+past_len = 0, so the graph has no If / Loop nodes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from transformers import DynamicCache
 
 from specdiff.drafters.dflash import KIND, DFlashDrafter, block_positions
 from specdiff.drafters.diffusion import DiffusionDrafter
-from specdiff.graphs import GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, target_spec
+from specdiff.errors import UsageError
+from specdiff.graphs import MASKS, GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, target_spec
 from specdiff.hf_cache import returned_cache, with_cache
 from specdiff.nets.dflash import ContextCache
 from specdiff.targets.block import BlockDiffusionTarget
@@ -36,8 +39,10 @@ TRACE_SIZES = axis_sizes(batch=2, seq_len=3, past_len=4)
 
 
 class TargetStep(nn.Module):
-    """forward(input_ids (B, S), attention_mask (B, P+S), position_ids (B, S), past [2L x (B, H, P, D)])
-    -> (logits (B, S, V_head), present k0, v0, k1, ... each (B, H, P+S, D)[, features (B, S, F)]).
+    """forward(input_ids (B, S), masks [(B, 1, S, P+S) additive, 1 or 2], position_ids (B, S),
+    past [2L x (B, H, P, D)]) -> (logits (B, S, V_head), present k0, v0, k1, ... each (B, H, P+S, D)
+    [, features (B, S, F)]). masks: attention_mask, then for a model with sliding_attention layers
+    sliding_attention_mask (HF takes 4-D masks as given, a dict of them per layer kind).
     layers: the HF hidden_states indices whose concatenation is `features` (none: no such output)."""
 
     def __init__(self, model: Any, layers: tuple[int, ...] = ()):
@@ -49,15 +54,18 @@ class TargetStep(nn.Module):
     def pack(spec: GraphSpec, values: dict[str, Any]) -> tuple[Any, ...]:
         """{input name: value} -> the positional arguments of forward."""
         names = spec.input_names
-        return (values[names[0]], values[names[1]], values[names[2]], [values[n] for n in names[3:]])
+        masks = [values[n] for n in MASKS if n in names]
+        past = names[2 + len(masks):]
+        return (values[names[0]], masks, values[names[1 + len(masks)]], [values[n] for n in past])
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, masks: list[torch.Tensor], position_ids: torch.Tensor,
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        cache = DynamicCache()  # full layers: the mask, not the cache, enforces any attention window
+        cache = DynamicCache()  # full layers: the masks, not the cache, enforce any attention window
         for i in range(0, len(past), 2):
             cache.update(past[i], past[i + 1], i // 2)
         hidden = {"output_hidden_states": True} if self.layers else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        mask: Any = masks[0] if len(masks) == 1 else {"full_attention": masks[0], "sliding_attention": masks[1]}
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          use_cache=True, **with_cache(self.model, cache), **hidden)
         present = [t for layer in returned_cache(out).layers for t in (layer.keys, layer.values)]
         features = [torch.cat([out.hidden_states[i] for i in self.layers], dim=-1)] if self.layers else []
@@ -135,7 +143,18 @@ def target_graph(target: CausalLMTarget | BlockDiffusionTarget,
     features = len(feature_layers) * model.get_input_embeddings().weight.shape[1]
     if feature_layers:
         record.update(feature_layers=list(feature_layers), features=features)
-    return TargetStep(model, feature_layers), target_spec(layers, heads, head_dim, head_rows, features), record
+    kinds = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if kinds - {"full_attention", "sliding_attention"}:
+        raise UsageError(f"{target.name}: its {sorted(kinds - {'full_attention', 'sliding_attention'})} layers take "
+                         "masks the target graph does not carry; run it with the torch runtime")
+    why = target.can_tree() if isinstance(target, CausalLMTarget) else "a block-diffusion target verifies chains"
+    if why is not None:
+        record["no_trees"] = why  # GraphTarget.can_tree
+    sliding = "sliding_attention" in kinds
+    if sliding:
+        record["sliding_window"] = model.config.sliding_window  # the graph's second mask input
+    spec = target_spec(layers, heads, head_dim, head_rows, features, sliding)
+    return TargetStep(model, feature_layers), spec, record
 
 
 def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, GraphSpec, dict[str, Any]]:

@@ -2,12 +2,13 @@
 the same runtime code that generation uses (specdiff.runtimes.onnxruntime).
 
 The target sweep covers what decoding does to a step graph: prefill (empty past), verify steps of
-5 tokens on a cache, single-token steps, roll-backs, batch 1 and 3, odd lengths (19). Every step
-feeds both sides the same inputs and the PyTorch cache, and compares every output. The drafter
-sweep covers batch 1 and 3, context + draft lengths, partly and fully masked rows. The DFlash
-sweep feeds context in chunks over the K/V the graph returned (batch 1 and 3, rows left-padded
-in the first chunk and in later ones), every block all mask slots after the anchor. All mismatches
-are collected, then one ExportValidationError lists them; tolerances are specdiff.graphs.TOLERANCE.
+5 tokens on a cache, single-token steps, roll-backs, batch 1 and 3, odd lengths (19), a draft
+tree's mask (each node sees its ancestors). Every step feeds both sides the same inputs and the
+PyTorch cache, and compares every output. The drafter sweep covers batch 1 and 3, context + draft
+lengths, partly and fully masked rows. The DFlash sweep feeds context in chunks over the K/V the
+graph returned (batch 1 and 3, rows left-padded in the first chunk and in later ones), every block
+all mask slots after the anchor. All mismatches are collected, then one ExportValidationError
+lists them; tolerances are specdiff.graphs.TOLERANCE.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdiff.graphs import TOLERANCE, GraphSpec, axis_sizes, past_names, present_names
+from specdiff.graphs import (MASKS, TOLERANCE, TORCH_DTYPES, GraphSpec, additive_mask, axis_sizes, past_names,
+                             present_names)
 from specdiff.runtimes.onnxruntime import OrtRuntime
 from specdiff.contracts import Runtime
 from specdiff.errors import ExportValidationError, LoadError
+from specdiff.targets.trees import ancestors
 
 from .onnx import Graph
 
@@ -32,6 +35,7 @@ class Case:
     batch: int
     steps: tuple[int, ...]  # target: > 0 feeds that many tokens, < 0 rolls back that many;
     #                         drafter: (length, masked slots)
+    tree: bool = False  # target: steps on a cache attend as a binary draft tree (node i's parent (i - 1) // 2)
 
 
 TARGET_SWEEP = (
@@ -39,6 +43,7 @@ TARGET_SWEEP = (
     Case("prefill 6, verify 5, reject 3, verify 5, step 1", 1, (6, 5, -3, 5, 1)),
     Case("batch 3: prefill 19, verify 5", 3, (19, 5)),
     Case("batch 3: prefill 7, steps 1 1 2, verify 5, reject 4, step 1", 3, (7, 1, 1, 2, 5, -4, 1)),
+    Case("batch 3: prefill 7, a tree of 6", 3, (7, 6), tree=True),
 )
 DRAFTER_SWEEP = (
     Case("19 tokens, 8 masked", 1, (19, 8)),
@@ -87,7 +92,7 @@ class Comparison:
 
 def _run_target_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
                      cmp: Comparison, mask_id: int | None) -> None:
-    layers = (len(spec.inputs) - 3) // 2  # 3 id inputs, then a key and a value per layer
+    layers = sum(name.startswith("past_key_values.") for name in spec.input_names) // 2
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
     past: list[torch.Tensor] = []  # the cache: 2L tensors (B, H, P, D)
@@ -97,12 +102,23 @@ def _run_target_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Cas
             continue
         sizes = axis_sizes(case.batch, n, past[0].shape[2] if past else 0)
         feeds = spec.dummy_inputs(sizes, dtype, generator, device)
+        if case.tree and past:
+            feeds.update(dict.fromkeys([m for m in MASKS if m in feeds], tree_mask(sizes, dtype).to(device)))
         feeds.update(zip(past_names(layers), past or []))
         ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
         got = runtime.run(feeds)
         for name in spec.output_names:
             cmp.check(f"{case.name} (step {i + 1})", name, got[name], ref[name])
         past = [ref[name] for name in present_names(layers)]
+
+
+def tree_mask(sizes: dict[str, int], dtype: str) -> torch.Tensor:
+    """The additive mask (batch, 1, seq_len, total_len) of a binary draft tree of seq_len nodes
+    (node i's parent (i - 1) // 2) after past_len cached columns."""
+    B, S, P = sizes["batch"], sizes["seq_len"], sizes["past_len"]
+    parent = ((torch.arange(S) - 1) // 2).expand(B, S)  # the root's: -1
+    allowed = torch.cat([torch.ones(B, S, P, dtype=torch.bool), ancestors(parent)], -1)
+    return additive_mask(allowed, TORCH_DTYPES[dtype])
 
 
 def run_drafter_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str, cmp: Comparison,

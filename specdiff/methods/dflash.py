@@ -287,9 +287,9 @@ def tree_rule(target: Any, settings: DraftSettings, sampling: Sampling, acceptan
     multi asked for: children sampled from q, recursive rejection over siblings),
     or UsageError for what a tree cannot run with: another rule, K > 1 drafts, gamma auto with a
     fixed size (`tree` auto takes gamma's cap as its depth bound), a target that does not verify
-    trees (an exported graph, a model whose windows count columns)."""
+    trees (a model whose windows count columns, torch or exported; a Target without extend_tree)."""
     why = target.can_tree() if isinstance(target, TreeTarget) else (
-        "this target verifies chains only (exported graphs take no tree mask): run the torch target or drop `tree`")
+        "this target verifies chains only (it has no extend_tree): drop `tree`")
     if why is not None:
         raise UsageError(f"`tree`: {why}")
     if settings.drafts > 1:

@@ -1,8 +1,9 @@
 """Models over exported graphs, whatever runtime executes them.
 
-GraphTarget implements the specdiff.contracts.Target contract over a target step graph; its KV cache
-is 2L explicit tensors (B, H, P, D) fed back as the next call's past, kept per row by
-specdiff.targets.rows.CapturingRows (the graphs take a 2-D attention mask and position ids). A
+GraphTarget implements the specdiff.contracts.TreeTarget contract over a target step graph; its KV
+cache is 2L explicit tensors (B, H, P, D) fed back as the next call's past, kept per row by
+specdiff.targets.trees.TreeRows. The graphs take additive 4-D masks (graphs.MASKS) and position ids:
+a chain's mask is causal over the row's columns, a draft tree's lets each node see its ancestors. A
 re-aligned cache is a fresh contiguous tensor; a sliced one is copied by the runtime before it is
 bound by pointer. A runtime's `limits` cap the rows of a batch (`max_rows`). A target graph
 exported beside a DFlash drafter also outputs the hidden states that drafter reads: GraphTarget
@@ -28,13 +29,13 @@ from specdiff.errors import LoadError
 from specdiff.drafters.dflash import KIND, draft_block
 from specdiff.drafters.diffusion import x0_logits_from
 from specdiff.nets.dflash import ContextCache
-from specdiff.targets.rows import CapturingRows
+from specdiff.targets.trees import TreeRows
 from specdiff.vocab import DraftVocab, load_draft_vocab
 
-from specdiff.graphs import TORCH_DTYPES, past_names, present_names
+from specdiff.graphs import MASKS, TORCH_DTYPES, additive_mask, past_names, present_names
 
 
-class GraphTarget(CapturingRows):
+class GraphTarget(TreeRows):
     """A causal LM step graph as a Target. model: the manifest's `model` record of the target."""
 
     def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
@@ -53,6 +54,8 @@ class GraphTarget(CapturingRows):
         self._kv_dtype = self.dtype = TORCH_DTYPES[dtype]  # the graph's arithmetic (its logits are float32)
         self._past_names, self._present_names = past_names(model["layers"]), present_names(model["layers"])
         self.feature_layers = tuple(model.get("feature_layers", ()))  # HF hidden_states indices it outputs
+        self._window: int | None = model.get("sliding_window")  # its sliding_attention layers' (None: none)
+        self._no_trees: str | None = model.get("no_trees")
 
     @classmethod
     def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphTarget":
@@ -73,22 +76,48 @@ class GraphTarget(CapturingRows):
         return (f"the exported target '{self.name}' {have}; the drafter reads {list(layers)}: export the target "
                 "together with this drafter")
 
+    def can_tree(self) -> str | None:
+        """None unless the export recorded why the model cannot verify trees (its windows count
+        columns: GPT-Neo's local layers)."""
+        return self._no_trees
+
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """ids (B, S) -> logits (B, S, V), float32, and the new past (with the captured features,
-        when capturing); fed in chunks of at most max_step tokens."""
+        """A chain: mask (B, C + S) 0/1 -> query i (column C + i) sees the row's columns up to its
+        own, and itself (a padding query too: no row of the mask is empty); windows over columns,
+        which are positions in a row's contiguous cache."""
+        B, S = ids.shape
+        C = mask.shape[1] - S
+        cols, at = torch.arange(C + S, device=self.device), C + torch.arange(S, device=self.device)
+        allowed = (cols <= at[:, None]) & mask.to(self.device, torch.bool)[:, None] | (cols == at[:, None])
+        return self._step(ids, allowed, positions, at.expand(B, S), cols.expand(B, C + S), kv)
+
+    def _tree_run(self, ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor,
+                  key_positions: torch.Tensor, kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self._step(ids, allowed, positions, positions, key_positions, kv)
+
+    def _step(self, ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor, query_at: torch.Tensor,
+              key_at: torch.Tensor, kv: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids (B, S), allowed (B, S, C + S) bool, query_at (B, S) and key_at (B, C + S) what the
+        sliding_attention layers' windows count (q - k < window: HF's) -> logits (B, S, V), float32,
+        and the new past (with the captured features, when capturing); fed in chunks of at most
+        max_step tokens, chunk j..k with the mask's rows j..k and columns ..C + k (no query sees a
+        later column: a tree's parents precede their children)."""
         B, S = ids.shape
         kv, held = self.split_features(kv)
         if not kv:
             kv = [torch.zeros(B, self._heads, 0, self._head_dim, dtype=self._kv_dtype,
                               device=self.device)] * len(self._past_names)  # (B, H, 0, D)
+        masks = [allowed]
+        if self._window is not None:
+            masks.append(allowed & (query_at[:, :, None] - key_at[:, None, :] < self._window))
         C, step = kv[0].shape[2], self.max_step or S
         logits: list[torch.Tensor] = []
         features: list[torch.Tensor] = []  # (B, k - j, F) per chunk, when capturing
         for j in range(0, S, step):
             k = min(j + step, S)
-            feeds = {"input_ids": ids[:, j:k], "attention_mask": mask[:, :C + k], "position_ids": positions[:, j:k],
-                     **dict(zip(self._past_names, kv))}
+            feeds = {"input_ids": ids[:, j:k], "position_ids": positions[:, j:k], **dict(zip(self._past_names, kv)),
+                     **{name: additive_mask(m[:, j:k, :C + k], self.dtype) for name, m in zip(MASKS, masks)}}
             out = self.runtime.run(feeds)
             kv = [out[name] for name in self._present_names]  # each (B, H, C + k, D)
             logits.append(out["logits"][..., : self.vocab_size].float())

@@ -80,11 +80,11 @@ GRAPH_METHODS = tuple(m.name for m in REGISTRY.values()
 
 
 def _runs(v: Variant) -> bool:
-    """The HF peers run eager torch at batch 1; graph runtimes run ar, specdiff and dflash
-    (chains: an exported target takes no tree mask)."""
+    """The HF peers run eager torch at batch 1; graph runtimes run ar, specdiff and dflash (trees
+    too: an exported target takes a tree's mask)."""
     if v.method not in REGISTRY:
         return v.batch_size == 1 and v.runtime == "torch"
-    return not v.on_graphs or (v.method in GRAPH_METHODS and not v.tree)
+    return not v.on_graphs or v.method in GRAPH_METHODS
 
 
 def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequence[int | None],
