@@ -44,7 +44,10 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 # |exported - torch| <= atol * max(1, max |torch|) + rtol * |torch|, elementwise, for graphs exported
 # in each dtype: atol scales with the tensor's largest value, since rounding in a sum grows with its
 # terms (SmolLM2's hidden states reach hundreds: fp32 graphs then differ by 1e-3 on logits near 0).
-TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (3e-2, 1e-2), "bf16": (2e-1, 5e-2)}
+# fp32's atol 5e-4: on one random 7-token prefill of SmolLM2 (the tree case's), torch fp32 and ONNX
+# Runtime fp32 each lie up to 4.6e-3 / 5.9e-3 from the fp64 logits (max |logit| 34), in opposite
+# directions: 0.0105 = 3.1e-4 x 34 apart, both correct to fp32's own accuracy there.
+TOLERANCE = {"fp32": (5e-4, 1e-4), "fp16": (3e-2, 1e-2), "bf16": (2e-1, 5e-2)}
 
 
 @dataclass(frozen=True)
