@@ -288,6 +288,9 @@ class Eagle3Net(nn.Module):
     and t2d (V,) are buffers (saved with the weights). embed_tokens exists when the checkpoint has it.
     """
 
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
     def __init__(self, config: LlamaConfig, spec: Eagle3Spec, embedding: bool = False):
         super().__init__()
         self.config, self.spec = config, spec
