@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdiff.errors import LoadError
-from specdiff.nets.eagle3 import (Eagle3Cache, default_layer_ids, is_eagle3, load_eagle3, read_eagle3_config,
+from specdiff.nets.dflash import ContextCache
+from specdiff.nets.eagle3 import (default_layer_ids, is_eagle3, load_eagle3, read_eagle3_config,
                                   save_eagle3)
 
 DATA = Path(__file__).parent / "data" / "eagle3"
@@ -34,7 +35,7 @@ def chain(net, golden, row: int) -> list[torch.Tensor]:
     """The context rows 0..row (features and the tokens at 0..row), then STEPS - 1 draft steps at
     positions row + 1, ...: each feeds the previous output back -> [out (B, H)] per step."""
     ids, features = golden["ids"], golden["features"]
-    cache = Eagle3Cache()
+    cache = ContextCache()
     positions = torch.arange(row + 1)[None].expand(ids.shape[0], -1)
     out = net(net.embed_tokens(ids[:, :row + 1]), net.project(features[:, :row + 1]), positions, cache)[:, -1:]
     outs = [out[:, 0]]
@@ -74,15 +75,16 @@ def test_chained_draft_steps_match_the_reference(net, golden, row):
 
 
 def test_padding_rows_are_no_key(net, golden):
-    """A left-padded row (valid False) changes nothing of the real rows after it."""
+    """A left-padded row (valid False) changes nothing of the real rows after it, and stays finite."""
     ids, features = golden["ids"][:, :4], golden["features"][:, :4]
     pad_ids, pad_features = torch.cat([ids[:, :1], ids], 1), torch.cat([features[:, :1] * 5, features], 1)
     valid = torch.tensor([[False, True, True, True, True]] * 2)
     with torch.no_grad():
         plain = net(net.embed_tokens(ids), net.project(features), torch.arange(4)[None].expand(2, -1))
         padded = net(net.embed_tokens(pad_ids), net.project(pad_features),
-                     torch.tensor([[0, 0, 1, 2, 3]] * 2), Eagle3Cache(), valid)
+                     torch.tensor([[0, 0, 1, 2, 3]] * 2), ContextCache(), valid)
     torch.testing.assert_close(padded[:, 1:], plain, rtol=1e-5, atol=1e-5)
+    assert bool(torch.isfinite(padded).all())  # the padding row attends to itself
 
 
 def test_save_then_load_gives_the_same_head(net, golden, tmp_path):

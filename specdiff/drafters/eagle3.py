@@ -9,8 +9,8 @@ token at position i + 2; a draft step feeds the previous row's output back inste
     drafter.bind_target(hf_model, vocab_size)  once: the target's layer count (the layer ids when
                                                the config names none), its embedding if needed,
                                                the draft vocabulary over the target's V ids
-    cache = drafter.new_cache()                per run (rows of a batch: cache.keep(index),
-                                               rejected rows: cache.crop(length))
+    cache = drafter.new_cache()                a nets.dflash.ContextCache (rows of a batch:
+                                               cache.keep(index))
     feats = drafter.features(out.hidden_states)        (B, L, 3 * Ht) from a target call with
                                                        output_hidden_states
     out = drafter.extend(tokens, feats, positions, cache, valid)   (B, C, H): C context rows
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from ..errors import IncompatibleModelsError
-from ..nets.dflash import context_features
-from ..nets.eagle3 import Eagle3Cache, Eagle3Net, default_layer_ids
+from ..nets.dflash import ContextCache, context_features
+from ..nets.eagle3 import Eagle3Net, default_layer_ids
 from ..vocab import DraftVocab, ids_from_d2t
 
 KIND = "eagle3"
@@ -121,18 +121,18 @@ class Eagle3Drafter(nn.Module):
             raise IncompatibleModelsError(f"EAGLE-3 drafter '{self.source}': bind it to its target first")
         return context_features(hidden_states, self.layer_ids)
 
-    def new_cache(self) -> Eagle3Cache:
-        return Eagle3Cache()
+    def new_cache(self) -> ContextCache:
+        return ContextCache()
 
     def extend(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-               cache: Eagle3Cache | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+               cache: ContextCache | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """Context rows: tokens (B, C) at positions + 1, features (B, C, 3 * Ht) and positions
         (B, C) of the positions before them, valid (B, C) bool or None -> out (B, C, H)."""
         hidden = self.net.project(features)
         return self.net(self.embed(tokens), hidden, positions, cache, valid)
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-             cache: Eagle3Cache | None = None) -> torch.Tensor:
+             cache: ContextCache | None = None) -> torch.Tensor:
         """Draft rows: tokens (B, T) just drafted, hidden (B, T, H) the outputs of the rows before,
         positions (B, T) -> out (B, T, H)."""
         return self.net(self.embed(tokens), hidden.to(self.net.fc.weight.dtype), positions, cache)

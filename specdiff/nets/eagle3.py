@@ -52,6 +52,7 @@ except ImportError:  # an older huggingface_hub: configs raise TypeError / Value
 
 from ..errors import LoadError
 from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors
+from .dflash import ContextCache
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # SpecForge / EAGLE's name, vLLM's
 WEIGHTS = "model.safetensors"
@@ -185,45 +186,6 @@ def load_eagle3(directory: Path) -> Eagle3Net:
     return net.eval()
 
 
-class Eagle3Cache:
-    """The midlayer's keys (after RoPE) and values of the rows seen so far (B, KV heads, C, D) each,
-    and which of them are real (B, C) bool (None: all). crop(length) drops the columns from length
-    on (rejected draft rows); keep(index) selects (reorders, repeats) rows of the batch."""
-
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-        self.valid: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor | None:
-        """Append new rows (B, KV heads, T, D) and their validity (B, T) or None -> the validity of
-        every row held (None: all real)."""
-        cached, batch, device = self.length, k.shape[0], k.device
-        if valid is not None or self.valid is not None:
-            old = self.valid if self.valid is not None else torch.ones(batch, cached, dtype=torch.bool, device=device)
-            new = valid if valid is not None else torch.ones(batch, k.shape[2], dtype=torch.bool, device=device)
-            self.valid = torch.cat([old, new.to(device)], dim=1)
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.valid
-
-    def crop(self, length: int) -> None:
-        if self.k is not None and self.v is not None:
-            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
-        if self.valid is not None:
-            self.valid = self.valid[:, :length]
-
-    def keep(self, index: torch.Tensor | list[int]) -> None:
-        if self.k is not None and self.v is not None:
-            self.k, self.v = self.k[index], self.v[index]
-        if self.valid is not None:
-            self.valid = self.valid[index]
-
-
 class Eagle3Attention(nn.Module):
     """Llama attention whose q, k, v read the 2H-wide cat(embedding, hidden)."""
 
@@ -237,10 +199,11 @@ class Eagle3Attention(nn.Module):
         self.v_proj = nn.Linear(wide, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Eagle3Cache | None,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ContextCache | None,
                 valid: torch.Tensor | None) -> torch.Tensor:
         """x (B, T, 2H); cos / sin (B, T, D) of the rows' positions; valid (B, T) bool or None ->
-        (B, T, H). Row t attends to every real cached row and to the real new rows 0..t."""
+        (B, T, H). Row t attends to every real cached row and to the real new rows 0..t (a padding
+        row to itself only: finite, and no row's key)."""
         batch, size = x.shape[:2]
         q = self.q_proj(x).view(batch, size, self.heads, self.head_dim).transpose(1, 2)  # (B, h, T, D)
         k = self.k_proj(x).view(batch, size, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, kvh, T, D)
@@ -249,11 +212,14 @@ class Eagle3Attention(nn.Module):
         cached = 0
         if cache is not None:
             cached = cache.length
-            valid = cache.extend(k, v, valid)
-            assert cache.k is not None and cache.v is not None
-            k, v = cache.k, cache.v
+            kv, valid = cache.extend([(k, v)], valid)
+            k, v = kv[0]
         causal = torch.ones(size, cached + size, dtype=torch.bool, device=x.device).tril(cached)  # (T, C + T)
-        mask = causal[None, None] if valid is None else causal[None, None] & valid[:, None, None, :]
+        mask = causal[None, None]
+        if valid is not None:
+            itself = torch.zeros_like(causal)
+            itself[:, cached:] = torch.eye(size, dtype=torch.bool, device=x.device)
+            mask = (causal[None] & valid.to(x.device)[:, None, :] | itself[None])[:, None]  # (B, 1, T, C + T)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
@@ -272,7 +238,7 @@ class Eagle3Layer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: Eagle3Cache | None, valid: torch.Tensor | None) -> torch.Tensor:
+                cache: ContextCache | None, valid: torch.Tensor | None) -> torch.Tensor:
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
         h = hidden + self.self_attn(x, cos, sin, cache, valid)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -284,7 +250,8 @@ class Eagle3Net(nn.Module):
     project(features (B, T, 3 * Ht)) -> (B, T, H); forward(embeds (B, T, H), hidden (B, T, H),
     positions (B, T) int64, cache=None, valid=None (B, T) bool) -> out (B, T, H), before the final
     norm; logits(out) -> (B, T, N). Without a cache the T rows attend causally among themselves;
-    with an Eagle3Cache they are appended to it and attend to every real row it holds. d2t (N,)
+    with a ContextCache (nets/dflash.py: one layer's keys after RoPE and values, and which rows are
+    real) they are appended to it and attend to every real row it holds. d2t (N,)
     and t2d (V,) are buffers (saved with the weights). embed_tokens exists when the checkpoint has it.
     """
 
@@ -319,7 +286,7 @@ class Eagle3Net(nn.Module):
         return self.fc(features.to(self.fc.weight.dtype))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                cache: Eagle3Cache | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+                cache: ContextCache | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         cos, sin = self.rotary_emb(hidden, positions)
         return self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, cache, valid)
 
