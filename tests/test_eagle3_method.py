@@ -1,0 +1,174 @@
+"""`--method eagle3` (issue 33 item 3): a draft reads exactly the rows EAGLE-3 defines (the
+target's features at p with the token at p + 1, then its own outputs fed back at the next
+positions; checked against a from-scratch computation, which a draft one position off fails);
+greedy output is token-identical to ar on GPT-2, Llama and Qwen3 targets at batch 1 and 3 (a
+verifier that takes drafts unchecked fails it); sampled output does not depend on the batch size;
+a one-token prompt; refusals; the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specdiff import generate, load_drafter, load_target
+from specdiff.errors import UsageError
+from specdiff.generation import iter_generate, plan
+from specdiff.methods.eagle3 import Eagle3Drafts
+from specdiff_cli.main import cli
+
+from tiny import TEXT, make_eagle3, make_llama, make_qwen3
+
+WORDS = TEXT.split()
+PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 40, 2)]  # 20 prompts, 2-7 words
+MAX_NEW = 20
+# the methods whose output the tests here hold to ar's (tests/test_methods.py)
+IDENTITY_TESTED = ("eagle3",)
+TARGETS = ("gpt2", "llama", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "e3m-llama", tiny.tokenizer, scale=10, seed=4),
+             "qwen3": make_qwen3(tiny.root / "e3m-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    found = {}
+    for name, path in paths.items():
+        found[name] = load_target(str(path))
+        found[f"{name}-dir"] = path
+        found[f"{name}-head"] = make_eagle3(tiny.root / f"e3m-{name}-eagle3", path, seed=6, scale=10,
+                                            embedding=name != "qwen3")  # qwen3's reads its target's embedding
+        found[f"{name}-eagle3"] = load_drafter(str(found[f"{name}-head"]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return {name: generate(PROMPTS, target=models[name], method="ar", max_new_tokens=MAX_NEW) for name in TARGETS}
+
+
+def _differing(result, ref) -> list[int]:
+    return [i for i, (got, want) in enumerate(zip(result.outputs, ref.outputs)) if got.tokens != want.tokens]
+
+
+# --- what a draft reads ------------------------------------------------------------------------
+
+@torch.no_grad()
+def from_scratch(target, drafter, ids: list[int], g: int, shift: int = 0) -> list[int]:
+    """The greedy chain EAGLE-3 defines after `ids`, with no cache: the target's hidden states of
+    positions 0..start - 1 (start = len(ids) - 1), context row p = (features p, token p + 1 + shift)
+    at position p, then each drafted token with the previous row's output, recomputed in full."""
+    start = len(ids) - 1
+    x = torch.tensor([ids])
+    hidden = drafter.net.project(drafter.features(target.model(x[:, :start], output_hidden_states=True).hidden_states))
+    tokens = x[:, 1 + shift:start + 1 + shift]
+    drafted = []
+    for _ in range(g):
+        out = drafter.net(drafter.embed(tokens), hidden, torch.arange(tokens.shape[1])[None])
+        d = drafter.draft_vocab.ids[drafter.logits(out[:, -1:]).argmax(-1)]  # (1, 1) a target id
+        drafted.append(int(d))
+        tokens, hidden = torch.cat([tokens, d], 1), torch.cat([hidden, out[:, -1:]], 1)
+    return drafted
+
+
+def checked_against(target, drafter, found: list[bool], shift: int):
+    original = Eagle3Drafts.__call__
+
+    def call(self, batch, g):
+        drafts = original(self, batch, g)
+        for row, d, g_b in zip(batch, drafts, g):
+            if g_b and len(row.ids) > 1:
+                found.append(d.tokens[0].tolist() == from_scratch(target, drafter, row.ids, g_b, shift))
+        return drafts
+    return call
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen3"])
+def test_a_draft_is_the_chain_computed_from_scratch(models, name, monkeypatch):
+    """Ragged rows at batch 3, contexts carried across steps; the same check with the tokens one
+    position off fails nearly always."""
+    target, drafter = models[name], models[f"{name}-eagle3"]
+    results = []
+    for shift in (0, -1):  # -1: each feature row with its own token
+        found: list[bool] = []
+        monkeypatch.setattr(Eagle3Drafts, "__call__", checked_against(target, drafter, found, shift))
+        generate(PROMPTS[:6], target=target, drafter=drafter, method="eagle3", max_new_tokens=12, batch_size=3,
+                 gamma=3)
+        results.append((sum(found), len(found)))
+    (same, drafted), (off, drafted_off) = results
+    assert drafted > 15 and same == drafted, results
+    assert off < drafted_off // 2, results
+
+
+# --- greedy identity ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_eagle3_greedy_equals_ar(models, reference, target, batch_size):
+    result = generate(PROMPTS, target=models[target], drafter=models[f"{target}-eagle3"], method="eagle3",
+                      max_new_tokens=MAX_NEW, gamma=4, batch_size=batch_size)
+    assert _differing(result, reference[target]) == []
+    assert result.metrics.new_tokens == reference[target].metrics.new_tokens
+    assert result.metrics.drafter_calls > 0
+    assert models[target].captured == ()  # capturing stops with the run
+
+
+def always_accept(draft, q, p, generator=None):
+    """A broken verifier: every draft token taken unchecked, then the bonus token."""
+    n = torch.full((draft.shape[0],), draft.shape[1])
+    return n, p[torch.arange(draft.shape[0]), n].argmax(-1)
+
+
+def test_a_verifier_that_takes_drafts_unchecked_is_not_ar(models, reference):
+    p = plan(target=models["llama"], drafter=models["llama-eagle3"], method="eagle3", max_new_tokens=MAX_NEW, gamma=4)
+    outputs = list(iter_generate(PROMPTS, replace(p, decoder=replace(p.decoder, verify=always_accept))))
+    assert len([o for o, want in zip(outputs, reference["llama"].outputs) if o.tokens != want.tokens]) > len(PROMPTS) // 2
+
+
+def test_a_one_token_prompt_drafts_from_nothing_cached(models):
+    """Its first step has no features: the point-mass draft of its last token, verified as any."""
+    target, drafter = models["gpt2"], models["gpt2-eagle3"]
+    assert len(target.tokenizer("The")["input_ids"]) == 1
+    want = generate(["The"], target=target, method="ar", max_new_tokens=10)
+    for options in ({}, {"temperature": 1.0, "seed": 5}):
+        got = generate(["The"], target=target, drafter=drafter, method="eagle3", max_new_tokens=10, gamma=3, **options)
+        if not options:
+            assert got.outputs[0].tokens == want.outputs[0].tokens
+        assert len(got.outputs[0].tokens) == 10
+
+
+# --- batches -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", ["gpt2", "qwen3"])
+@pytest.mark.parametrize("options", [{"temperature": 1.0, "top_k": 20, "seed": 7},
+                                     {"temperature": 1.0, "seed": 3, "acceptance": "match"}])
+def test_sampled_output_does_not_depend_on_the_batch_size(models, target, options):
+    one, three = (generate(PROMPTS, target=models[target], drafter=models[f"{target}-eagle3"], method="eagle3",
+                           max_new_tokens=MAX_NEW, batch_size=b, gamma=4, **options) for b in (1, 3))
+    assert [o.tokens for o in three.outputs] == [o.tokens for o in one.outputs]
+    assert len({tuple(o.tokens[:4]) for o in one.outputs}) > 10  # really sampled
+
+
+# --- planning, refusals, the CLI ---------------------------------------------------------------
+
+def test_an_eagle3_drafter_picks_eagle3(models):
+    p = plan(target=models["gpt2"], drafter=models["gpt2-eagle3"], gamma=5)
+    assert p.method.name == "eagle3" and p.decoder.ran() == {"gamma": 5, "adaptive": False, "acceptance": "greedy"}
+    assert plan(target=models["gpt2"], drafter=models["gpt2-eagle3"], temperature=1.0, gamma=5).decoder.rule == "standard"
+    with pytest.raises(UsageError, match="needs an EAGLE-3 drafter"):
+        plan(target=models["gpt2"], drafter=load_drafter(str(models["gpt2-dir"])), method="eagle3")
+    with pytest.raises(UsageError, match="`drafts` > 1 needs"):
+        plan(target=models["gpt2"], drafter=models["gpt2-eagle3"], drafts=2, gamma=5)
+    with pytest.raises(UsageError, match="drop `compile`"):
+        plan(target=models["gpt2"], drafter=models["gpt2-eagle3"], compile=True, gamma=5)
+
+
+def test_cli_generates_with_eagle3(models):
+    result = CliRunner().invoke(cli, ["generate", "--target", str(models["gpt2-dir"]), "--drafter",
+                                      str(models["gpt2-head"]), "--method", "eagle3", "--gamma", "3", "--stats",
+                                      "--max-new-tokens", "12", "--prompt", "The quick brown fox"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert (stats["method"], stats["exact"]) == ("eagle3", True)
