@@ -103,27 +103,26 @@ class Eagle3Drafts:
     def _chains(self, rows: list[Row], g: list[int], hidden: torch.Tensor, cached: torch.Tensor,
                 cache: ContextCache) -> list[Draft]:
         """Draft steps from the last context rows' outputs hidden (B', 1, H) over `cache` (extended
-        by the draft rows: RowContexts holds its context rows already) -> a Draft (1, g_b) per row;
-        a row past its g_b feeds its argmax (never drawn with its generator)."""
+        by the draft rows: RowContexts holds its context rows already) -> a Draft (1, g_b) per row.
+        At step j the rows with j <= g_b draw with their own generators; the others feed their
+        argmax (no draw: a row's generator serves its own g_b tokens only)."""
         vocab, V = self.drafter.draft_vocab, self.target.vocab_size
         starts = cached.to(hidden.device)[:, None]  # (B', 1)
-        tokens: list[list[torch.Tensor]] = [[] for _ in rows]
-        qs: list[list[torch.Tensor]] = [[] for _ in rows]
+        wanted = torch.tensor(g)
+        tokens, qs = [], []  # per step j: (B', 1) target ids, (B', 1, V) q (rows past g_b: unused)
         for j in range(1, max(g) + 1):
             logits = head_logits(self.drafter.logits(hidden), vocab, V)  # (B', 1, N or V)
             probs = self.sampling.probs(logits)
-            fed = []
-            for i, row in enumerate(rows):
-                if j <= g[i]:
-                    q, x = on_target(probs[i:i + 1], self.sampling.sample(probs[i:i + 1], row.generator), vocab)
-                    tokens[i].append(x)
-                    qs[i].append(q)
-                else:
-                    _, x = on_target(probs[i:i + 1], logits[i:i + 1].argmax(-1), vocab)
-                fed.append(x)  # (1, 1) target ids
+            rows_j = (wanted >= j).nonzero()[:, 0].tolist()
+            drawn = logits.argmax(-1)  # (B', 1) head rows
+            drawn[rows_j] = self.sampling.sample(probs[rows_j], [rows[i].generator for i in rows_j])
+            q, x = on_target(probs, drawn, vocab)
+            tokens.append(x)
+            qs.append(q)
             if j < max(g):
-                hidden = self.drafter.step(torch.cat(fed), hidden, starts + j - 1, cache)
-        return [Draft(torch.cat(t, dim=1), torch.cat(q, dim=1), calls=len(t)) for t, q in zip(tokens, qs)]
+                hidden = self.drafter.step(x, hidden, starts + j - 1, cache)
+        every_x, every_q = torch.cat(tokens, dim=1), torch.cat(qs, dim=1)  # (B', G), (B', G, V)
+        return [Draft(every_x[i:i + 1, :g_i], every_q[i:i + 1, :g_i], calls=g_i) for i, g_i in enumerate(g)]
 
     def _repeat(self, row: Row, g: int) -> Draft:
         """A row with nothing cached: its last token g times, q a point mass there."""
