@@ -3,7 +3,9 @@ features at p with the token at p + 1, then its own outputs fed back at the next
 checked against a from-scratch computation, which a draft one position off fails);
 greedy output is token-identical to ar on GPT-2, Llama and Qwen3 targets at batch 1 and 3 (a
 verifier that takes drafts unchecked fails it); sampled output does not depend on the batch size;
-a one-token prompt; refusals; the CLI."""
+a one-token prompt; one step has the target's distribution at temperature 1 and with top-k,
+with a draft vocabulary (a chain drawn at another temperature than its q fails the same
+chi-square test); refusals; the CLI."""
 
 from __future__ import annotations
 
@@ -15,12 +17,17 @@ import torch
 from click.testing import CliRunner
 
 from specdiff import generate, load_drafter, load_target
+from specdiff.acceptance import match, standard
+from specdiff.contracts import Draft
+from specdiff.decoding import Row
 from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
+from specdiff.loading import pair_models
 from specdiff.methods.eagle3 import Eagle3Drafts
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
+import test_sampling_exact as exact
 from tiny import TEXT, make_eagle3, make_llama, make_qwen3
 
 WORDS = TEXT.split()
@@ -176,3 +183,78 @@ def test_cli_generates_with_eagle3(models):
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stderr.strip().splitlines()[-1])
     assert (stats["method"], stats["exact"]) == ("eagle3", True)
+
+
+# --- the target's distribution -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small():
+    """The V = 8 target of test_sampling_exact and a random EAGLE-3 head over 6 of its 8 ids (a
+    draft vocabulary: q is zero at 3 and 6), reading its one layer thrice, with its embedding."""
+    from transformers import LlamaConfig
+
+    from specdiff.drafters.eagle3 import Eagle3Drafter
+    from specdiff.nets.eagle3 import Eagle3Net, Eagle3Spec
+    from specdiff.targets.causal import CausalLMTarget
+
+    target = CausalLMTarget(exact._gpt2(0, 60.0), exact._tokenizer(), "v8")
+    layer = LlamaConfig(vocab_size=exact.V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+    ids = torch.tensor([0, 1, 2, 4, 5, 7])
+    net = Eagle3Net(layer, Eagle3Spec(exact.V, len(ids), 16, (0, 0, 0)))
+    generator = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * (0.3 if p.dim() == 2 else 0.1) + (p.dim() == 1))
+        net.d2t.copy_(ids - torch.arange(len(ids)))
+        net.t2d[ids] = True
+    drafter = Eagle3Drafter(net.eval(), source="v8-eagle3")
+    pair_models(target, drafter)
+    return target, drafter
+
+
+@torch.no_grad()
+def eagle3_samples(target, step, rule, sampling, seed):
+    """exact.N samples of the first exact.DEPTH tokens after exact.CONTEXT through one batched
+    eagle3 step (`step`: an Eagle3Drafts), its verify call and the rule -> (cell ids, accepted)."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = exact.CONTEXT.repeat(exact.N, 1)
+    rows = [Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g) for _ in range(exact.N)]
+    target.capture(step.layers)
+    try:
+        target.prefill(ctx[:, :-1])
+        drafts = step(rows, [exact.GAMMA] * exact.N)
+    finally:
+        target.capture(())
+    tokens, q = torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])
+    logits = target.model(torch.cat([ctx, tokens], 1)).logits[:, exact.CONTEXT.shape[1] - 1:]
+    n, y = rule(tokens, q, sampling.target_probs(logits, ctx, tokens), g)
+    return exact.first_tokens(target.model, tokens, n, y, sampling, g), n
+
+
+class HalfTemperature(Eagle3Drafts):
+    """Draws at half the temperature of the q handed to the rule (DFlash's issue #74, here)."""
+
+    def __call__(self, batch, g):
+        hot = Eagle3Drafts(self.target, self.drafter, replace(self.sampling, temperature=self.sampling.temperature / 2))
+        drawn, told = hot(batch, g), super().__call__(batch, g)  # each from its own (empty) contexts
+        return [Draft(h.tokens, t.q, 1) for h, t in zip(drawn, told)]
+
+
+@pytest.mark.parametrize("case", ["t1-standard", "t0.7-top3-standard", "t1-match",
+                                  pytest.param("broken-t1", marks=pytest.mark.slow)])
+def test_an_eagle3_step_has_the_target_distribution(small, case):
+    """A chain drawn token by token from q (the draft vocabulary's 6 ids), verified by the rule:
+    the joint of the first three tokens is the target's (chi-square, 60,000 steps); drawing at
+    another temperature than the q handed over fails the same test."""
+    target, drafter = small
+    sampling = exact.SAMPLINGS["t0.7-top3" if case.startswith("t0.7") else "t1"]
+    rule = match if case.endswith("match") else standard
+    step = (HalfTemperature if case.startswith("broken") else Eagle3Drafts)(target, drafter, sampling)
+    cells, n = eagle3_samples(target, step, rule, sampling, seed=11)
+    pvalue = exact.chi_square_pvalue(cells, exact.exact_joint(target.model, sampling))
+    if case.startswith("broken"):
+        assert pvalue < exact.P_BROKEN
+        return
+    assert pvalue > exact.P_EXACT
+    assert 0.05 < (n > 0).float().mean() < 0.95  # sensitive: drafts neither always rejected nor always taken
