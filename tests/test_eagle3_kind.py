@@ -41,6 +41,16 @@ def test_pairing_binds_the_draft_vocabulary_over_the_targets_ids(llama, head):
     pair_models(target, drafter)  # again: the map records no fingerprint, its V is checked
 
 
+def test_a_head_over_the_whole_padded_head_keeps_the_identity(tiny):
+    """GPT-2's head has 320 rows for 300 tokens: the identity map over all of them is no draft
+    vocabulary (a method keeps the first 300 rows of its logits), not a refusal."""
+    target = load_target(str(tiny.gpt2))
+    drafter = load_drafter(str(make_eagle3(tiny.root / "eagle3-kind-whole", tiny.gpt2, draft_size=None)))
+    assert drafter.identity and drafter.vocab_rows == 320 and target.vocab_size == 300
+    pair_models(target, drafter)
+    assert drafter.bound and drafter.draft_vocab is None
+
+
 def test_a_head_without_an_embedding_reads_its_targets(tiny, llama):
     target = load_target(str(llama))
     drafter = load_drafter(str(make_eagle3(tiny.root / "eagle3-kind-noembed", llama, embedding=False)))

@@ -126,6 +126,13 @@ def test_eagle3_greedy_equals_ar(models, reference, target, batch_size):
     assert models[target].captured == ()  # capturing stops with the run
 
 
+def test_a_head_over_the_whole_padded_head_equals_ar(tiny, models, reference):
+    drafter = load_drafter(str(make_eagle3(tiny.root / "e3m-gpt2-whole", tiny.gpt2, draft_size=None, seed=8)))
+    result = generate(PROMPTS, target=models["gpt2"], drafter=drafter, method="eagle3", max_new_tokens=MAX_NEW,
+                      gamma=3, batch_size=3)
+    assert drafter.draft_vocab is None and _differing(result, reference["gpt2"]) == []
+
+
 def always_accept(draft, q, p, generator=None):
     """A broken verifier: every draft token taken unchecked, then the bonus token."""
     n = torch.full((draft.shape[0],), draft.shape[1])

@@ -103,6 +103,23 @@ def test_a_head_without_its_embedding_loads_without_one(tmp_path):
     assert load_eagle3(tmp_path).embed_tokens is None
 
 
+def test_a_head_over_the_whole_vocabulary_may_omit_its_map(tmp_path):
+    config = {**json.loads((DATA / "draft" / "config.json").read_text()), "draft_vocab_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    state = load_file(str(DATA / "draft" / "model.safetensors"))
+    del state["d2t"], state["t2d"]
+    state["lm_head.weight"] = torch.zeros(64, 32)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    net = load_eagle3(tmp_path)
+    assert not net.d2t.any() and bool(net.t2d.all())
+    del state["lm_head.weight"]  # a head over 40 of them may not
+    state["lm_head.weight"] = torch.zeros(40, 32)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 40}))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(LoadError, match=r"missing d2t \(40,\); missing t2d \(64,\)"):
+        load_eagle3(tmp_path)
+
+
 def test_a_mismatched_checkpoint_is_one_load_error_naming_every_tensor(tmp_path):
     shutil.copy(DATA / "draft" / "config.json", tmp_path / "config.json")
     state = load_file(str(DATA / "draft" / "model.safetensors"))
@@ -121,6 +138,8 @@ def test_a_mismatched_checkpoint_is_one_load_error_naming_every_tensor(tmp_path)
     ({"draft_vocab_size": 65}, "draft_vocab_size must be an integer in 1..vocab_size"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}, "must be three integers"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_scaling type 'yarn' is not supported"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 3], "use_mtp_layernorm": True}},
+     "eagle_config.use_mtp_layernorm is not supported"),
 ])
 def test_unsupported_configs_are_refused_naming_the_field(tmp_path, change, message):
     config = {**json.loads((DATA / "draft" / "config.json").read_text()), **change}

@@ -154,13 +154,14 @@ def dflash_pairs(tiny, prefix: str, paths: dict[str, Path] | None = None) -> dic
     return found
 
 
-def make_eagle3(directory: Path, target: Path, *, layer_ids: tuple[int, ...] | None = (0, 1, 1), draft_size: int = 200,
-               embedding: bool = True, seed: int = 0, scale: float = 1.0) -> Path:
+def make_eagle3(directory: Path, target: Path, *, layer_ids: tuple[int, ...] | None = (0, 1, 1),
+               draft_size: int | None = 200, embedding: bool = True, seed: int = 0, scale: float = 1.0) -> Path:
     """A random EAGLE-3 head for the target saved at `target`, in the published format
     (nets.eagle3.save_eagle3: LlamaForCausalLMEagle3, model.safetensors with d2t / t2d; no
     tokenizer): one Llama layer of the target's width, reading its layers `layer_ids` (None: the
     config names none), a draft vocabulary of `draft_size` random ids of the target's tokenizer
-    (the EOS among them); `embedding`: a copy of the target's input embedding, else none."""
+    (the EOS among them; None: every row of the target's head, the identity map); `embedding`: a
+    copy of the target's input embedding, else none."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specdiff.nets.eagle3 import Eagle3Net, Eagle3Spec, save_eagle3
@@ -169,8 +170,11 @@ def make_eagle3(directory: Path, target: Path, *, layer_ids: tuple[int, ...] | N
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(target))
     hidden, rows = config.hidden_size, config.vocab_size
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randperm(len(tokenizer) - 1, generator=generator)[:draft_size - 1]
-    ids = torch.cat([ids, torch.tensor([tokenizer.eos_token_id])]).unique().sort().values
+    if draft_size is None:
+        ids = torch.arange(rows)
+    else:
+        ids = torch.randperm(len(tokenizer) - 1, generator=generator)[:draft_size - 1]
+        ids = torch.cat([ids, torch.tensor([tokenizer.eos_token_id])]).unique().sort().values
     layer = LlamaConfig(vocab_size=rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=getattr(config, "max_position_embeddings", 128))

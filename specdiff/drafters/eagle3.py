@@ -1,6 +1,8 @@
 """An EAGLE-3 drafter (nets/eagle3.py): a draft head that proposes a chain token by token from the
 target's fused hidden states, with its own KV cache, its own head over its draft vocabulary and
-its own embedding (or, when the checkpoint has none, its target's).
+its own embedding (or, when the checkpoint has none, its target's). A head over the whole
+vocabulary with the identity map (d2t all 0) scores every row of it, padded rows included, and a
+method keeps the first V, as with the target's own logits (vocab.head_logits).
 
 Row i of its sequence pairs the target's features at position i with the token at position i + 1
 (so the features of the last verified position wait for the token after it) and predicts the
@@ -16,7 +18,7 @@ token at position i + 2; a draft step feeds the previous row's output back inste
     out = drafter.extend(tokens, feats, positions, cache, valid)   (B, C, H): C context rows
     out = drafter.step(token, out[:, -1:], position, cache)        (B, 1, H): one draft step
     logits = drafter.logits(out)               (B, T, N) float32 over the draft vocabulary;
-                                               vocab.on_target widens q to the target's ids
+                                               vocab.head_logits / on_target: q over the target's ids
 
 May import: nets, vocab, errors (drafters/__init__.py).
 """
@@ -43,7 +45,8 @@ def is_eagle3_drafter(drafter: Any) -> bool:
 class Eagle3Drafter(nn.Module):
     """An Eagle3Net plus what pairing gives it: the target layers it reads (layer_ids, 0-based;
     the config's, else default_layer_ids of the bound target), the embedding (its own, else the
-    target's) and draft_vocab (its d2t / t2d over the bound target's V ids; None until bound).
+    target's) and draft_vocab (its d2t / t2d over the bound target's V ids; None until bound, and
+    for the identity map over the whole vocabulary). bound: whether bind_target has run.
     tokenizer: one beside it or named by its models.yaml entry, if any (published heads ship none)."""
 
     kind = KIND
@@ -58,12 +61,18 @@ class Eagle3Drafter(nn.Module):
         self.target_hidden_size = net.spec.target_hidden_size
         self.layer_ids: tuple[int, ...] | None = net.spec.layer_ids
         self.draft_vocab: DraftVocab | None = None
+        self.bound = False
         self._embed: tuple[nn.Module] | None = None  # a tuple: the target's, not registered as a submodule
 
     @property
     def vocab_size(self) -> int:
         """The target vocabulary its ids index (kinds.kind.same_vocabulary is not used: check_eagle3)."""
         return self.vocab_rows
+
+    @property
+    def identity(self) -> bool:
+        """A head over the whole vocabulary, draft id d standing for target id d."""
+        return self.net.spec.draft_vocab_size == self.vocab_rows and not bool(self.net.d2t.any())
 
     def target_ids(self) -> torch.Tensor:
         """(N,) the target ids of its draft rows, from d2t (checked against t2d)."""
@@ -77,7 +86,7 @@ class Eagle3Drafter(nn.Module):
             raise IncompatibleModelsError(f"{who} was made for a target vocabulary of {self.vocab_rows} ids "
                                           f"(config.json vocab_size); this target's tokenizer has {vocab_size}")
         top = int(self.target_ids().max())
-        if top >= vocab_size:
+        if top >= vocab_size and not self.identity:  # the identity's extra rows: a padded head's
             raise IncompatibleModelsError(f"{who} drafts target id {top} (d2t); this target's tokenizer has "
                                           f"{vocab_size} tokens")
         if hidden_size != self.target_hidden_size:
@@ -103,8 +112,9 @@ class Eagle3Drafter(nn.Module):
                     f"width {self.hidden_size}; this target's is ({rows}, {width})")
             self._embed = (embed,)
         self.layer_ids = ids
-        self.draft_vocab = DraftVocab(self.target_ids(), vocab_size, fingerprint="",
-                                      built_from="the EAGLE-3 head's d2t / t2d")
+        self.draft_vocab = None if self.identity else DraftVocab(self.target_ids(), vocab_size, fingerprint="",
+                                                                 built_from="the EAGLE-3 head's d2t / t2d")
+        self.bound = True
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) target ids -> (B, T, H)."""

@@ -189,7 +189,7 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     if not isinstance(target, CapturingTarget):  # a static-cache twin (`compile`)
         raise UsageError("method 'eagle3' reads the target's hidden states, which a compiled target does not keep: "
                          "drop `compile`")
-    if drafter.layer_ids is None or drafter.draft_vocab is None:
+    if not drafter.bound:
         raise UsageError(f"EAGLE-3 drafter '{drafter.source}' is not paired with this target (loading.pair_models)")
     drafts = Eagle3Drafts(target, drafter, sampling)
     why = target.can_capture(drafts.layers)

@@ -60,7 +60,6 @@ OWN_FIELDS = ("architectures", "auto_map", "model_type", "draft_vocab_size", "ta
 EAGLE_FIELDS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state")
 REFUSED = ("fc_norm", "norm_before_residual", "attention_bias", "mlp_bias")  # variants not read: off or absent
 ROPE_TYPES = ("default", "linear", "llama3")  # inverse frequencies fixed at load (default: tested)
-OPTIONAL = ("embed_tokens.weight",)  # absent: the target's embedding
 
 
 def is_eagle3(config: dict[str, Any]) -> bool:
@@ -111,6 +110,9 @@ def read_eagle3_config(directory: Path) -> tuple[LlamaConfig, Eagle3Spec]:
     eagle = config.get("eagle_config") or {}
     if not isinstance(eagle, dict):
         raise refuse(f"eagle_config must be an object, got {eagle!r}")
+    unknown = sorted(set(eagle) - set(EAGLE_FIELDS))
+    if unknown:
+        raise refuse(f"eagle_config.{unknown[0]} is not supported (this version reads only {', '.join(EAGLE_FIELDS)})")
     if eagle.get("use_aux_hidden_state", True) is not True:
         raise refuse("eagle_config.use_aux_hidden_state false (an EAGLE-1-style head) is not supported")
     fields = {k: v for k, v in config.items() if k not in OWN_FIELDS}
@@ -167,8 +169,9 @@ def save_eagle3(directory: Path, net: Eagle3Net, dtype: torch.dtype = torch.floa
 
 def load_eagle3(directory: Path) -> Eagle3Net:
     """An EAGLE-3 checkpoint directory -> its network in fp32 on the CPU; strict: one LoadError naming
-    model.safetensors lists every missing, unexpected or mis-shaped tensor (embed_tokens may be
-    absent: the drafter then embeds with its target's)."""
+    model.safetensors lists every missing, unexpected or mis-shaped tensor. embed_tokens may be
+    absent (the drafter then embeds with its target's); so may d2t and t2d of a head over the
+    whole vocabulary (draft_vocab_size = vocab_size: the identity map, as vLLM reads it)."""
     llama, spec = read_eagle3_config(directory)
     weights = directory / WEIGHTS
     if not weights.is_file():
@@ -178,6 +181,9 @@ def load_eagle3(directory: Path) -> Eagle3Net:
         net = Eagle3Net(llama, spec, embedding="embed_tokens.weight" in state)
     except KeyError as e:  # transformers' ACT2FN for an unknown hidden_act
         raise LoadError(f"{directory / 'config.json'}: hidden_act {llama.hidden_act!r} is not known") from e
+    if spec.draft_vocab_size == spec.vocab_size and "d2t" not in state and "t2d" not in state:
+        state = {**state, "d2t": torch.zeros(spec.vocab_size, dtype=torch.int64),
+                 "t2d": torch.ones(spec.vocab_size, dtype=torch.bool)}
     for name, dtype in (("d2t", torch.int64), ("t2d", torch.bool)):
         if name in state and state[name].dtype != dtype:
             raise LoadError(f"{weights}: {name} must be {dtype}, found {state[name].dtype}")
