@@ -1,7 +1,7 @@
 """nets/eagle3.py against the reference: a tiny random head in the published format, made once by
 SpecForge's own LlamaForCausalLMEagle3 (tests/data/eagle3/README.md), loads strictly and gives the
-reference's hidden states and logits, at the context rows and at chained draft steps that feed
-their own output back (the reference's test-time-training steps: step k of row i is a chain of k
+reference's hidden states and logits, with RoPE as published and under Llama 3.1's rope_scaling,
+at the context rows and at chained draft steps that feed their own output back (the reference's test-time-training steps: step k of row i is a chain of k
 draft steps after the context rows 0..i)."""
 
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specdiff.errors import LoadError
@@ -29,6 +30,22 @@ def golden():
 @pytest.fixture(scope="module")
 def net():
     return load_eagle3(DATA / "draft")
+
+
+@pytest.fixture(scope="module", params=["default", "llama3"])
+def rope(request, tmp_path_factory, golden, net):
+    """(net, golden) for RoPE as published (default), and under Llama 3.1's rope_scaling: the same
+    weights, its config.json given the rope_scaling the reference ran with (golden's metadata)."""
+    if request.param == "default":
+        return net, golden
+    path = DATA / "golden-llama3.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        scaling = json.loads(f.metadata()["rope_scaling"])
+    directory = tmp_path_factory.mktemp("eagle3-llama3")
+    config = json.loads((DATA / "draft" / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "rope_scaling": scaling}))
+    shutil.copy(DATA / "draft" / "model.safetensors", directory / "model.safetensors")
+    return load_eagle3(directory), load_file(str(path))
 
 
 def chain(net, golden, row: int) -> list[torch.Tensor]:
@@ -54,7 +71,8 @@ def test_the_config_and_the_buffers_read_as_published(net):
     assert bool(net.t2d[ids].all()) and int(net.t2d.sum()) == 40
 
 
-def test_context_rows_match_the_reference(net, golden):
+def test_context_rows_match_the_reference(rope):
+    net, golden = rope
     ids, features = golden["ids"], golden["features"]
     T = features.shape[1]
     with torch.no_grad():
@@ -66,7 +84,8 @@ def test_context_rows_match_the_reference(net, golden):
 
 
 @pytest.mark.parametrize("row", [0, 3, 6])
-def test_chained_draft_steps_match_the_reference(net, golden, row):
+def test_chained_draft_steps_match_the_reference(rope, row):
+    net, golden = rope
     with torch.no_grad():
         outs = chain(net, golden, row)
     for k, out in enumerate(outs):
@@ -151,3 +170,12 @@ def test_unsupported_configs_are_refused_naming_the_field(tmp_path, change, mess
 def test_the_default_layer_rule_is_the_references():
     assert default_layer_ids(32) == (1, 15, 28)  # EAGLE: the inputs of layers 2, 16, 29
     assert default_layer_ids(36) == (1, 17, 32)
+
+
+def test_the_scaled_golden_is_not_the_unscaled_one(net):
+    """The llama3 case is sensitive: RoPE without its scaling misses the reference's outputs."""
+    golden = load_file(str(DATA / "golden-llama3.safetensors"))
+    T = golden["features"].shape[1]
+    with torch.no_grad():
+        out = net(net.embed_tokens(golden["ids"][:, :T]), net.project(golden["features"]), torch.arange(T)[None])
+    assert float((out - golden["out0"]).abs().max()) > 0.1

@@ -38,6 +38,10 @@ STUBS = {
         "compile_friendly_create_block_mask = compile_friendly_flex_attention = generate_eagle3_mask = _training_only\n"),
 }
 V, N, H, HT, T, B, STEPS = 64, 40, 32, 24, 7, 2, 3
+# Llama 3.1's rope_scaling, with an original length short enough that 3 of the 4 frequencies of
+# head_dim 8 are scaled at these positions
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
 # laid out as SpecForge's configs/llama3-8B-eagle3.json (transformers 4 field names), plus a
 # target_hidden_size other than hidden_size and the layer ids SpecForge reads from eagle_config
 CONFIG = {
@@ -108,24 +112,37 @@ def main():
 
         ids = torch.randint(0, V, (B, T + STEPS - 1), generator=generator)
         features = torch.randn(B, T, 3 * HT, generator=generator)
-        mask = eagle.prepare_decoder_attention_mask(torch.ones(B, T, dtype=torch.bool), (B, T), features, 0)
-        positions = torch.arange(T)[None]
-        golden = {"ids": ids, "features": features}
-        cache_hidden = [[], []]  # the reference's training-time test: step k row i = a chain of k steps after row i
-        with torch.no_grad():
-            hidden = model.project_hidden_states(features)
-            golden["projected"] = hidden
-            for k in range(STEPS):
-                embeds = model.embed_input_ids(ids[:, k:k + T])
-                hidden = model.backbone(embeds, hidden, cache_hidden, mask, positions, use_cache=False)
-                golden[f"out{k}"] = hidden
-                golden[f"logits{k}"] = model.compute_logits(hidden)
         import transformers
-        save_file({k: v.contiguous() for k, v in golden.items()}, str(args.out / "golden.safetensors"),
-                  metadata={"reference": f"sgl-project/SpecForge@{args.commit}", "torch": torch.__version__,
-                            "transformers": transformers.__version__})
-        (args.out / "golden.safetensors").chmod(0o644)
+        metadata = {"reference": f"sgl-project/SpecForge@{args.commit}", "torch": torch.__version__,
+                    "transformers": transformers.__version__}
+        write(args.out / "golden.safetensors", steps(eagle, model, ids, features), metadata)
+        # the same weights under Llama 3.1's RoPE scaling (the published Llama 3.1 heads' rope_scaling)
+        scaled = eagle.LlamaForCausalLMEagle3(LlamaConfig(**CONFIG, rope_scaling=LLAMA3)).eval()
+        scaled.load_state_dict(model.state_dict())
+        write(args.out / "golden-llama3.safetensors", steps(eagle, scaled, ids, features),
+              {**metadata, "rope_scaling": json.dumps(LLAMA3)})
 
+
+def steps(eagle, model, ids, features):
+    """The reference's test-time-training steps (see README.md) -> the golden tensors."""
+    mask = eagle.prepare_decoder_attention_mask(torch.ones(B, T, dtype=torch.bool), (B, T), features, 0)
+    positions = torch.arange(T)[None]
+    golden = {"ids": ids, "features": features}
+    cache_hidden = [[], []]  # the reference's training-time test: step k row i = a chain of k steps after row i
+    with torch.no_grad():
+        hidden = model.project_hidden_states(features)
+        golden["projected"] = hidden
+        for k in range(STEPS):
+            embeds = model.embed_input_ids(ids[:, k:k + T])
+            hidden = model.backbone(embeds, hidden, cache_hidden, mask, positions, use_cache=False)
+            golden[f"out{k}"] = hidden
+            golden[f"logits{k}"] = model.compute_logits(hidden)
+    return golden
+
+
+def write(path, golden, metadata):
+    save_file({k: v.contiguous() for k, v in golden.items()}, str(path), metadata=metadata)
+    path.chmod(0o644)
 
 if __name__ == "__main__":
     main()
