@@ -59,7 +59,7 @@ WEIGHTS = "model.safetensors"
 OWN_FIELDS = ("architectures", "auto_map", "model_type", "draft_vocab_size", "target_hidden_size", "eagle_config")
 EAGLE_FIELDS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state")
 REFUSED = ("fc_norm", "norm_before_residual", "attention_bias", "mlp_bias")  # variants not read: off or absent
-ROPE_TYPES = ("default", "linear", "llama3")  # inverse frequencies fixed at load (default: tested)
+ROPE_TYPES = ("default", "llama3")  # both held to the reference (tests/data/eagle3)
 
 
 def is_eagle3(config: dict[str, Any]) -> bool:
