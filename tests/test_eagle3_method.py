@@ -1,11 +1,12 @@
 """`--method eagle3` (issue 33 item 3): a draft's q is exactly what EAGLE-3 defines (the target's
 features at p with the token at p + 1, then its own outputs fed back at the next positions;
-checked against a from-scratch computation, which a draft one position off fails);
-greedy output is token-identical to ar on GPT-2, Llama and Qwen3 targets at batch 1 and 3 (a
-verifier that takes drafts unchecked fails it); sampled output does not depend on the batch size;
-a one-token prompt; one step has the target's distribution at temperature 1 and with top-k,
-with a draft vocabulary (a chain drawn at another temperature than its q fails the same
-chi-square test); refusals; the CLI."""
+checked against a from-scratch computation, which a draft one position off fails); greedy output
+is token-identical to ar on GPT-2, Llama and Qwen3 targets at batch 1 and 3, with a head over
+the whole padded vocabulary, and on a target that accepts drafts of every length (a verifier
+that takes drafts unchecked fails it); sampled output does not depend on the batch size; a
+one-token prompt; one step has the target's distribution at temperature 1 and with top-k, with
+a draft vocabulary (a chain drawn at another temperature than its q fails the same chi-square
+test); refusals; the CLI."""
 
 from __future__ import annotations
 
@@ -131,6 +132,37 @@ def test_a_head_over_the_whole_padded_head_equals_ar(tiny, models, reference):
     result = generate(PROMPTS, target=models["gpt2"], drafter=drafter, method="eagle3", max_new_tokens=MAX_NEW,
                       gamma=3, batch_size=3)
     assert drafter.draft_vocab is None and _differing(result, reference["gpt2"]) == []
+
+
+@pytest.fixture(scope="module")
+def agreeing(tiny):
+    """A GPT-2 target leaning towards one token t (ln_f's bias along t's embedding, the tied head's
+    row: t is its argmax about 3 times in 4) and a head that always drafts t (its final norm's
+    weight 0: all-zero logits, argmax its first draft id, t): greedy steps accept every length."""
+    from transformers import GPT2LMHeadModel
+
+    head = make_eagle3(tiny.root / "e3m-agree-head", tiny.gpt2, seed=6)
+    drafter = load_drafter(str(head))
+    t = int(drafter.target_ids()[0])
+    model = GPT2LMHeadModel.from_pretrained(str(tiny.gpt2))
+    with torch.no_grad():
+        drafter.net.norm.weight.zero_()
+        w = model.transformer.wte.weight[t]
+        model.transformer.ln_f.bias += 4.0 * w / w.norm()
+    model.save_pretrained(str(tiny.root / "e3m-agree-gpt2"))
+    tiny.tokenizer.save_pretrained(str(tiny.root / "e3m-agree-gpt2"))
+    return load_target(str(tiny.root / "e3m-agree-gpt2")), drafter
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_eagle3_greedy_equals_ar_when_drafts_are_accepted(agreeing, batch_size):
+    target, drafter = agreeing
+    want = generate(PROMPTS, target=target, method="ar", max_new_tokens=MAX_NEW)
+    got = generate(PROMPTS, target=target, drafter=drafter, method="eagle3", max_new_tokens=MAX_NEW, gamma=4,
+                   batch_size=batch_size)
+    assert _differing(got, want) == []
+    histogram = got.metrics.to_dict()["accepted_length_histogram"]
+    assert len(histogram) == 5 and min(histogram) > 0, histogram  # 0..4 draft tokens accepted, each seen
 
 
 def always_accept(draft, q, p, generator=None):
