@@ -114,6 +114,16 @@ def test_save_then_load_gives_the_same_head(net, golden, tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_eagles_pickled_release_reads_the_same(net, tmp_path):
+    shutil.copy(DATA / "draft" / "config.json", tmp_path / "config.json")
+    torch.save(load_file(str(DATA / "draft" / "model.safetensors")), tmp_path / "pytorch_model.bin")
+    again = load_eagle3(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), again.state_dict().values()))
+    torch.save({"fc.weight": [1, 2]}, tmp_path / "pytorch_model.bin")  # not tensors only
+    with pytest.raises(LoadError, match="pytorch_model.bin: not a state dict of tensors"):
+        load_eagle3(tmp_path)
+
+
 def test_a_head_without_its_embedding_loads_without_one(tmp_path):
     shutil.copy(DATA / "draft" / "config.json", tmp_path / "config.json")
     state = load_file(str(DATA / "draft" / "model.safetensors"))

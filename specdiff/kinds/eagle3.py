@@ -10,7 +10,7 @@ from typing import Any
 
 from ..drafters.eagle3 import Eagle3Drafter, is_eagle3_drafter
 from ..hub import fetch
-from ..nets.eagle3 import WEIGHTS, is_eagle3, load_eagle3
+from ..nets.eagle3 import PICKLED, WEIGHTS, is_eagle3, load_eagle3
 from ..sources import TOKENIZER_FILES, Source, drafter_tokenizer, resolve_dtype
 from .kind import DrafterKind, target_model
 
@@ -18,7 +18,7 @@ from .kind import DrafterKind, target_model
 def load_eagle3_drafter(source: Source, device: str, dtype: str) -> Eagle3Drafter:
     """An EAGLE-3 head exactly as published (nets/eagle3.py), strictly loaded; bound to its target
     when paired (bind_eagle3)."""
-    directory = fetch(source.location, ("config.json", WEIGHTS, *TOKENIZER_FILES))
+    directory = fetch(source.location, ("config.json", WEIGHTS, PICKLED, *TOKENIZER_FILES))
     drafter = Eagle3Drafter(load_eagle3(directory), tokenizer=drafter_tokenizer(directory, source),
                             source=source.name)
     return drafter.to(device=device, dtype=resolve_dtype(dtype, device)).eval()

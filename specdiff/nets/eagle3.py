@@ -27,7 +27,8 @@ rule)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm, 
 post_attention_layernorm}.weight (H,), midlayer.self_attn.{q,k,v}_proj.weight (heads * D, 2H),
 midlayer.self_attn.o_proj.weight (H, heads * D), midlayer.mlp.{gate,up,down}_proj.weight,
 norm.weight (H,), lm_head.weight (N, H), d2t (N,) int64, t2d (V,) bool, and sometimes
-embed_tokens.weight (V, H) (else the drafter embeds with its target's embedding). Loading is strict;
+embed_tokens.weight (V, H) (else the drafter embeds with its target's embedding); EAGLE's own
+releases keep the same tensors in pytorch_model.bin, read with torch.load(weights_only=True). Loading is strict;
 refused with one LoadError naming the file and the field: more than one layer, SpecForge's
 `fc_norm`, vLLM's `norm_before_residual`, biases, RoPE types other than ROPE_TYPES.
 """
@@ -56,6 +57,7 @@ from .dflash import ContextCache
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # SpecForge / EAGLE's name, vLLM's
 WEIGHTS = "model.safetensors"
+PICKLED = "pytorch_model.bin"  # EAGLE's own releases (yuhuili/EAGLE3-*): read with weights_only, never written
 OWN_FIELDS = ("architectures", "auto_map", "model_type", "draft_vocab_size", "target_hidden_size", "eagle_config")
 EAGLE_FIELDS = ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state")
 REFUSED = ("fc_norm", "norm_before_residual", "attention_bias", "mlp_bias")  # variants not read: off or absent
@@ -174,9 +176,13 @@ def load_eagle3(directory: Path) -> Eagle3Net:
     whole vocabulary (draft_vocab_size = vocab_size: the identity map, as vLLM reads it)."""
     llama, spec = read_eagle3_config(directory)
     weights = directory / WEIGHTS
-    if not weights.is_file():
-        raise LoadError(f"{weights}: missing (an EAGLE-3 head keeps its weights in one {WEIGHTS})")
-    state = read_safetensors(weights)
+    if not weights.is_file() and (directory / PICKLED).is_file():
+        weights = directory / PICKLED
+        state = read_pickled(weights)
+    elif weights.is_file():
+        state = read_safetensors(weights)
+    else:
+        raise LoadError(f"{weights}: missing (an EAGLE-3 head keeps its weights in one {WEIGHTS} or {PICKLED})")
     try:
         net = Eagle3Net(llama, spec, embedding="embed_tokens.weight" in state)
     except KeyError as e:  # transformers' ACT2FN for an unknown hidden_act
@@ -190,6 +196,17 @@ def load_eagle3(directory: Path) -> Eagle3Net:
     load_state_strict(net, {k: v if k in ("d2t", "t2d") else v.float() for k, v in state.items()}, str(weights),
                       optional=())
     return net.eval()
+
+
+def read_pickled(path: Path) -> dict[str, torch.Tensor]:
+    """A pickled state dict, tensors only (weights_only: no code runs); one LoadError if unreadable."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch's and pickle's own errors for corrupt or unsafe files
+        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise LoadError(f"{path}: not a state dict of tensors")
+    return state
 
 
 class Eagle3Attention(nn.Module):
