@@ -2,7 +2,10 @@
 LlamaForCausalLMEagle3, nets/eagle3.py), an Eagle3Drafter that drafts a chain from its target's
 fused hidden states (drafters/eagle3.py). Pairing reads the target's torch model: its width, its
 layer count (the layer ids) and, for a head without an embedding, its input embedding. No compiled
-twin and no exported graph yet."""
+twin and no exported graph yet.
+
+May import: what kinds/__init__.py allows (the drafters, nets, sources, hub, errors).
+"""
 
 from __future__ import annotations
 

@@ -22,15 +22,23 @@ own output (before the final norm) back in place of the features:
 
 A checkpoint directory holds config.json (`architectures: ["LlamaForCausalLMEagle3"]`, the Llama
 fields of its one layer, `draft_vocab_size` N (default vocab_size V), `target_hidden_size` Ht
-(default hidden_size), `eagle_config.eagle_aux_hidden_state_layer_ids` (default: layer_ids'
-rule)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm, input_layernorm,
-post_attention_layernorm}.weight (H,), midlayer.self_attn.{q,k,v}_proj.weight (heads * D, 2H),
-midlayer.self_attn.o_proj.weight (H, heads * D), midlayer.mlp.{gate,up,down}_proj.weight,
-norm.weight (H,), lm_head.weight (N, H), d2t (N,) int64, t2d (V,) bool, and sometimes
+(default hidden_size), `eagle_config.eagle_aux_hidden_state_layer_ids` (default:
+default_layer_ids)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm,
+input_layernorm, post_attention_layernorm}.weight (H,), midlayer.self_attn.{q,k,v}_proj.weight
+(heads * D, 2H), midlayer.self_attn.o_proj.weight (H, heads * D), midlayer.mlp.{gate,up,down}_proj
+.weight, norm.weight (H,), lm_head.weight (N, H), d2t (N,) int64, t2d (V,) bool, and sometimes
 embed_tokens.weight (V, H) (else the drafter embeds with its target's embedding); EAGLE's own
-releases keep the same tensors in pytorch_model.bin, read with torch.load(weights_only=True). Loading is strict;
-refused with one LoadError naming the file and the field: more than one layer, SpecForge's
-`fc_norm`, vLLM's `norm_before_residual`, biases, RoPE types other than ROPE_TYPES.
+releases keep the same tensors in pytorch_model.bin, read with torch.load(weights_only=True).
+Loading is strict; refused with one LoadError naming the file and the field: more than one layer,
+SpecForge's `fc_norm`, vLLM's `norm_before_residual`, biases, eagle_config fields other than
+EAGLE_FIELDS, RoPE types other than ROPE_TYPES.
+
+Layer ids are read as SpecForge writes them (and SGLang reads them): id i is the output of target
+layer i, HF's hidden_states[i + 1]. vLLM's own indexing is one higher (the input of layer i);
+a head whose ids were written in that indexing still decodes exactly, reading features one layer
+off (its acceptance drops).
+
+May import: torch, transformers, safetensors, errors and nets (checkpoint I/O, dflash's ContextCache).
 """
 
 from __future__ import annotations
