@@ -6,7 +6,7 @@ the whole padded vocabulary, and on a target that accepts drafts of every length
 that takes drafts unchecked fails it); sampled output does not depend on the batch size; a
 one-token prompt; one step has the target's distribution at temperature 1 and with top-k, with
 a draft vocabulary (a chain drawn at another temperature than its q fails the same chi-square
-test); refusals; the CLI."""
+test); a row with nothing cached; refusals; the CLI."""
 
 from __future__ import annotations
 
@@ -177,8 +177,8 @@ def test_a_verifier_that_takes_drafts_unchecked_is_not_ar(models, reference):
     assert len([o for o, want in zip(outputs, reference["llama"].outputs) if o.tokens != want.tokens]) > len(PROMPTS) // 2
 
 
-def test_a_one_token_prompt_drafts_from_nothing_cached(models):
-    """Its first step has no features: the point-mass draft of its last token, verified as any."""
+def test_a_one_token_prompt(models):
+    """Its first draft has one context row (the prefill emitted the token after it)."""
     target, drafter = models["gpt2"], models["gpt2-eagle3"]
     assert len(target.tokenizer("The")["input_ids"]) == 1
     want = generate(["The"], target=target, method="ar", max_new_tokens=10)
@@ -199,6 +199,29 @@ def test_sampled_output_does_not_depend_on_the_batch_size(models, target, option
                            max_new_tokens=MAX_NEW, batch_size=b, gamma=4, **options) for b in (1, 3))
     assert [o.tokens for o in three.outputs] == [o.tokens for o in one.outputs]
     assert len({tuple(o.tokens[:4]) for o in one.outputs}) > 10  # really sampled
+
+
+@torch.no_grad()
+def test_a_row_with_nothing_cached_repeats_its_token_and_draws_nothing(models):
+    """The loop's rows always have a cached position (the prefill emits the first token), but a
+    draft step may be handed one with none (cost timing on a short window): it proposes its last
+    token, q a point mass, without touching its generator, beside a row that drafts."""
+    target, drafter = models["gpt2"], models["gpt2-eagle3"]
+    step = Eagle3Drafts(target, drafter, Sampling(temperature=1.0))
+    generators = [torch.Generator().manual_seed(b) for b in range(2)]
+    rows = [Row([5, 6, 7], 8, target.max_length, None, target.device, generators[0]),
+            Row([9], 8, target.max_length, None, target.device, generators[1])]
+    before = generators[1].get_state()
+    target.capture(step.layers)
+    try:
+        target.prefill(torch.tensor([[5, 6], [9, 9]]))
+        target.rollback(torch.tensor([2, 0]))
+        drafted, alone = step(rows, [3, 3])
+    finally:
+        target.capture(())
+    assert drafted.tokens.shape == (1, 3) and drafted.calls == 3
+    assert alone.tokens.tolist() == [[9, 9, 9]] and torch.equal(alone.q[0, :, 9], torch.ones(3))
+    assert torch.equal(generators[1].get_state(), before)
 
 
 # --- planning, refusals, the CLI ---------------------------------------------------------------

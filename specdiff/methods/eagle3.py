@@ -17,8 +17,9 @@ replaces them with the target's features of what was accepted.
 Exactness: each x_j is drawn from q_j given x_<j, the chain the standard rule (and match, and greedy
 at temperature 0) is exact for (docs/lossless.md, as spec-ar's drafts). A row draws only its own
 g_b tokens with its own generator, so its output does not depend on the batch. A row with nothing
-cached (a one-token prompt, first step) has no features to draft from: it proposes its last token
-again, q a point mass there, which every rule verifies exactly.
+cached has no features to draft from (the loop's rows always have one, the prefill emitting the
+first token; gamma auto's timing rows on a short window may not): it proposes its last token
+again, q a point mass there, which every rule verifies exactly, and draws nothing.
 
 May import: methods.base, methods.dflash (RowContexts), methods.speculative (the rule choice),
 decoding, acceptance, targets, drafters, vocab.
@@ -104,11 +105,12 @@ class Eagle3Drafts:
                 cache: ContextCache) -> list[Draft]:
         """Draft steps from the last context rows' outputs hidden (B', 1, H) over `cache` (extended
         by the draft rows: RowContexts holds its context rows already) -> a Draft (1, g_b) per row.
-        At step j the rows with j <= g_b draw with their own generators; the others feed their
-        argmax (no draw: a row's generator serves its own g_b tokens only)."""
+        At step j the rows with j <= g_b draw with their own generators; the others, and rows with
+        nothing cached (their draft is _repeat's), feed their argmax: a row's generator serves its
+        own g_b tokens only, whatever else is in the batch."""
         vocab, V = self.drafter.draft_vocab, self.target.vocab_size
         starts = cached.to(hidden.device)[:, None]  # (B', 1)
-        wanted = torch.tensor(g)
+        wanted = torch.tensor(g) * (cached.cpu() > 0)  # tokens each row draws
         tokens, qs = [], []  # per step j: (B', 1) target ids, (B', 1, V) q (rows past g_b: unused)
         for j in range(1, max(g) + 1):
             logits = head_logits(self.drafter.logits(hidden), vocab, V)  # (B', 1, N or V)
