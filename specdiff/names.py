@@ -2,7 +2,7 @@
 so that `specdiff --help` stays fast. tests/test_methods.py checks them against the registries
 (methods.METHODS, acceptance.RULES with selection.RULES, drafters.diffusion.SCHEDULES, tools.bench.PASSES)."""
 
-METHODS = ("ar", "spec-ar", "specdiff", "dflash", "block", "simsd-exact", "simsd")
+METHODS = ("ar", "spec-ar", "specdiff", "dflash", "eagle3", "block", "simsd-exact", "simsd")
 REMASKING = ("sequential", "static", "dynamic")  # block_decoding.REMASKING
 RULES = ("greedy", "standard", "match", "select", "multi")
 SCHEDULES = ("l2r", "oneshot", "confidence")

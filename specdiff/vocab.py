@@ -50,7 +50,8 @@ def fingerprint(tokenizer: Any, ids: torch.Tensor, vocab_size: int) -> str:
 @dataclass(frozen=True)
 class DraftVocab:
     """ids (N,) int64, strictly increasing target ids in [0, V); vocab_size: V of the target it was
-    built for; fingerprint: fingerprint(its tokenizer, ids, V); built_from: how the ids were
+    built for; fingerprint: fingerprint(its tokenizer, ids, V), "" for a map that records none (an
+    EAGLE-3 head's own d2t / t2d: check() then compares V only); built_from: how the ids were
     chosen; coverage: the share of the counted target tokens that fall inside (None: not counted)."""
 
     ids: torch.Tensor
@@ -115,7 +116,7 @@ class DraftVocab:
         if vocab_size != self.vocab_size:
             raise IncompatibleModelsError(f"{who}: its draft vocabulary was built for a target of {self.vocab_size} "
                                           f"tokens; this target has {vocab_size}")
-        if fingerprint(tokenizer, self.ids, vocab_size) != self.fingerprint:
+        if self.fingerprint and fingerprint(tokenizer, self.ids, vocab_size) != self.fingerprint:
             raise IncompatibleModelsError(f"{who}: its draft vocabulary was built for another tokenizer (the "
                                           f"{self.size} token strings it names differ from this target's)")
 

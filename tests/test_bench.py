@@ -55,7 +55,7 @@ def self_drafted(tiny):
 def test_every_method_runs_with_every_figure_and_matches_ar(self_drafted):
     _, _, report = self_drafted
     rows = report["rows"]
-    assert [r["label"] for r in rows][0] == "ar" and {r["method"] for r in rows} == set(METHODS) - {"dflash"}
+    assert [r["label"] for r in rows][0] == "ar" and {r["method"] for r in rows} == set(METHODS) - {"dflash", "eagle3"}
     assert {r["label"] for r in rows if r["method"] == "specdiff"} == {
         "specdiff g=2 T=1 l2r", "specdiff g=2 T=2 l2r", "specdiff g=3 T=1 l2r", "specdiff g=3 T=2 l2r"}
     assert report["check"] == {"greedy": True, "passed": True, "mismatched": []}
@@ -132,7 +132,7 @@ def test_cli_writes_table_json_plots_and_a_summary_line(tiny, tmp_path):
     assert summary["check"] is True and summary["threads"] == 1 and "specdiff g=3 T=2 l2r" in summary["speedup"]
     out = tmp_path / "out"
     report = json.loads((out / "bench.json").read_text())
-    assert {r["method"] for r in report["rows"]} == set(METHODS) - {"dflash"}  # its drafter: the test below
+    assert {r["method"] for r in report["rows"]} == set(METHODS) - {"dflash", "eagle3"}  # theirs: dflash's test below
     assert all(ROW_FIELDS <= set(r) for r in report["rows"])
     for name in ("speedup", "accepted_lengths", "acceptance_by_position", "tokens_per_s_vs_gamma",
                  "tokens_per_s_vs_steps"):

@@ -242,7 +242,7 @@ def test_stats_say_whether_the_method_is_exact(sdar):
     (["--target", "{target}", "--drafter", "{drafter}", "--method", "simsd", "--steps", "2"],
      "method 'simsd' does not use --steps; it reads none of the draft settings"),
     (["--target", "{target}", "--drafter", "{drafter}", "--method", "simsd-exact", "--gamma", "auto"],
-     "method 'simsd-exact' does not choose its draft length: --gamma auto needs spec-ar, specdiff or dflash; give an "
+     "method 'simsd-exact' does not choose its draft length: --gamma auto needs spec-ar, specdiff, dflash or eagle3; give an "
      "integer --gamma"),
 ])
 def test_bad_input_is_one_line(sdar, tiny, args, message):

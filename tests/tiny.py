@@ -154,6 +154,44 @@ def dflash_pairs(tiny, prefix: str, paths: dict[str, Path] | None = None) -> dic
     return found
 
 
+def make_eagle3(directory: Path, target: Path, *, layer_ids: tuple[int, ...] | None = (0, 1, 1),
+               draft_size: int | None = 200, embedding: bool = True, seed: int = 0, scale: float = 1.0) -> Path:
+    """A random EAGLE-3 head for the target saved at `target`, in the published format
+    (nets.eagle3.save_eagle3: LlamaForCausalLMEagle3, model.safetensors with d2t / t2d; no
+    tokenizer): one Llama layer of the target's width, reading its layers `layer_ids` (None: the
+    config names none), a draft vocabulary of `draft_size` random ids of the target's tokenizer
+    (the EOS among them; None: every row of the target's head, the identity map); `embedding`: a
+    copy of the target's input embedding, else none."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdiff.nets.eagle3 import Eagle3Net, Eagle3Spec, save_eagle3
+
+    config = AutoConfig.from_pretrained(str(target))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(target))
+    hidden, rows = config.hidden_size, config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    if draft_size is None:
+        ids = torch.arange(rows)
+    else:
+        ids = torch.randperm(len(tokenizer) - 1, generator=generator)[:draft_size - 1]
+        ids = torch.cat([ids, torch.tensor([tokenizer.eos_token_id])]).unique().sort().values
+    layer = LlamaConfig(vocab_size=rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=getattr(config, "max_position_embeddings", 128))
+    net = Eagle3Net(layer, Eagle3Spec(rows, len(ids), hidden, layer_ids), embedding=embedding)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if p.dim() == 2 and name != "embed_tokens.weight":
+                p.normal_(0, 0.02 * scale, generator=generator)
+        if net.embed_tokens is not None:
+            model = AutoModelForCausalLM.from_pretrained(str(target))
+            net.embed_tokens.weight.copy_(model.get_input_embeddings().weight)
+        net.d2t.copy_(ids - torch.arange(len(ids)))
+        net.t2d[ids] = True
+    save_eagle3(directory, net)
+    return directory
+
+
 def small_dflash_net(V: int):
     """A DFlash net of one layer, width 16, over a V-row vocabulary, random (normal 0.3, seed 12):
     an adversarial drafter for the chi-square tests' V = 8 target."""

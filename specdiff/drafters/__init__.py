@@ -9,6 +9,8 @@
     dflash.py          DFlashDrafter: a block drafted in one pass from the target's hidden states,
                        with the target's embedding and head (nets/dflash.py); the method that
                        drives it per verify round is not here
+    eagle3.py          Eagle3Drafter: an EAGLE-3 head (nets/eagle3.py) drafting a chain step by step
+                       from the target's fused hidden states, with its own KV cache and draft vocabulary
 
 May import: contracts, sampling, vocab, nets, targets, errors; not the decoding loops, methods or generation.
 """

@@ -2,6 +2,7 @@
 
     block.py           an SDAR block-diffusion model (simsd-exact's draft model)
     dflash.py          a DFlash draft: a block from the target's hidden states (graph "dflash")
+    eagle3.py          an EAGLE-3 head: a chain from the target's fused hidden states (no graph yet)
     a2d.py             dllm's masked-diffusion Qwen3, drafting as a diffusion drafter
     diffusion.py       a DDiT denoiser in any of its formats (graph "drafter"; compiles)
     autoregressive.py  any causal LM (spec-ar): what no other kind detects
@@ -21,10 +22,11 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..graphs import DrafterGraph
 from ..sources import Source
-from . import a2d, autoregressive, block, dflash, diffusion
+from . import a2d, autoregressive, block, dflash, diffusion, eagle3
 from .kind import Compiling, DrafterKind
 
-KINDS: tuple[DrafterKind, ...] = (block.KIND, dflash.KIND, a2d.KIND, diffusion.KIND, autoregressive.KIND)
+KINDS: tuple[DrafterKind, ...] = (block.KIND, dflash.KIND, eagle3.KIND, a2d.KIND, diffusion.KIND,
+                                  autoregressive.KIND)
 __all__ = ["KINDS", "Compiling", "DrafterKind", "detected", "drafter_graph", "drafter_graphs", "get_kind", "kind_of"]
 
 

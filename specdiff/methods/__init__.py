@@ -17,7 +17,7 @@ its own module (a `prepare` and the loop it runs) plus one entry here (and its n
                 identity test for each exact method; False declares it approximate (simsd)
 
 Rooms: base (Method, Models, kinds), plain (ar), speculative (spec-ar, specdiff), dflash (drafts
-from the target's hidden states), blocks (the block-diffusion methods). May import: the decoding loops, proposers, acceptance rules and settings;
+from the target's hidden states), eagle3 (a chain from them, token by token), blocks (the block-diffusion methods). May import: the decoding loops, proposers, acceptance rules and settings;
 not generation, bench or the CLI.
 """
 
@@ -32,7 +32,7 @@ from ..contracts import Drafter
 from ..errors import UsageError
 from ..settings import BlockSettings, DraftSettings
 from ..simsd import decode_simsd
-from . import blocks, dflash, plain, speculative
+from . import blocks, dflash, eagle3, plain, speculative
 from .base import TARGET_KINDS, Method, Models, is_block_diffusion
 
 __all__ = ["METHODS", "TARGET_KINDS", "Method", "Models", "default_method", "get_method", "is_block_diffusion"]
@@ -49,6 +49,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dflash", "a DFlash drafter drafts a block in one call from the target's hidden states (DFlash)",
            dflash.prepare, needs="dflash", rules=("standard", "match", "greedy", "select", "multi"),
            family=DraftSettings, settings=("gamma", "adaptive", "drafts", "draft_temperature", "tree")),
+    Method("eagle3", "an EAGLE-3 head drafts a chain token by token from the target's fused hidden states "
+           "(EAGLE-3)", eagle3.prepare, needs="eagle3", rules=("standard", "match", "greedy"), family=DraftSettings,
+           settings=("gamma", "adaptive")),
     Method("block", "block-diffusion decoding, one block at a time in `steps` steps (SDAR): the reference",
            blocks.preparer(decode_block), target="block-diffusion", family=BlockSettings,
            settings=("steps", "remasking", "threshold")),

@@ -8,6 +8,8 @@
     sdar.py              the SDAR block-diffusion LM's config, checked, in transformers' Qwen3
     dflash.py            the DFlash draft network (target-conditioned, Qwen3 layers) and its
                          published checkpoint format, read strictly
+    eagle3.py            the EAGLE-3 draft head (one Llama layer over three fused target hidden
+                         states, its own draft vocabulary) and its published format, read strictly
 
 May import: torch, transformers, safetensors and specdiff.errors; nothing that decodes.
 """
