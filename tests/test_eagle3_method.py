@@ -303,8 +303,8 @@ class HalfTemperature(Eagle3Drafts):
         return [Draft(h.tokens, t.q, 1) for h, t in zip(drawn, told)]
 
 
-@pytest.mark.parametrize("case", ["t1-standard", "t0.7-top3-standard", "t1-match",
-                                  pytest.param("broken-t1", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("case", ["t1-standard", "broken-t1",  # 9.5 s each: the others in CI's slow step
+                                  *(pytest.param(c, marks=pytest.mark.slow) for c in ("t0.7-top3-standard", "t1-match"))])
 def test_an_eagle3_step_has_the_target_distribution(small, case):
     """A chain drawn token by token from q (the draft vocabulary's 6 ids), verified by the rule:
     the joint of the first three tokens is the target's (chi-square, 60,000 steps); drawing at
