@@ -12,7 +12,7 @@
 # little, the row's context is read once), ce + kl per slot, lr 5e-4 on a cosine over STEPS.
 # Checkpoints every 25 steps (about 3 minutes) and --resume: a rerun continues, with the parts
 # finished since (on a new machine, without WORK: from MODELS/dflash-drafter, the schedule anew).
-# `publish` writes the newest checkpoint (or the finished run) to MODELS/dflash-drafter in fp16 with
+# `publish` writes the newest checkpoint (or the finished run, if no checkpoint is newer) to MODELS/dflash-drafter in fp16 with
 # its map: do it, and commit, before work stops. Run it with nothing else timing on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,9 @@ if [ "${1:-}" = publish ]; then
   work=${2:-build/smol}
   models=${3:-specdiff/data/models/smol}
   newest=$(ls -d "$work"/dflash-scale/checkpoints/step-* 2>/dev/null | sort | tail -1)
-  [ -f "$work/dflash-scale/config.json" ] && newest=$work/dflash-scale
+  finished=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['compute']['steps'])" \
+    "$work/dflash-scale/report.json" 2>/dev/null || echo -1)  # a run that ended, and at which step
+  [ "$finished" -ge "$((10#${newest##*step-}))" ] 2>/dev/null && newest=$work/dflash-scale
   [ -n "$newest" ] || { echo "dflash_scale.sh: no checkpoint in $work/dflash-scale" >&2; exit 1; }
   python -c "import shutil, sys, tempfile, torch; from pathlib import Path
 from specdiff.nets.dflash import load_dflash, save_dflash
