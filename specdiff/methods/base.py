@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable
 
 from ..adaptive import Costs
 from ..budget import check_step
-from ..contracts import Decoder, Drafter, Proposer, Target
+from ..contracts import CapturingTarget, Decoder, Drafter, Proposer, Target
 from ..errors import UsageError
 from ..kinds import get_kind
 from ..kinds.block import is_block_diffusion
@@ -85,6 +85,16 @@ def check_sizes(target: Target, *, gamma: int | None, copies: int, batch_size: i
              **({"gamma": gamma} if gamma is not None else {})}
     tokens = min(gamma + 1, max_new_tokens) if gamma is not None else 1
     check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
+
+
+def check_capturing_sizes(target: CapturingTarget, layers: tuple[int, ...], **sizes: Any) -> None:
+    """check_sizes(target, **sizes) with the hidden states of `layers` captured, so that they count
+    in the cache (a drafter reading them: dflash, eagle3); the target captures nothing after."""
+    target.capture(layers)
+    try:
+        check_sizes(target, **sizes)
+    finally:
+        target.capture(())
 
 
 # target -> drafter -> (draft settings, sampling) -> {batch size: Costs}; gone with either model

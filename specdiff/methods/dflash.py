@@ -51,7 +51,7 @@ from ..errors import UsageError
 from ..sampling import Sampling
 from ..settings import AUTO, DraftSettings, tree_nodes
 from ..vocab import head_logits, on_target, target_ids, target_probs
-from .base import Method, Models, check_sizes, cost_table, kept_costs
+from .base import Method, Models, check_capturing_sizes, cost_table, kept_costs
 from .speculative import check_drafts, rule_name
 
 
@@ -241,13 +241,9 @@ class DFlashDecoder:
 
     def check_sizes(self, rows: int, batch_size: int, max_new_tokens: int, context: int) -> None:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
-        self.target.capture(self.drafts.layers)
-        try:
-            check_sizes(self.target, gamma=max(self.settings.gamma, self.drafts.tree),  # a tree: N + 1 verified
-                        copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows,
-                        context=context)
-        finally:
-            self.target.capture(())
+        check_capturing_sizes(self.target, self.drafts.layers, gamma=max(self.settings.gamma, self.drafts.tree),
+                              copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                              rows=rows, context=context)  # a tree: N + 1 verified
 
     def ran(self) -> dict[str, Any]:
         return {**{k: getattr(self.settings, k) for k in self.reads}, "acceptance": self.rule}

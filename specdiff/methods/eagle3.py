@@ -43,7 +43,7 @@ from ..nets.dflash import ContextCache
 from ..sampling import Sampling
 from ..settings import DraftSettings
 from ..vocab import head_logits, on_target
-from .base import Method, Models, check_sizes, cost_table, kept_costs
+from .base import Method, Models, check_capturing_sizes, cost_table, kept_costs
 from .dflash import RowContexts
 from .speculative import check_drafts, rule_name
 
@@ -172,12 +172,8 @@ class Eagle3Decoder:
 
     def check_sizes(self, rows: int, batch_size: int, max_new_tokens: int, context: int) -> None:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
-        self.target.capture(self.drafts.layers)
-        try:
-            check_sizes(self.target, gamma=self.settings.gamma, copies=1, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, rows=rows, context=context)
-        finally:
-            self.target.capture(())
+        check_capturing_sizes(self.target, self.drafts.layers, gamma=self.settings.gamma, copies=1,
+                              batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows, context=context)
 
     def ran(self) -> dict[str, Any]:
         return {**{k: getattr(self.settings, k) for k in self.reads}, "acceptance": self.rule}
