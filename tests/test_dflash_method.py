@@ -32,7 +32,7 @@ from specdiff.targets.causal import CausalLMTarget
 from specdiff_cli.main import cli
 
 import test_sampling_exact as exact
-from tiny import TEXT, dflash_pairs, make_llama, make_qwen3, small_dflash_net
+from tiny import TEXT, dflash_pairs, small_dflash_net, target_paths
 
 WORDS = TEXT.split()
 PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 60, 2)]  # 30 prompts, 2-7 words
@@ -44,8 +44,7 @@ TARGETS = ("gpt2", "llama", "qwen3")
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "dfm-llama", tiny.tokenizer, scale=10, seed=4),
-             "qwen3": make_qwen3(tiny.root / "dfm-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    paths = target_paths(tiny, "dfm")
     found = dflash_pairs(tiny, "dfm", paths)
     found.update({f"{name}-dir": path for name, path in paths.items()})
     return found

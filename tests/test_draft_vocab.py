@@ -29,7 +29,7 @@ from specdiff.vocab import DraftVocab, fingerprint, from_counts, load_draft_voca
 
 import test_sampling_exact as exact
 from test_dflash_method import drafted_once
-from tiny import make_dflash, make_llama, make_qwen3, small_dflash_net
+from tiny import make_dflash, small_dflash_net, target_paths
 
 TARGETS = ("gpt2", "llama", "qwen3")
 PROMPTS = ["To be, or not to be", "It was the best of", "def main():", "The sea was calm and", "Call me"]
@@ -124,8 +124,7 @@ def test_a_same_size_map_of_another_tokenizer_is_refused_at_pairing(tiny, tmp_pa
 def reduced(tiny):
     """Per target: (the target, its DFlash drafter with a draft vocabulary missing a third of the
     tokens ar emits, ar's result)."""
-    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "dv-llama", tiny.tokenizer, scale=10, seed=4),
-             "qwen3": make_qwen3(tiny.root / "dv-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    paths = target_paths(tiny, "dv")
     found = {}
     for name, path in paths.items():
         target = load_target(str(path))

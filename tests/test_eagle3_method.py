@@ -29,7 +29,7 @@ from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
 import test_sampling_exact as exact
-from tiny import TEXT, make_eagle3, make_llama, make_qwen3
+from tiny import TEXT, make_eagle3, target_paths
 
 WORDS = TEXT.split()
 PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 40, 2)]  # 20 prompts, 2-7 words
@@ -41,8 +41,7 @@ TARGETS = ("gpt2", "llama", "qwen3")
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "e3m-llama", tiny.tokenizer, scale=10, seed=4),
-             "qwen3": make_qwen3(tiny.root / "e3m-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    paths = target_paths(tiny, "e3m")
     found = {}
     for name, path in paths.items():
         found[name] = load_target(str(path))

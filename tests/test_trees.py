@@ -23,7 +23,7 @@ from specdiff.sampling import Sampling
 from specdiff.targets.causal import CausalLMTarget
 from specdiff.trees import Tree, ancestry, best_first, walk_greedy
 
-from tiny import TEXT, dflash_pairs, make_dflash, make_llama, make_qwen3
+from tiny import TEXT, dflash_pairs, make_dflash, target_paths
 
 WORDS = TEXT.split()
 PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 24, 2)]  # 12 prompts, 2-7 words
@@ -46,9 +46,7 @@ def _windowed_qwen3(directory, tokenizer):
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    paths = {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / "tr-llama", tiny.tokenizer, scale=10, seed=4),
-             "qwen3": make_qwen3(tiny.root / "tr-qwen3", tiny.tokenizer, scale=10, seed=5),
-             "qwen3-window": _windowed_qwen3(tiny.root / "tr-qwen3w", tiny.tokenizer)}
+    paths = {**target_paths(tiny, "tr"), "qwen3-window": _windowed_qwen3(tiny.root / "tr-qwen3w", tiny.tokenizer)}
     found = dflash_pairs(tiny, "tr", paths)
     assert "sliding_attention" in found["qwen3-window"].model.config.layer_types
     return found

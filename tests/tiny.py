@@ -137,15 +137,19 @@ def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: i
     return directory
 
 
+def target_paths(tiny, prefix: str) -> dict[str, Path]:
+    """The drafter tests' three targets: the tiny GPT-2, a Llama and a Qwen3 made in directories
+    named with `prefix`, so that modules never rebuild each other's."""
+    return {"gpt2": tiny.gpt2, "llama": make_llama(tiny.root / f"{prefix}-llama", tiny.tokenizer, scale=10, seed=4),
+            "qwen3": make_qwen3(tiny.root / f"{prefix}-qwen3", tiny.tokenizer, scale=10, seed=5)}
+
+
 def dflash_pairs(tiny, prefix: str, paths: dict[str, Path] | None = None) -> dict:
     """The DFlash tests' targets, loaded, each beside a random DFlash drafter made for it (key
-    "<name>-dflash"): the tiny GPT-2, a Llama and a Qwen3 (or `paths`), new directories named with
-    `prefix` so that modules never rebuild each other's."""
+    "<name>-dflash"): target_paths(tiny, prefix) (or `paths`)."""
     from specdiff import load_drafter, load_target
 
-    paths = paths or {"gpt2": tiny.gpt2,
-                      "llama": make_llama(tiny.root / f"{prefix}-llama", tiny.tokenizer, scale=10, seed=4),
-                      "qwen3": make_qwen3(tiny.root / f"{prefix}-qwen3", tiny.tokenizer, scale=10, seed=5)}
+    paths = paths or target_paths(tiny, prefix)
     found = {}
     for name, path in paths.items():
         found[name] = load_target(str(path))
