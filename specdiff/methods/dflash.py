@@ -36,8 +36,9 @@ targets, drafters.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import torch
 
@@ -91,6 +92,36 @@ class RowContexts:
         for i, row in enumerate(rows):
             valid = slice(None) if cache.valid is None else cache.valid[i].to(cache.kv[0][0].device)
             self.rows[id(row)] = (row, [(k[i][:, valid], v[i][:, valid]) for k, v in cache.kv])
+
+
+class ContextDrafts(Protocol):
+    """A draft step reading the target's captured features through RowContexts (DFlashDrafts,
+    eagle3.Eagle3Drafts): the HF hidden_states indices it reads, and its rows' contexts."""
+
+    layers: tuple[int, ...]
+    contexts: RowContexts
+
+
+@contextmanager
+def capturing(target: CapturingTarget, drafts: ContextDrafts, after: tuple[int, ...]) -> Iterator[None]:
+    """Inside: the target keeps the hidden states of drafts.layers (a fresh cache) and drafts starts
+    from empty contexts; after it (a run, a cost timing): the capture `after`, the contexts emptied."""
+    target.capture(drafts.layers)
+    drafts.contexts = RowContexts()
+    try:
+        yield
+    finally:
+        target.capture(after)
+        drafts.contexts = RowContexts()
+
+
+def cached_rows(target: CapturingTarget, members: list[int], rows: list[Row]) -> torch.Tensor:
+    """(B',) the tokens the target caches of its rows `members` (the drafting `rows`), checked
+    against the loop's invariant: each row's tokens but its last."""
+    cached = target.lengths[members]
+    if cached.tolist() != [len(row.ids) - 1 for row in rows]:
+        raise RuntimeError(f"target caches {cached.tolist()} tokens of rows of {[len(r.ids) for r in rows]}")
+    return cached
 
 
 def _left_padded(parts: list[torch.Tensor | None], N: int) -> torch.Tensor:
@@ -174,9 +205,7 @@ class DFlashDrafts:
     def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
         """One drafter call for the drafting rows (target cache rows `members`) over the features
         verified since each row's last draft -> logits (B', slots, vocab_rows) float32."""
-        cached = self.target.lengths[members]
-        if cached.tolist() != [len(row.ids) - 1 for row in rows]:  # the loop's invariant: all but the last token
-            raise RuntimeError(f"target caches {cached.tolist()} tokens of rows of {[len(r.ids) for r in rows]}")
+        cached = cached_rows(self.target, members, rows)
         cache, read = self.contexts.read(rows, batch)
         context, valid = self.target.features(members, newest=cached - read)  # (B', C_new, F), (B', C_new)
         device = self.target.device
@@ -203,16 +232,11 @@ class DFlashDecoder:
         """Capture the drafter's layers for this run (a fresh cache), stop capturing after it;
         with `adaptive`, time the target and the draft step first (decoding.measure_costs, once
         per batch size, kept for later runs of these models: base.kept_costs)."""
-        self.target.capture(self.drafts.layers)
-        self.drafts.contexts = RowContexts()
-        try:
+        with capturing(self.target, self.drafts, ()):
             costs, costs_s = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
                                       self.settings.gamma, batch_size, self.settings.drafts, costs, costs_s,
                                       tree=bool(self.settings.tree), tree_max=self.drafts.tree * self.sized)
-        finally:
-            self.target.capture(())
-            self.drafts.contexts = RowContexts()
 
     @property
     def sized(self) -> bool:
@@ -226,14 +250,9 @@ class DFlashDecoder:
         it; bench times the table before its passes), then the cache and the drafter's contexts
         emptied and the capture as it was."""
         def measure() -> Costs:
-            captured = self.target.captured
-            self.target.capture(self.drafts.layers)
-            try:
+            with capturing(self.target, self.drafts, self.target.captured):
                 return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size, self.settings.drafts,
                                      width=(self.drafts.tree + 1) * self.sized)
-            finally:
-                self.target.capture(captured)
-                self.drafts.contexts = RowContexts()
         return cost_table(self.measured, self.settings.adaptive or self.sized, batch_size, measure)
 
     def warm_up(self, rows: int, length: int) -> None:

@@ -21,7 +21,7 @@ cached has no features to draft from (the loop's rows always have one, the prefi
 first token; gamma auto's timing rows on a short window may not): it proposes its last token
 again, q a point mass there, which every rule verifies exactly, and draws nothing.
 
-May import: methods.base, methods.dflash (RowContexts), methods.speculative (the rule choice),
+May import: methods.base, methods.dflash (RowContexts, capturing, cached_rows), methods.speculative (the rule choice),
 decoding, acceptance, targets, drafters, vocab.
 """
 
@@ -44,7 +44,7 @@ from ..sampling import Sampling
 from ..settings import DraftSettings
 from ..vocab import head_logits, on_target
 from .base import Method, Models, check_capturing_sizes, cost_table, kept_costs
-from .dflash import RowContexts
+from .dflash import RowContexts, cached_rows, capturing
 from .speculative import check_drafts, rule_name
 
 
@@ -69,9 +69,7 @@ class Eagle3Drafts:
         if not members:
             return drafts
         rows = [batch[b] for b in members]
-        cached = self.target.lengths[members]
-        if cached.tolist() != [len(row.ids) - 1 for row in rows]:  # the loop's invariant: all but the last token
-            raise RuntimeError(f"target caches {cached.tolist()} tokens of rows of {[len(r.ids) for r in rows]}")
+        cached = cached_rows(self.target, members, rows)
         if not bool((cached > 0).any()):
             return [self._repeat(batch[b], g[b]) if g[b] else d for b, d in enumerate(drafts)]
         hidden, cache = self._context(rows, members, batch, cached)  # (B', 1, H)
@@ -145,26 +143,16 @@ class Eagle3Decoder:
 
     def __call__(self, rows: Iterable[Row], batch_size: int) -> Iterator[tuple[Row, list[int]]]:
         """Capture the head's layers for this run (a fresh cache), stop capturing after it."""
-        self.target.capture(self.drafts.layers)
-        self.drafts.contexts = RowContexts()
-        try:
+        with capturing(self.target, self.drafts, ()):
             costs, costs_s = self.costs(batch_size)
             yield from decode_drafted(self.target, self.drafts, rows, self.sampling, self.verify,
                                       self.settings.gamma, batch_size, 1, costs, costs_s)
-        finally:
-            self.target.capture(())
-            self.drafts.contexts = RowContexts()
 
     def costs(self, batch_size: int) -> tuple[Costs | None, float]:
         """gamma auto's cost table at this batch size (None: a fixed gamma), as methods.dflash times it."""
         def measure() -> Costs:
-            captured = self.target.captured
-            self.target.capture(self.drafts.layers)
-            try:
+            with capturing(self.target, self.drafts, self.target.captured):
                 return measure_costs(self.target, self.drafts, self.settings.gamma, batch_size, 1)
-            finally:
-                self.target.capture(captured)
-                self.drafts.contexts = RowContexts()
         return cost_table(self.measured, self.settings.adaptive, batch_size, measure)
 
     def warm_up(self, rows: int, length: int) -> None:
