@@ -1,4 +1,5 @@
-"""The project's own drafter format, and strict state-dict loading shared by every format.
+"""The project's own drafter format, and what every format shares: config reading (read_json,
+sub_config: a kind's own object in config.json) and strict state-dict loading.
 
 A drafter directory holds:
     config.json        {"specdiff_format": "ddit-drafter", "format_version": 1,
@@ -24,7 +25,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from safetensors import SafetensorError
@@ -65,6 +66,18 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LoadError(f"{path}: config is not a JSON object")
     return data
+
+
+def sub_config(config: dict[str, Any], key: str, known: Sequence[str], where: Path) -> dict[str, Any]:
+    """config[key] (a kind's own object inside config.json: dflash_config, eagle_config; absent: {}),
+    refused in one LoadError naming `where` when it is not an object or holds a field not `known`."""
+    sub = config.get(key) or {}
+    if not isinstance(sub, dict):
+        raise LoadError(f"{where}: {key} must be an object, got {sub!r}")
+    unknown = sorted(set(sub) - set(known))
+    if unknown:
+        raise LoadError(f"{where}: {key}.{unknown[0]} is not supported (this version reads only {', '.join(known)})")
+    return sub
 
 
 def read_safetensors(path: Path) -> dict[str, Any]:

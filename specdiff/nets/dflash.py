@@ -41,7 +41,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from ..errors import IncompatibleModelsError, LoadError
-from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors
+from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors, sub_config
 from .sdar import check_ranges, qwen3_config
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -103,13 +103,7 @@ def read_dflash_config(directory: Path) -> tuple[Qwen3Config, DFlashSpec]:
 
     if config.get("model_type") != "qwen3":
         raise refuse(f"model_type {config.get('model_type')!r}: only Qwen3-layer DFlash drafters (\"qwen3\") are supported")
-    extra = config.get("dflash_config") or {}
-    if not isinstance(extra, dict):
-        raise refuse(f"dflash_config must be an object, got {extra!r}")
-    unknown = sorted(set(extra) - set(DFLASH_FIELDS))
-    if unknown:
-        raise refuse(f"dflash_config.{unknown[0]} is not supported (this version reads only "
-                     f"{', '.join(DFLASH_FIELDS)})")
+    extra = sub_config(config, "dflash_config", DFLASH_FIELDS, where)
     mask = extra.get("mask_token_id", config.get("mask_token_id"))
     ids = extra.get("target_layer_ids", config.get("target_layer_ids"))
     block, n_target = config.get("block_size"), config.get("num_target_layers")

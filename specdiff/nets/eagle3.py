@@ -60,7 +60,7 @@ except ImportError:  # an older huggingface_hub: configs raise TypeError / Value
     StrictDataclassError = ValueError  # type: ignore[misc, assignment]
 
 from ..errors import LoadError
-from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors
+from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors, sub_config
 from .dflash import ContextCache
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # SpecForge / EAGLE's name, vLLM's
@@ -117,12 +117,7 @@ def read_eagle3_config(directory: Path) -> tuple[LlamaConfig, Eagle3Spec]:
     for name in REFUSED:
         if config.get(name):
             raise refuse(f"{name} is not supported (this version reads the plain EAGLE-3 layer)")
-    eagle = config.get("eagle_config") or {}
-    if not isinstance(eagle, dict):
-        raise refuse(f"eagle_config must be an object, got {eagle!r}")
-    unknown = sorted(set(eagle) - set(EAGLE_FIELDS))
-    if unknown:
-        raise refuse(f"eagle_config.{unknown[0]} is not supported (this version reads only {', '.join(EAGLE_FIELDS)})")
+    eagle = sub_config(config, "eagle_config", EAGLE_FIELDS, where)
     if eagle.get("use_aux_hidden_state", True) is not True:
         raise refuse("eagle_config.use_aux_hidden_state false (an EAGLE-1-style head) is not supported")
     fields = {k: v for k, v in config.items() if k not in OWN_FIELDS}
