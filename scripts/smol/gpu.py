@@ -111,22 +111,18 @@ class GPUTask(DFlashTask):
     returns is the best validated drafter (the starting one, validated at step 0, included)."""
 
     shards: Path
+    state: TrainState  # the loop's, whose step a validation is at
     best: tuple[int, float] = (-1, math.inf)  # (the step of the best validation, its loss)
-    step: int = 0  # set by the loop's caller through `scored`
 
     def loss(self, batch: Any) -> torch.Tensor:
         with torch.autocast(torch.device(self.cfg.device).type, dtype=torch.bfloat16):
             return super().loss(batch)
 
-    def scored(self, batch: Any) -> int:
-        self.step += 1
-        return super().scored(batch)
-
     def validation(self) -> float:
         value = super().validation()
         if value < self.best[1]:
             write_shards(self.module, self.shards)
-            self.best = (self.step, value)
+            self.best = (self.state.step, value)
         return value
 
 
@@ -200,7 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps = max(1, min(int(args.train_s / step_s), int(args.passes * positions / (args.batch_size * args.anchors))))
     cfg = replace(cfg, max_steps=steps, time_budget=args.train_s, val_every=max(1, steps // 20), checkpoint_every=steps)
     task.cfg = cfg
-    state = TrainState(history=[[0, task.validation()]])
+    task.state = state = TrainState()
+    state.history.append([0, task.validation()])
     log(f"training: {step_s * 1000:.0f} ms a step, {steps} steps, val {state.history[0][1]}")
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
     train(task, opt, state, cfg, progress=False)  # the best validation's weights are in the shards
