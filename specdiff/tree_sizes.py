@@ -19,11 +19,16 @@ call serves every size, and the step keeps the first N nodes of each row's tree.
     N*          = argmax_{N >= 1} sum_b E_b(N) / (c_v(R, N + 1) + c_d(R, g))
 
 A tree's verify is one target call of N + 1 tokens per row (Costs.verify up to N_max + 1: measure's
-`width`), its draft one drafter call of g slots (g: the depth bound). When a plain step's rate,
-R / c_v(R, 1), beats N*'s, the following steps are plain (no drafter call) until a probe, as
-adaptive.Controller's: after `probe` plain steps in a row, doubled after each probe that does
-not bring drafting back. The step that finds drafting does not pay still verifies N* (its drafter
-call is spent).
+`width`), its draft one drafter call of g slots (g: the depth bound). Whether the next step drafts
+at all is decided before its q exists, so from the past: the run's gain
+
+    gain <- (1 - W) gain + W (rate(N*) / (R / c_v(R, 1)))     after every drafted step, from GAIN
+
+a running mean of what its trees promised over a plain step (one step's q says little of the
+next's: a single unsure step must not stop a drafter that pays on average). While gain < 1 the
+steps are plain (no drafter call) until a probe, as adaptive.Controller's: after `probe` plain
+steps in a row, doubled after each probe that does not bring drafting back. The step that finds
+drafting does not pay still verifies N* (its drafter call is spent).
 
 May import: torch, adaptive (its probing), metrics, settings, trees.
 """
@@ -40,6 +45,8 @@ from .settings import TREE_MAX
 from .trees import Tree
 
 STRENGTH = 4.0  # pseudo-observations of a calibration of 1 (the drafter believed until it is judged)
+GAIN, W = 1.5, 1 / 8  # the gain before any step (tried before it is judged: 8 steps that promise 0.7 of
+# a plain step's rate bring it under 1) and the weight of each step's own promise in it
 
 
 def reach(tree: Tree, depth: int) -> torch.Tensor:
@@ -66,11 +73,16 @@ class SizeController:
         self.costs, self.depth, self.n_max, self.probes = costs, depth, n_max, Probes(probe)
         self.reached = [0.0] * depth  # past tree steps whose accepted path reached depth d
         self.predicted = [0.0] * depth  # the reach their trees predicted at depth d
-        self.resting = False
+        self.gain = GAIN  # the running mean of rate(N*) / the plain rate (the module docstring)
+
+    @property
+    def resting(self) -> bool:
+        """Whether drafting has stopped paying: the run's gain under 1."""
+        return self.gain < 1
 
     def drafts(self) -> bool:
-        """Whether this step drafts: True unless the last size found drafting not to pay, then
-        False for the plain steps before a probe, and True for the probe (adaptive.Probes)."""
+        """Whether this step drafts: True while the gain says drafting pays, else False for the
+        plain steps before a probe, and True for the probe (adaptive.Probes)."""
         return not self.resting or self.probes.due()
 
     def expected(self, tree: Tree) -> torch.Tensor:
@@ -83,15 +95,16 @@ class SizeController:
         return torch.cat([e, e[-1:].expand(self.n_max + 1 - len(e))])[:self.n_max + 1]
 
     def size(self, trees: Sequence[Tree], g: int) -> int:
-        """N* for a step of these rows' trees (drawn from q, depth <= g), at least 1; when a plain
-        step would have paid more, the steps after it rest (see the module docstring)."""
+        """N* for a step of these rows' trees (drawn from q, depth <= g), at least 1; its promise
+        over a plain step enters the gain, which decides whether the next steps draft (see the
+        module docstring)."""
         R = len(trees)
         tokens = sum((self.expected(tree) for tree in trees), torch.zeros(self.n_max + 1, dtype=torch.float64))
         cost = torch.tensor([self.costs.verified(R, N + 1) + self.costs.drafted(R, g)
                              for N in range(self.n_max + 1)], dtype=torch.float64)
         rates = tokens / cost
         best = int(rates[1:].argmax()) + 1  # the smallest of equally good sizes
-        self.resting = bool(R / self.costs.verified(R, 1) > rates[best])
+        self.gain += W * (float(rates[best]) * self.costs.verified(R, 1) / R - self.gain)
         if not self.resting:
             self.probes.paid()  # drafting pays: probes start over
         return best
