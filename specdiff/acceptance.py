@@ -15,7 +15,9 @@ docs/lossless.md:
               coins (SpecDiff-2; over K candidates: specdiff.selection).
 
 Every rule: (draft (B, g) int64, q (B, g, V), p (B, g+1, V), generator) -> (n (B,), nxt (B,)):
-n accepted draft tokens, then the token nxt. `residual` is the update of recursive rejection over
+n accepted draft tokens, then the token nxt. generator: one for the batch, or one per row
+(sampling.Generators), each row then drawing exactly what it draws alone, so a batch's rows get
+the outputs they get one at a time. `residual` is the update of recursive rejection over
 several drafts (specdiff.selection's multi, specdiff.trees' multi).
 """
 
@@ -26,7 +28,7 @@ from typing import Callable
 import torch
 
 from .errors import UsageError
-from .sampling import sample
+from .sampling import Generators, sample, uniform
 
 Rule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -49,18 +51,18 @@ def _at(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
 
 
 def greedy(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     target = p.argmax(-1)  # (B, g+1)
     n = leading_true(draft == target[:, :-1])
     return n, _at(target, n)
 
 
 def standard(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     B, g = draft.shape
     p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]  # (B, g)
     q_x = q.gather(-1, draft[..., None])[..., 0]
-    u = torch.rand(B, g, generator=generator, device=p.device)
+    u = uniform((B, g), generator, p.device)
     n = leading_true(u * q_x < p_x)  # P(accept) = min(1, p_x / q_x)
     q_pad = torch.cat([q, q.new_zeros(B, 1, q.shape[-1])], dim=1)  # bonus slot: residual = p
     residual = (_at(p, n) - _at(q_pad, n)).clamp_min(0)  # (B, V)
@@ -70,17 +72,17 @@ def standard(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 
 
 def match(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     y = sample(p, generator)  # (B, g+1)
     n = leading_true(draft == y[:, :-1])
     return n, _at(y, n)
 
 
 def select(draft: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     B, g = draft.shape  # q is not read: the draft's point mass is its q
     p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]  # (B, g)
-    n = leading_true(torch.rand(B, g, generator=generator, device=p.device) < p_x)
+    n = leading_true(uniform((B, g), generator, p.device) < p_x)
     p_n = _at(p, n)  # (B, V)
     x_n = _at(torch.cat([draft, draft.new_full((B, 1), -1)], dim=1), n)  # -1: the bonus slot removes nothing
     rest = p_n.masked_fill(torch.arange(p.shape[-1], device=p.device) == x_n[:, None], 0)

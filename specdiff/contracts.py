@@ -194,10 +194,11 @@ class Proposer(Protocol):
 
 class Rule(Protocol):
     """(draft (B, g) int64, q (B, g, V), p (B, g+1, V), generator) -> (n (B,), nxt (B,)):
-    n accepted draft tokens per row, then the token nxt."""
+    n accepted draft tokens per row, then the token nxt; generator: one, or one per row (each row
+    then draws what it draws alone)."""
 
     def __call__(self, draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+                 generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class Drafter(Protocol):

@@ -255,14 +255,29 @@ def measure_costs(target: Target, draft: DraftStep, gamma_max: int, batch_size: 
 
 def _verify(target: Target, batch: list[Row], drafts: list[Draft], g: list[int], sampling: Sampling,
             rule: Rule) -> list[tuple[list[int], int]]:
-    """One target call over every row's draft (1, g_b); -> per row (accepted draft tokens, next token)."""
-    logits = target.extend(_fed(batch, [d.tokens for d in drafts], target.device), torch.tensor(g) + 1)  # (B, G + 1, V)
-    accepted = []
-    for b, (row, d) in enumerate(zip(batch, drafts)):
-        p = sampling.target_probs(logits[b:b + 1, :g[b] + 1], row.tensor(), d.tokens)  # (1, g_b + 1, V)
-        n, y = rule(d.tokens, d.q, p, row.generator)  # the row's own coins
-        accepted.append((d.tokens[0, :int(n[0])].tolist(), int(y[0])))
+    """One target call over every row's draft (1, g_b), p of the whole batch in one pass, the
+    rule once per draft length among the rows (once where all draft alike), each row with its own
+    generator (its own coins: the outputs of a row alone) -> per row (accepted draft tokens, next token)."""
+    new = torch.tensor(g) + 1
+    logits = target.extend(_fed(batch, [d.tokens for d in drafts], target.device), new)  # (B, G + 1, V)
+    p = sampling.batch_probs(logits, new, lambda b: sampling.target_probs(
+        logits[b:b + 1, :g[b] + 1], batch[b].tensor(), drafts[b].tokens))  # (B, G + 1, V)
+    accepted: list[tuple[list[int], int]] = [([], 0)] * len(batch)
+    for g_b, members in _by_length(g).items():
+        tokens = torch.cat([drafts[b].tokens for b in members])  # (B_g, g_b)
+        q = torch.cat([drafts[b].q for b in members])  # (B_g, g_b, V)
+        n, y = rule(tokens, q, p[members, :g_b + 1], [batch[b].generator for b in members])
+        for i, b in enumerate(members):
+            accepted[b] = (tokens[i, :int(n[i])].tolist(), int(y[i]))
     return accepted
+
+
+def _by_length(g: list[int]) -> dict[int, list[int]]:
+    """Draft length -> the rows (batch indices) drafting it."""
+    groups = defaultdict(list)
+    for b, g_b in enumerate(g):
+        groups[g_b].append(b)
+    return groups
 
 
 def _verify_selected(target: Target, batch: list[Row], drafts: list[Draft], g: list[int], sampling: Sampling,
@@ -289,11 +304,8 @@ def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Samplin
     """One proposer call per distinct draft length among the rows; -> one Draft (1, g_b) per row
     (selection.Candidates (1, K, g_b) from a SelfSelection). Rows of different lengths go
     left-padded, with their `lengths`."""
-    groups = defaultdict(list)
-    for b, g_b in enumerate(g):
-        groups[g_b].append(b)
     drafts: list[Draft] = [empty_draft(target)] * len(batch)
-    for g_b, members in groups.items():
+    for g_b, members in _by_length(g).items():
         if not g_b:
             continue
         rows = [batch[b] for b in members]

@@ -21,7 +21,7 @@ model and raises ModelOutputError.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,21 @@ class Sampling:
             logits = penalize(logits.float(), seen_tokens(context, draft, logits.shape[-1]), self.repetition_penalty)
         return self.probs(logits)
 
+    def batch_probs(self, logits: torch.Tensor, new: torch.Tensor,
+                    own: Callable[[int], torch.Tensor]) -> torch.Tensor:
+        """The target's p over a batch's verified positions in one pass: logits (B, S, V) of which
+        row b's first new[b] are real (the rest padding, which no rule reads) -> (B, S, V).
+        With a repetition penalty each position needs its own prefix: then row by row, own(b) ->
+        (1, new[b], V) (target_probs with the row's context), padded."""
+        B, S, V = logits.shape
+        real = torch.arange(S, device=logits.device) < new.to(logits.device)[:, None]  # (B, S)
+        if self.repetition_penalty == 1:
+            return self.probs(logits.masked_fill(~real[..., None], 0))
+        p = logits.new_zeros(B, S, V, dtype=torch.float32)
+        for b in range(B):
+            p[b, :int(new[b])] = own(b)[0]
+        return p
+
     def sample(self, probs: torch.Tensor, generator: Generators) -> torch.Tensor:
         """probs (..., V), possibly unnormalised -> token ids (...). Greedy takes the argmax."""
         if self.greedy:
@@ -100,10 +115,29 @@ def sample(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
     """Draw one id per row of probs (..., V) (rows need not be normalised). One generator per
     row of a batch: probs[b] (..., V) is drawn from generator[b], exactly as for that row alone."""
     if isinstance(generator, Sequence):
+        if not len(generator):
+            return torch.zeros(probs.shape[:-1], dtype=torch.long, device=probs.device)
         return torch.stack([sample(probs[b], g) for b, g in enumerate(generator)])
     flat = probs.reshape(-1, probs.shape[-1])
     ids = torch.multinomial(flat, 1, generator=generator)
     return ids.reshape(probs.shape[:-1])
+
+
+def uniform(shape: tuple[int, ...], generator: Generators, device: torch.device) -> torch.Tensor:
+    """U(0, 1) draws of shape (B, ...); one generator per row: row b from generator[b], the
+    draws it would make alone."""
+    if isinstance(generator, Sequence):
+        if not len(generator):
+            return torch.zeros(shape, device=device)
+        return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in generator])
+    return torch.rand(shape, generator=generator, device=device)
+
+
+def rows_of(generator: Generators, index: torch.Tensor) -> Generators:
+    """The generators of the batch rows `index` (B',): a sub-list where there is one per row."""
+    if isinstance(generator, Sequence):
+        return [generator[i] for i in index.tolist()]
+    return generator
 
 
 def _check_finite(top: torch.Tensor) -> None:

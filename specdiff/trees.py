@@ -33,7 +33,7 @@ import torch
 
 from .acceptance import residual
 from .contracts import Draft, Row, TreeTarget
-from .sampling import Sampling, sample
+from .sampling import Generators, Sampling, rows_of, sample, uniform
 
 # (tokens (B, S), parent (B, S), p (B, S, V), q (B, S, V), generator) -> (deepest accepted node (B,), next token
 # (B,)); q[b, i]: the distribution node i's token was drawn from (read only by `multi`)
@@ -103,21 +103,21 @@ def first(tree: Tree, N: int) -> Tree:
 
 
 def walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
-         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The tree rule over B rows (verify numbering): at node u draw y ~ p[u]; if a node c has
     parent u and token y, descend to c; else stop. -> (deepest accepted node (B,), y (B,)).
     q is not read: any tree chosen without the target's coins will do."""
-    return _walk(tokens, parent, p, lambda probs: sample(probs, generator))
+    return _walk(tokens, parent, p, lambda probs, live: sample(probs, rows_of(generator, live)))
 
 
 def walk_greedy(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     """walk with y = argmax p[u] (temperature 0): the target's own greedy path through the tree."""
-    return _walk(tokens, parent, p, lambda probs: probs.argmax(-1))
+    return _walk(tokens, parent, p, lambda probs, live: probs.argmax(-1))
 
 
 def multi(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Recursive rejection over sampled siblings (SpecInfer, SpecTr), for trees whose children
     of a node were drawn i.i.d. from q (given the node's path): at node u, r = p[u]; for each
     child c in order accept it with probability min(1, r(c) / q_c(c)) and descend, else replace r
@@ -135,12 +135,12 @@ def multi(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.
             if not len(trying):
                 continue
             c, q_c = tokens[live[trying], i], q[live[trying], i]  # (n,), (n, V)
-            u = torch.rand(len(trying), generator=generator, device=p.device)
+            u = uniform((len(trying),), rows_of(generator, live[trying]), p.device)
             ok = u * q_c.gather(1, c[:, None])[:, 0] < r[trying].gather(1, c[:, None])[:, 0]
             nxt[trying[ok]] = i
             r[trying[~ok]] = residual(r[trying[~ok]], q_c[~ok])
         stop = nxt < 0
-        y[live[stop]] = sample(r[stop], generator)
+        y[live[stop]] = sample(r[stop], rows_of(generator, live[stop]))
         node[live[~stop]] = nxt[~stop]
         live = live[~stop]
     return node, y
@@ -157,14 +157,14 @@ RULES: dict[str, TreeRule] = {"greedy": walk_greedy, "match": walk, "multi": mul
 
 
 def _walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor,
-          draw: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """walk, with y = draw(p (B_live, V)) at each node of the rows still walking."""
+          draw: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """walk, with y = draw(p (B_live, V), live (B_live,): the rows still walking) at each node."""
     B = tokens.shape[0]
     node = torch.zeros(B, dtype=torch.long, device=p.device)
     y = torch.zeros(B, dtype=torch.long, device=p.device)
     live = torch.arange(B, device=p.device)
     while len(live):
-        y[live] = y_live = draw(p[live, node[live]])  # (B_live,)
+        y[live] = y_live = draw(p[live, node[live]], live)  # (B_live,)
         child = (parent[live] == node[live, None]) & (tokens[live] == y_live[:, None])  # (B_live, S)
         found = child.any(-1)
         node[live[found]] = child.long().argmax(-1)[found]
@@ -174,27 +174,28 @@ def _walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor,
 
 def verify(target: TreeTarget, batch: list[Row], trees: list[Tree], sampling: Sampling,
            rule: TreeRule) -> list[tuple[list[int], int]]:
-    """One target call over every row's tree, the rule per row with the row's own generator, then
-    each row's cache compacted to its accepted path -> per row (accepted draft tokens, next token)."""
+    """One target call over every row's tree, p of the whole batch in one pass and the rule over
+    all rows at once, each row with its own generator (its own coins: the outputs of a row alone),
+    then each row's cache compacted to its accepted path -> per row (accepted draft tokens, next token)."""
     tokens, parent = _fed(batch, trees, target.device)  # (B, S) each
     new = torch.tensor([len(t.tokens) + 1 for t in trees])
     logits = target.extend_tree(tokens, parent.clamp_min(-1), new)  # (B, S, V)
-    accepted, paths = [], []
-    for b, (row, tree) in enumerate(zip(batch, trees)):
-        S_b = int(new[b])
-        p = tree_probs(sampling, logits[b:b + 1, :S_b], row.tensor(), tokens[b, :S_b], parent[b, :S_b])
-        node, y = rule(tokens[b:b + 1, :S_b], parent[b:b + 1, :S_b], p, node_q(tree), row.generator)
-        path = ancestry(parent[b].tolist(), int(node[0]))
-        paths.append(path)
-        accepted.append(([int(tokens[b, i]) for i in path[1:]], int(y[0])))
+    p = sampling.batch_probs(logits, new, lambda b: tree_probs(
+        sampling, logits[b:b + 1, :int(new[b])], batch[b].tensor(), tokens[b, :int(new[b])], parent[b, :int(new[b])]))
+    node, y = rule(tokens, parent, p, node_q(trees, tokens.shape[1]), [row.generator for row in batch])
+    paths = [ancestry(parent[b].tolist(), int(node[b])) for b in range(len(batch))]
     target.keep_path(paths)
-    return accepted
+    return [([int(tokens[b, i]) for i in path[1:]], int(y[b])) for b, path in enumerate(paths)]
 
 
-def node_q(tree: Tree) -> torch.Tensor:
-    """q of every node in verify numbering (its depth's marginal; the root: zeros) -> (1, S, V)."""
-    q = tree.q[tree.depth - 1]  # (N, V)
-    return torch.cat([q.new_zeros(1, q.shape[-1]), q])[None]
+def node_q(trees: list[Tree], S: int) -> torch.Tensor:
+    """q of every node of each row's tree in verify numbering, padded to S (its depth's
+    marginal; the root and padding: zeros) -> (B, S, V)."""
+    V = trees[0].q.shape[-1]
+    q = trees[0].q.new_zeros(len(trees), S, V)
+    for b, tree in enumerate(trees):
+        q[b, 1:1 + len(tree.tokens)] = tree.q[tree.depth - 1]
+    return q
 
 
 def ancestry(parent: list[int], node: int) -> list[int]:

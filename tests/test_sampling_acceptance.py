@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdiff.acceptance import greedy, leading_true, match, standard
+from specdiff.acceptance import RULES, greedy, leading_true, match, standard
 from specdiff.errors import UsageError
 from specdiff.sampling import Sampling
 
@@ -101,3 +101,26 @@ def test_match_rule_with_a_deterministic_target_is_greedy():
     p = _one_hot([[1, 2, 3]])
     n, y = match(torch.tensor([[1, 4]]), None, p, torch.Generator().manual_seed(0))
     assert (n.item(), y.item()) == (1, 2)
+
+
+def _rows(seed: int, B: int = 6, g: int = 3, V: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B rows of a draft (B, g), its q (B, g, V) and p (B, g + 1, V), flat enough to reject often."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.softmax(torch.randn(B, g, V, generator=gen), -1)
+    p = torch.softmax(torch.randn(B, g + 1, V, generator=gen), -1)
+    return torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(B, g), q, p
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_a_rule_over_rows_with_their_own_generators_draws_what_each_row_draws_alone(name):
+    """Verify applies a rule to a whole batch with one generator per row: each row's (n, y) must
+    be what it gets alone from its generator (a batch's outputs = its rows' alone). The control:
+    one generator shared by the batch gives other draws."""
+    rule, (draft, q, p) = RULES[name], _rows(0)
+    seeds = range(10, 10 + len(draft))
+    n, y = rule(draft, q, p, [torch.Generator().manual_seed(s) for s in seeds])
+    alone = [rule(draft[b:b + 1], q[b:b + 1], p[b:b + 1], torch.Generator().manual_seed(s)) for b, s in enumerate(seeds)]
+    assert n.tolist() == [int(a[0][0]) for a in alone] and y.tolist() == [int(a[1][0]) for a in alone]
+    if name != "greedy":
+        shared_n, shared_y = rule(draft, q, p, torch.Generator().manual_seed(10))
+        assert (shared_n.tolist(), shared_y.tolist()) != (n.tolist(), y.tolist())

@@ -80,6 +80,29 @@ def test_best_first_drafts_no_node_of_probability_zero():
     assert sorted(zip(tree.depth.tolist(), tree.tokens.tolist())) == [(1, 0), (1, 1), (2, 0), (2, 0)]
 
 
+@pytest.mark.parametrize("name", ["match", "multi"])
+def test_a_tree_rule_over_rows_with_their_own_generators_draws_what_each_row_draws_alone(name):
+    """trees.verify walks every row's tree at once, one generator per row: each row's (node, y)
+    must be what it gets alone (a batch's outputs = its rows' alone); the control: one generator
+    shared by the batch draws otherwise."""
+    gen, B, g, V = torch.Generator().manual_seed(4), 6, 3, 5
+    shapes = [best_first(torch.softmax(torch.randn(g, V, generator=gen), -1), 7) for _ in range(B)]
+    shapes = [trees.sampled_children(t, gen) if name == "multi" else t for t in shapes]
+    S = 1 + max(len(t.tokens) for t in shapes)
+    tokens = torch.stack([torch.cat([torch.tensor([0]), t.tokens, t.tokens.new_zeros(S - 1 - len(t.tokens))])
+                          for t in shapes])  # (B, S)
+    parent = torch.stack([torch.cat([torch.tensor([-1]), t.parent + 1, t.parent.new_full((S - 1 - len(t.tokens),), -2)])
+                          for t in shapes])
+    p, q = torch.softmax(torch.randn(B, S, V, generator=gen), -1), trees.node_q(shapes, S)
+    rule, seeds = trees.RULES[name], range(20, 20 + B)
+    node, y = rule(tokens, parent, p, q, [torch.Generator().manual_seed(s) for s in seeds])
+    alone = [rule(tokens[b:b + 1], parent[b:b + 1], p[b:b + 1], q[b:b + 1], torch.Generator().manual_seed(s))
+             for b, s in enumerate(seeds)]
+    assert (node.tolist(), y.tolist()) == ([int(a[0][0]) for a in alone], [int(a[1][0]) for a in alone])
+    shared = rule(tokens, parent, p, q, torch.Generator().manual_seed(20))
+    assert (shared[0].tolist(), shared[1].tolist()) != (node.tolist(), y.tolist())
+
+
 # --- the target's verify -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", TARGETS)

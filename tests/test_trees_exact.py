@@ -123,7 +123,7 @@ def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, 
     finally:
         target.capture(())
     R, V, G = exact.N, exact.V, exact.GAMMA
-    q = node_q(shape)  # (1, S, V)
+    q = node_q([shape], len(shape.tokens) + 1)  # (1, S, V)
     drawn = sample(q[0, 1:].expand(R, -1, -1), g) if sampled else shape.tokens.expand(R, -1)  # (R, S - 1)
     tokens = torch.cat([exact.CONTEXT[0, -1:].expand(R, 1), drawn], 1)  # (R, S)
     parent = torch.cat([torch.tensor([-1]), shape.parent + 1])[None].expand(R, -1)
