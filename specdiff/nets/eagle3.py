@@ -20,10 +20,10 @@ own output (before the final norm) back in place of the features:
     logits     lm_head(norm(out))                              (B, T, N) over the draft vocabulary;
                draft id d stands for target id d + d2t[d]
 
-A checkpoint directory holds config.json (`architectures: ["LlamaForCausalLMEagle3"]`, the Llama
-fields of its one layer, `draft_vocab_size` N (default vocab_size V), `target_hidden_size` Ht
-(default hidden_size), `eagle_config.eagle_aux_hidden_state_layer_ids` (default:
-default_layer_ids)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm,
+A checkpoint directory holds config.json (`architectures: ["LlamaForCausalLMEagle3"]`, EAGLE's own
+releases ["LlamaForCausalLM"]: is_eagle3; the Llama fields of its one layer, `draft_vocab_size` N
+(default vocab_size V), `target_hidden_size` Ht (default hidden_size),
+`eagle_config.eagle_aux_hidden_state_layer_ids` (default: default_layer_ids)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm,
 input_layernorm, post_attention_layernorm}.weight (H,), midlayer.self_attn.{q,k,v}_proj.weight
 (heads * D, 2H), midlayer.self_attn.o_proj.weight (H, heads * D), midlayer.mlp.{gate,up,down}_proj
 .weight, norm.weight (H,), lm_head.weight (N, H), d2t (N,) int64, t2d (V,) bool, and sometimes
@@ -73,9 +73,14 @@ ROPE_TYPES = ("default", "llama3")  # both held to the reference (tests/data/eag
 
 
 def is_eagle3(config: dict[str, Any]) -> bool:
-    """Whether a config.json is an EAGLE-3 head's (architectures names LlamaForCausalLMEagle3)."""
+    """Whether a config.json is an EAGLE-3 head's: architectures names LlamaForCausalLMEagle3 (or
+    vLLM's name), or, as the EAGLE authors' own releases write it, plain LlamaForCausalLM with one
+    layer and a `draft_vocab_size` (a field no causal LM has)."""
     architectures = config.get("architectures")
-    return isinstance(architectures, list) and any(a in ARCHITECTURES for a in architectures)
+    if not isinstance(architectures, list):
+        return False
+    return any(a in ARCHITECTURES for a in architectures) or (
+        architectures == ["LlamaForCausalLM"] and "draft_vocab_size" in config and config.get("num_hidden_layers") == 1)
 
 
 def default_layer_ids(num_target_layers: int) -> tuple[int, int, int]:

@@ -17,6 +17,8 @@ over the masked draft slots whose clean token is not the mask id (the scored slo
                token is accepted with its probability.
     ce-streak  SpecDiff-2: -(mean over rows of sum_j w_j log q_j), w_1 = 1, w_j = stop-gradient
                c_{j-1}: each slot's CE weighted by the chance of reaching it.
+The drafters reading the target's features (dflash, eagle3) take READING_LOSSES (ce, kl and lk,
+-log sum min(p, q)) per slot through per_slot_loss, weighted by how likely each slot is reached.
 In the streak losses the product runs over a row's masked slots (clean l2r slots before them
 count as reached; a slot whose token is the mask id, raw text only, as accepted).
 
