@@ -102,9 +102,10 @@ def new_draft_vocab(cfg: DistillConfig, target: CausalLMTarget, held: DraftVocab
     """The map a drafter's head takes now, None: none new. A resumed checkpoint, or a `drafter`
     with one, keeps its own (`draft_vocab` omitted or equal; a resumed whole head admits no
     `draft_vocab`); otherwise `draft_vocab` N gives the N most frequent answer tokens of the
-    teacher data (training/vocab.py)."""
+    teacher data (training/vocab.py; N past the vocabulary: all of it, as a held map records it)."""
     size = held.size if held else None
-    if cfg.draft_vocab not in (None, size) and (resumed or held is not None):
+    wanted = None if cfg.draft_vocab is None else min(cfg.draft_vocab, target.vocab_size)
+    if wanted not in (None, size) and (resumed or held is not None):
         raise UsageError(f"`draft_vocab` {cfg.draft_vocab}: {'the checkpoint being resumed' if resumed else cfg.drafter} "
                          f"was trained with {f'a head of {size} rows' if held else 'the whole head'}")
     if held is None and cfg.draft_vocab is not None:
