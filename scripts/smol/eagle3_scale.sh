@@ -22,13 +22,11 @@
 # options, word-split) replace the smol ones; the prompts are WORK/questions-large.txt either way.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/smol/scale_lib.sh
 if [ "${1:-}" = publish ]; then
   work=${2:-build/smol}
   models=${3:-specdiff/data/models/smol}
-  newest=$(ls -d "$work"/eagle3-scale/checkpoints/step-* 2>/dev/null | sort | tail -1)
-  finished=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['compute']['steps'])" \
-    "$work/eagle3-scale/report.json" 2>/dev/null || echo -1)  # a run that ended, and at which step
-  [ -n "$newest" ] && [ "$finished" -ge "$((10#${newest##*step-}))" ] 2>/dev/null && newest=$work/eagle3-scale
+  newest=$(newest_run "$work/eagle3-scale")
   [ -n "$newest" ] || { echo "eagle3_scale.sh: no checkpoint in $work/eagle3-scale" >&2; exit 1; }
   mkdir -p "$models"
   python -c "import shutil, sys, tempfile, torch; from pathlib import Path
@@ -48,13 +46,9 @@ out=$work/eagle3-scale
 target=${TARGET:-smollm2-135m-instruct}
 data_options=${DATA_OPTIONS:---chat --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
 --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32}
-more=()
-for part in "$work"/answers/part-*; do
-  [ "$part" != "$work/answers/part-00" ] && [ -f "$part/val.safetensors" ] &&
-    [ -f "$part/train-00031.safetensors" ] && more+=("$part")
-done
+parts=$(more_parts "$work")
 extra=()
-[ ${#more[@]} -gt 0 ] && extra=(--more-data "$(IFS=,; echo "${more[*]}")")
+[ -n "$parts" ] && extra=(--more-data "$parts")
 if [ -f "$models/eagle3-drafter/config.json" ]; then
   extra+=(--drafter "$models/eagle3-drafter")  # its layers and draft vocabulary
 else
