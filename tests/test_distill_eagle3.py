@@ -16,11 +16,13 @@ from safetensors.torch import load_file
 
 from specdiff import generate, load_drafter, load_target
 from specdiff.drafters.eagle3 import Eagle3Drafter
+from specdiff.errors import UsageError
 from specdiff.training.config import DistillConfig
 from specdiff.training.eagle3 import new_head, unrolled, unrolled_loss
 from specdiff.training.features import sequence_features
-from specdiff.training.reading import corpus
+from specdiff.training.reading import corpus, new_draft_vocab
 from specdiff.training.teacher import Sequences
+from specdiff.vocab import DraftVocab
 from specdiff_cli.main import cli
 from tiny import TEXT, make_llama
 
@@ -170,3 +172,14 @@ def test_resume_refuses_a_draft_vocabulary_the_checkpoint_contradicts(tiny, prom
     shutil.copytree(trained[0], out)
     result = _run(tiny, prompts, out, "--max-steps", "41", "--resume", "--draft-vocab", "32")
     assert result.exit_code != 0 and "a head of 64 rows" in result.stderr, result.stderr
+
+
+def test_a_draft_vocabulary_past_the_vocabulary_is_the_whole_map_a_checkpoint_holds(tiny, tmp_path):
+    """--draft-vocab 8192 on a 300-token target made a map of all 300 ids; resuming with the same
+    option was refused as another size (found running scripts/smol/eagle3_scale.sh on a tiny target)."""
+    target = load_target(str(tiny.gpt2))
+    held = DraftVocab(torch.arange(target.vocab_size), target.vocab_size, "")
+    cfg = lambda n: DistillConfig(target="t", out=str(tmp_path), prompts="p", method="eagle3", draft_vocab=n)  # noqa: E731
+    assert new_draft_vocab(cfg(8192), target, held, resumed=True) is None
+    with pytest.raises(UsageError, match="a head of 300 rows"):
+        new_draft_vocab(cfg(100), target, held, resumed=True)

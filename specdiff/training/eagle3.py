@@ -80,11 +80,6 @@ def unrolled(drafter: Eagle3Drafter, ids: torch.Tensor, features: torch.Tensor, 
     return outs
 
 
-def step_weights(steps: int) -> torch.Tensor:
-    """(steps,) STEP_DECAY ** k for 0-based steps k."""
-    return STEP_DECAY ** torch.arange(steps, dtype=torch.float32)
-
-
 def unrolled_loss(drafter: Eagle3Drafter, corpus: Corpus, rows: torch.Tensor, P: int, steps: int,
                   parts: tuple[str, ...], device: str) -> torch.Tensor:
     """The weighted loss of `rows` (B,) of `corpus` over `steps` unrolled steps (module docstring):
