@@ -149,7 +149,7 @@ def distill(threads: int | None, **options: Any) -> None:
       specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2   # hub: network
       specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --layers 2 --heads 9 --gamma 7 --loss ce+kl --soft-labels 32 --out smol-dflash   # scripts/smol/build.sh
-      specdiff distill --method eagle3 --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \
+      specdiff distill --method eagle3 --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --target-layers 1,14,27 --draft-vocab 8192 --loss ce+kl --soft-labels 32 --out smol-eagle3
     """
     import torch
