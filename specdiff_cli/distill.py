@@ -68,15 +68,19 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.command()
 @click.option("--target", required=True, help="Target model: models.yaml name, directory or hub id.")
 @click.option("--out", required=True, metavar="DIR", help="Output: the drafter, report.json, data/, checkpoints/.")
-@click.option("--method", type=click.Choice(["specdiff", "dflash"]), default="specdiff", show_default=True,
-              help="The drafter trained: a masked-diffusion drafter (specdiff) or a DFlash drafter reading the "
-                   "target's hidden states (dflash: the target's width, a block of gamma + 1).")
+@click.option("--method", type=click.Choice(["specdiff", "dflash", "eagle3"]), default="specdiff", show_default=True,
+              help="The drafter trained: a masked-diffusion drafter (specdiff), or one reading the target's hidden "
+                   "states: a DFlash drafter (dflash: the target's width, a block of gamma + 1) or an EAGLE-3 head "
+                   "(eagle3: one layer of the target's width, in the published format).")
 @click.option("--target-layers", type=NumberList(int), metavar="LIST",
-              help="dflash: the target layers (0-based) whose outputs the drafter reads [default: the DFlash rule].")
+              help="dflash, eagle3: the target layers (0-based) whose outputs the drafter reads [default: the "
+                   "DFlash rule; EAGLE-3's three: 1, N/2 - 1, N - 4].")
+@click.option("--unroll", type=int, metavar="K",
+              help="eagle3: training-time-test steps; steps 2..K feed the head its own output [default: 7].")
 @click.option("--anchors", type=int, default=4, show_default=True,
               help="dflash: blocks drawn from each sequence of a batch.")
 @click.option("--draft-vocab", type=int, metavar="N",
-              help="dflash: the drafter's head scores only the N most frequent tokens of the target's answers "
+              help="dflash, eagle3: the drafter's head scores only the N most frequent tokens of the target's answers "
                    "(its special tokens always kept); exact, a smaller head is a faster drafter.")
 @click.option("--prompts", required=True, metavar="FILE", callback=_text_file,
               help="Text file; random windows of it are the prompts.")
@@ -123,8 +127,8 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--checkpoint-every", type=int, default=200, show_default=True)
 @click.option("--eval-prompts", type=int, default=8, show_default=True, help="Held-out prompts for tau / alpha.")
 @click.option("--loss", default="ce", show_default=True,
-              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.training.losses.LOSSES); dflash: "
-                   "ce, kl or lk (-log acceptance, arXiv 2602.23881), or sums such as ce+kl+lk, per slot.")
+              help="Training loss: ce, mdlm, kl, streak or ce-streak (specdiff.training.losses.LOSSES); dflash, "
+                   "eagle3: ce, kl or lk (-log acceptance, arXiv 2602.23881), or sums such as ce+kl+lk, per slot.")
 @click.option("--draft-temperature", type=Finite(min=0, min_open=True), default=1.0, show_default=True,
               help="The drafter's softmax temperature in the streak losses (its deployment temperature).")
 @click.option("--eval-temperature", type=Finite(min=0), default=1.0, show_default=True,
@@ -134,7 +138,7 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), help="torch CPU threads.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 def distill(threads: int | None, **options: Any) -> None:
-    """Train a drafter (diffusion, or DFlash) on a target's own continuations of prompts.
+    """Train a drafter (diffusion, DFlash or EAGLE-3) on a target's own continuations of prompts.
 
     \b
     Examples:
@@ -145,6 +149,8 @@ def distill(threads: int | None, **options: Any) -> None:
       specdiff distill --target gpt2 --prompts corpus.txt --out drafters/gpt2   # hub: network
       specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --layers 2 --heads 9 --gamma 7 --loss ce+kl --soft-labels 32 --out smol-dflash   # scripts/smol/build.sh
+      specdiff distill --method eagle3 --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
+          --target-layers 1,14,27 --draft-vocab 8192 --loss ce+kl --soft-labels 32 --out smol-eagle3
     """
     import torch
 

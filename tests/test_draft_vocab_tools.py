@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.training.dflash import restricted
+from specdiff.training.reading import restricted
 from specdiff.training.vocab import answer_counts
 from specdiff.vocab import DraftVocab, fingerprint, load_draft_vocab
 from specdiff_cli.main import cli

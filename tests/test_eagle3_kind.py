@@ -89,3 +89,31 @@ def test_a_larger_target_vocabulary_is_refused(llama, head):
 def test_a_head_is_not_a_target(head):
     with pytest.raises(LoadError, match="an EAGLE-3 draft head .*not a target"):
         load_target(str(head))
+
+
+def test_the_published_heads_models_yaml_names_load_from_the_hub_cache(tmp_path, monkeypatch, tiny, llama):
+    """models.yaml names the EAGLE authors' heads by hub id: from the Hugging Face cache alone
+    (offline), each loads as an EAGLE-3 drafter (tiny checkpoints under the real ids; the real ones
+    need network once). Their own releases write architectures LlamaForCausalLM with a
+    draft_vocab_size and pickled weights: detected and read (weights_only) as SpecForge's layout."""
+    import json
+
+    import huggingface_hub.constants
+    from safetensors.torch import load_file
+
+    from tiny import hub_snapshot
+
+    for repo in ("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"):
+        folder = make_eagle3(hub_snapshot(tmp_path / "hub", repo), llama, seed=2)
+        torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+        (folder / "model.safetensors").unlink()
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for entry in ("llama-3.1-8b-eagle3", "llama-3.3-70b-eagle3"):
+        drafter = load_drafter(entry)
+        assert isinstance(drafter, Eagle3Drafter) and drafter.source == entry and drafter.layer_ids == (0, 1, 1)
+    target = load_target(str(llama))
+    pair_models(target, drafter)  # the head ships no tokenizer: its target's is its own
+    assert drafter.draft_vocab is not None and drafter.draft_vocab.size == 200

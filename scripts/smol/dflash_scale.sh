@@ -16,13 +16,11 @@
 # its map: do it, and commit, before work stops. Run it with nothing else timing on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/smol/scale_lib.sh
 if [ "${1:-}" = publish ]; then
   work=${2:-build/smol}
   models=${3:-specdiff/data/models/smol}
-  newest=$(ls -d "$work"/dflash-scale/checkpoints/step-* 2>/dev/null | sort | tail -1)
-  finished=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['compute']['steps'])" \
-    "$work/dflash-scale/report.json" 2>/dev/null || echo -1)  # a run that ended, and at which step
-  [ "$finished" -ge "$((10#${newest##*step-}))" ] 2>/dev/null && newest=$work/dflash-scale
+  newest=$(newest_run "$work/dflash-scale")
   [ -n "$newest" ] || { echo "dflash_scale.sh: no checkpoint in $work/dflash-scale" >&2; exit 1; }
   python -c "import shutil, sys, tempfile, torch; from pathlib import Path
 from specdiff.nets.dflash import load_dflash, save_dflash
@@ -37,13 +35,9 @@ work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${3:-3000}
 out=$work/dflash-scale
-more=()
-for part in "$work"/answers/part-*; do
-  [ "$part" != "$work/answers/part-00" ] && [ -f "$part/val.safetensors" ] &&
-    [ -f "$part/train-00031.safetensors" ] && more+=("$part")
-done
+parts=$(more_parts "$work")
 extra=()
-[ ${#more[@]} -gt 0 ] && extra=(--more-data "$(IFS=,; echo "${more[*]}")")
+[ -n "$parts" ] && extra=(--more-data "$parts")
 specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts "$work/questions-large.txt" \
   --data "$work/answers/part-00" "${extra[@]}" --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
   --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed 0 --threads 1 \

@@ -57,8 +57,9 @@ from specdiff.nets.dflash import load_dflash, save_dflash
 from specdiff.sampling import Sampling
 from specdiff.training.checkpoints import TrainState
 from specdiff.training.config import DistillConfig
-from specdiff.training.dflash import Corpus, DFlashTask, corpus
+from specdiff.training.dflash import DFlashTask
 from specdiff.training.loop import train
+from specdiff.training.reading import Corpus, corpus
 from specdiff.training.teacher import HELD_OUT, Sequences, chat_prompts, continue_batch
 from specdiff.vocab import load_draft_vocab
 

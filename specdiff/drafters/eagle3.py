@@ -61,6 +61,7 @@ class Eagle3Drafter(nn.Module):
         self.target_hidden_size = net.spec.target_hidden_size
         self.layer_ids: tuple[int, ...] | None = net.spec.layer_ids
         self.draft_vocab: DraftVocab | None = None
+        self.target_vocab_size = self.vocab_rows  # V of the bound target's tokenizer (head_logits keeps those rows)
         self.bound = False
         self._embed: tuple[nn.Module] | None = None  # a tuple: the target's, not registered as a submodule
 
@@ -111,7 +112,7 @@ class Eagle3Drafter(nn.Module):
                     f"EAGLE-3 drafter '{self.source}' has no embedding of its own and reads its target's, of "
                     f"width {self.hidden_size}; this target's is ({rows}, {width})")
             self._embed = (embed,)
-        self.layer_ids = ids
+        self.layer_ids, self.target_vocab_size = ids, vocab_size
         self.draft_vocab = None if self.identity else DraftVocab(self.target_ids(), vocab_size, fingerprint="",
                                                                  built_from="the EAGLE-3 head's d2t / t2d")
         self.bound = True

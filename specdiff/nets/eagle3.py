@@ -20,10 +20,10 @@ own output (before the final norm) back in place of the features:
     logits     lm_head(norm(out))                              (B, T, N) over the draft vocabulary;
                draft id d stands for target id d + d2t[d]
 
-A checkpoint directory holds config.json (`architectures: ["LlamaForCausalLMEagle3"]`, the Llama
-fields of its one layer, `draft_vocab_size` N (default vocab_size V), `target_hidden_size` Ht
-(default hidden_size), `eagle_config.eagle_aux_hidden_state_layer_ids` (default:
-default_layer_ids)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm,
+A checkpoint directory holds config.json (`architectures: ["LlamaForCausalLMEagle3"]`, EAGLE's own
+releases ["LlamaForCausalLM"]: is_eagle3; the Llama fields of its one layer, `draft_vocab_size` N
+(default vocab_size V), `target_hidden_size` Ht (default hidden_size),
+`eagle_config.eagle_aux_hidden_state_layer_ids` (default: default_layer_ids)) and model.safetensors with fc.weight (H, 3 * Ht), midlayer.{hidden_norm,
 input_layernorm, post_attention_layernorm}.weight (H,), midlayer.self_attn.{q,k,v}_proj.weight
 (heads * D, 2H), midlayer.self_attn.o_proj.weight (H, heads * D), midlayer.mlp.{gate,up,down}_proj
 .weight, norm.weight (H,), lm_head.weight (N, H), d2t (N,) int64, t2d (V,) bool, and sometimes
@@ -73,9 +73,14 @@ ROPE_TYPES = ("default", "llama3")  # both held to the reference (tests/data/eag
 
 
 def is_eagle3(config: dict[str, Any]) -> bool:
-    """Whether a config.json is an EAGLE-3 head's (architectures names LlamaForCausalLMEagle3)."""
+    """Whether a config.json is an EAGLE-3 head's: architectures names LlamaForCausalLMEagle3 (or
+    vLLM's name), or, as the EAGLE authors' own releases write it, plain LlamaForCausalLM with one
+    layer and a `draft_vocab_size` (a field no causal LM has)."""
     architectures = config.get("architectures")
-    return isinstance(architectures, list) and any(a in ARCHITECTURES for a in architectures)
+    if not isinstance(architectures, list):
+        return False
+    return any(a in ARCHITECTURES for a in architectures) or (
+        architectures == ["LlamaForCausalLM"] and "draft_vocab_size" in config and config.get("num_hidden_layers") == 1)
 
 
 def default_layer_ids(num_target_layers: int) -> tuple[int, int, int]:
@@ -226,10 +231,11 @@ class Eagle3Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ContextCache | None,
-                valid: torch.Tensor | None) -> torch.Tensor:
+                valid: torch.Tensor | None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, 2H); cos / sin (B, T, D) of the rows' positions; valid (B, T) bool or None ->
         (B, T, H). Row t attends to every real cached row and to the real new rows 0..t (a padding
-        row to itself only: finite, and no row's key)."""
+        row to itself only: finite, and no row's key); attn_mask (B, 1, T, C + T) bool, when given,
+        says instead which cached and new rows each row reads (training's unrolled steps)."""
         batch, size = x.shape[:2]
         q = self.q_proj(x).view(batch, size, self.heads, self.head_dim).transpose(1, 2)  # (B, h, T, D)
         k = self.k_proj(x).view(batch, size, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, kvh, T, D)
@@ -242,7 +248,9 @@ class Eagle3Attention(nn.Module):
             k, v = kv[0]
         causal = torch.ones(size, cached + size, dtype=torch.bool, device=x.device).tril(cached)  # (T, C + T)
         mask = causal[None, None]
-        if valid is not None:
+        if attn_mask is not None:
+            mask = attn_mask
+        elif valid is not None:
             itself = torch.zeros_like(causal)
             itself[:, cached:] = torch.eye(size, dtype=torch.bool, device=x.device)
             mask = (causal[None] & valid.to(x.device)[:, None, :] | itself[None])[:, None]  # (B, 1, T, C + T)
@@ -264,9 +272,10 @@ class Eagle3Layer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: ContextCache | None, valid: torch.Tensor | None) -> torch.Tensor:
+                cache: ContextCache | None, valid: torch.Tensor | None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
-        h = hidden + self.self_attn(x, cos, sin, cache, valid)
+        h = hidden + self.self_attn(x, cos, sin, cache, valid, attn_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -274,10 +283,11 @@ class Eagle3Net(nn.Module):
     """The head under the published parameter names (module docstring: the maths).
 
     project(features (B, T, 3 * Ht)) -> (B, T, H); forward(embeds (B, T, H), hidden (B, T, H),
-    positions (B, T) int64, cache=None, valid=None (B, T) bool) -> out (B, T, H), before the final
-    norm; logits(out) -> (B, T, N). Without a cache the T rows attend causally among themselves;
-    with a ContextCache (nets/dflash.py: one layer's keys after RoPE and values, and which rows are
-    real) they are appended to it and attend to every real row it holds. d2t (N,)
+    positions (B, T) int64, cache=None, valid=None (B, T) bool, attn_mask=None) -> out (B, T, H),
+    before the final norm; logits(out) -> (B, T, N). Without a cache the T rows attend causally
+    among themselves; with a ContextCache (nets/dflash.py: one layer's keys after RoPE and values,
+    and which rows are real) they are appended to it and attend to every real row it holds; an
+    attn_mask (B, 1, T, C + T) bool replaces both rules (training/eagle3.py's unrolled steps). d2t (N,)
     and t2d (V,) are buffers (saved with the weights). embed_tokens exists when the checkpoint has it.
     """
 
@@ -312,9 +322,10 @@ class Eagle3Net(nn.Module):
         return self.fc(features.to(self.fc.weight.dtype))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                cache: ContextCache | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+                cache: ContextCache | None = None, valid: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         cos, sin = self.rotary_emb(hidden, positions)
-        return self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, cache, valid)
+        return self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, cache, valid, attn_mask)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """out (B, T, H) -> lm_head(norm(out)) (B, T, N) over the draft vocabulary."""

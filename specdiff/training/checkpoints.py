@@ -1,5 +1,6 @@
 """What a `specdiff distill` run writes: checkpoints to resume from, and the published drafter;
-and what it trains and checkpoints, a Task (the loop runs one; loop.DiffusionTask, dflash.DFlashTask).
+and what it trains and checkpoints, a Task (the loop runs one; loop.DiffusionTask, dflash.DFlashTask,
+eagle3.Eagle3Task).
 
 A checkpoint (weights, optimizer, step, batch RNG state = data position, validation history) is
 written to DIR/checkpoints/step-NNNNNNN, the last KEEP of them kept; `resume` continues from the
@@ -27,7 +28,6 @@ import torch
 from torch import nn
 
 from ..atomic import new_directory, temp_directory
-from ..drafters.dflash import DFlashDrafter
 from ..drafters.diffusion import DiffusionDrafter
 from ..errors import DivergedError, LoadError
 from ..nets.checkpoint import load_own, read_json, save_own
@@ -145,12 +145,8 @@ def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict
     return (drafter, *read_state(path))
 
 
-def recorded(drafter: DiffusionDrafter | DFlashDrafter) -> dict[str, Any]:
-    """The options a drafter's checkpoint fixes (config.settled): its shape, target layers, gamma."""
-    if isinstance(drafter, DFlashDrafter):
-        q = drafter.net.config
-        return {"layers": q.num_hidden_layers, "dim": q.hidden_size, "heads": q.num_attention_heads,
-                "target_layers": tuple(drafter.target_layer_ids), "gamma": drafter.block_size - 1}
+def recorded(drafter: DiffusionDrafter) -> dict[str, Any]:
+    """The options a diffusion drafter's checkpoint fixes (config.settled; a reader's: its Reader)."""
     c = drafter.backbone.config
     return {"layers": c.n_blocks, "dim": c.hidden_size, "heads": c.n_heads, "context": drafter.context_length,
             "gamma": drafter.defaults.get("gamma")}

@@ -20,12 +20,14 @@ import torch
 from ..atomic import check_new_directory
 from ..budget import check_fits
 from ..errors import UsageError
-from .losses import DFLASH_LOSSES, LOSSES
+from .losses import LOSSES, READING_LOSSES
 
 DEFAULT_SHAPE = {"layers": 2, "dim": 128, "heads": 4, "context": 32}  # a new drafter's, unless given
 RAW_FRACTION = 0.25  # default share of raw text rows when `raw_text` is given
 CHAT_PROMPT_TOKENS = 96  # default `prompt_tokens` with `chat`
-METHODS = ("specdiff", "dflash")  # the drafter kinds distill trains
+METHODS = ("specdiff", "dflash", "eagle3")  # the drafter kinds distill trains
+READING = ("dflash", "eagle3")  # those reading the target's hidden states (reading.py)
+UNROLL = 7  # eagle3's default `unroll`: EAGLE-3's training-time-test length
 GAMMA = 8  # the default `gamma`, where no checkpoint or DFlash drafter being continued records one
 
 
@@ -34,7 +36,8 @@ class DistillConfig:
     target: str
     out: str
     prompts: str
-    method: str = "specdiff"  # the drafter trained: a masked-diffusion drafter (specdiff) or a DFlash drafter (dflash)
+    method: str = "specdiff"  # the drafter trained: a masked-diffusion drafter (specdiff), a DFlash drafter
+    # (dflash) or an EAGLE-3 head (eagle3)
     chat: bool = False  # prompts: one question a line, through the target's chat template
     prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
     data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
@@ -48,9 +51,10 @@ class DistillConfig:
     heads: int | None = None
     context: int | None = None
     mask_token: str | None = None  # a token of the tokenizer to use as mask id (else an extra row)
-    target_layers: tuple[int, ...] | None = None  # dflash: the target layers (0-based) it reads
+    target_layers: tuple[int, ...] | None = None  # dflash, eagle3: the target layers (0-based) it reads
     anchors: int = 4  # dflash: blocks drafted from each sequence of a batch
-    draft_vocab: int | None = None  # dflash: the head scores the N most frequent answer tokens (specdiff.vocab)
+    draft_vocab: int | None = None  # dflash, eagle3: the head scores the N most frequent answer tokens (specdiff.vocab)
+    unroll: int | None = None  # eagle3: steps of the head unrolled on its own output in training (default UNROLL)
     raw_text: str | None = None
     raw_fraction: float | None = None
     gamma: int | None = None  # the draft length trained for: None, the continued checkpoint's, else GAMMA
@@ -76,6 +80,11 @@ class DistillConfig:
     device: str = "cpu"
 
     @property
+    def draft_unroll(self) -> int:
+        """eagle3's unrolled steps: the option, else UNROLL."""
+        return UNROLL if self.unroll is None else self.unroll
+
+    @property
     def draft_gamma(self) -> int:
         """gamma as trained (once `settled`): the option, else GAMMA."""
         return GAMMA if self.gamma is None else self.gamma
@@ -89,11 +98,11 @@ def check(cfg: DistillConfig) -> None:
             raise UsageError(f"`{name}` must be >= 1, got {getattr(cfg, name)}")
     if cfg.method not in METHODS:
         raise UsageError(f"unknown distill method '{cfg.method}' (choose from {', '.join(METHODS)})")
-    losses = DFLASH_LOSSES if cfg.method == "dflash" else LOSSES
+    losses = READING_LOSSES if cfg.method in READING else LOSSES
     if any(name not in losses for name in cfg.loss.split("+")):
         raise UsageError(f"unknown loss '{cfg.loss}' for method {cfg.method} (choose from {', '.join(losses)}, "
                          "or a sum such as ce+kl)")
-    _check_dflash(cfg)
+    _check_reading(cfg)
     _check_finite(cfg)
     if cfg.lr <= 0 or cfg.draft_temperature <= 0 or (cfg.time_budget is not None and cfg.time_budget <= 0):
         raise UsageError("lr, draft_temperature and time_budget must be > 0")
@@ -141,15 +150,20 @@ def _floors(cfg: DistillConfig) -> list[tuple[int, dict[str, int], str]]:
     """[(bytes at least, the options that make them, what needs them)]: the teacher data's int64
     ids, a new diffusion drafter's fp32 weights, gradients and two Adam moments (12 dim^2 a block),
     a training batch's activations (one dim-wide and one attention map per block) or a DFlash
-    batch's attention over its anchors' blocks (mask and fp32 scores)."""
+    batch's attention over its anchors' blocks (mask and fp32 scores), an EAGLE-3 batch's over its
+    rows at the last unrolled step."""
     g, L, B = cfg.draft_gamma, cfg.continuation_tokens, cfg.batch_size
-    W = L + (cfg.prompt_tokens or (CHAT_PROMPT_TOKENS if cfg.chat or cfg.method == "dflash" else 0))
+    W = L + (cfg.prompt_tokens or (CHAT_PROMPT_TOKENS if cfg.chat or cfg.method in READING else 0))
     floors = [(cfg.num_prompts * cfg.samples_per_prompt * W * 8, {"num_prompts": cfg.num_prompts,
                "samples_per_prompt": cfg.samples_per_prompt, "continuation_tokens": L}, "the teacher data")]
     if cfg.method == "dflash":
         AS = cfg.anchors * (g + 1)
         return floors + [(B * AS * (W + AS) * (1 + 4 * (cfg.heads or 1)), {"anchors": cfg.anchors, "batch_size": B,
                           "gamma": g}, "a training batch's attention over its blocks")]
+    if cfg.method == "eagle3":
+        U = cfg.draft_unroll
+        return floors + [(B * W * U * W * (1 + 4 * (cfg.heads or 1)), {"batch_size": B, "unroll": U,
+                          "continuation_tokens": L}, "a training batch's attention over its unrolled steps")]
     shape = {k: getattr(cfg, k) or (1 if cfg.drafter else v) for k, v in DEFAULT_SHAPE.items()}
     layers, dim, heads, T = shape["layers"], shape["dim"], shape["heads"], shape["context"] + g
     if not cfg.drafter:
@@ -169,21 +183,23 @@ def _check_finite(cfg: DistillConfig) -> None:
                     raise UsageError(f"{f.name} must be a finite number, got {v}")
 
 
-def _check_dflash(cfg: DistillConfig) -> None:
-    """A DFlash drafter (new, or `drafter`) has the target's width and reads target layers; the
-    diffusion drafter's shape options mean nothing to it."""
-    if cfg.method != "dflash":
+def _check_reading(cfg: DistillConfig) -> None:
+    """A DFlash drafter or an EAGLE-3 head (new, or `drafter`) has the target's width and reads
+    target layers; the diffusion drafter's shape options mean nothing to it."""
+    if cfg.unroll is not None and (cfg.method != "eagle3" or cfg.unroll < 1):
+        raise UsageError(f"`unroll` is for `method` eagle3 and must be >= 1, got {cfg.unroll}")
+    if cfg.method not in READING:
         if cfg.target_layers is not None:
-            raise UsageError("`target_layers` is for `method` dflash (the target layers its drafter reads)")
+            raise UsageError("`target_layers` is for `method` dflash or eagle3 (the target layers its drafter reads)")
         if cfg.draft_vocab is not None:
-            raise UsageError("`draft_vocab` trains a DFlash drafter's reduced head; cut a diffusion drafter's "
-                             "after training (`specdiff drafter convert`, `draft_vocab` and `frequencies`)")
+            raise UsageError("`draft_vocab` trains a DFlash or EAGLE-3 drafter's reduced head; cut a diffusion "
+                             "drafter's after training (`specdiff drafter convert`, `draft_vocab` and `frequencies`)")
         return
     if cfg.draft_vocab is not None and cfg.draft_vocab < 1:
         raise UsageError(f"`draft_vocab` must be >= 1, got {cfg.draft_vocab}")
     for name, value in (("context", cfg.context), ("raw_text", cfg.raw_text)):
         if value is not None:
-            raise UsageError(f"`{name}` is not used by `method` dflash (a drafter of the target's width, "
+            raise UsageError(f"`{name}` is not used by `method` {cfg.method} (a drafter of the target's width, "
                              "reading all of the context through the target's features)")
     if cfg.drafter is not None and cfg.target_layers is not None:
         raise UsageError("`drafter` fixes the target layers it reads: drop `target_layers`")

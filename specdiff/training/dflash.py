@@ -9,8 +9,6 @@ answers and hidden states.
              nets.dflash.build_target_layer_ids); block S = gamma + 1; mask = `mask_token`, else
              the first embedding row past the tokenizer, else its last special token that is not
              bos / eos / pad (a DFlash mask is a row of the target's embedding, frozen as it is)
-    data     the teacher sequences (teacher.py: prompt, then the target's answer) and the target's
-             features of them (features.py), computed once
     blocks   per sequence, `anchors` anchors a drawn in its answer (up to its first eos): slot 0 the
              token at a, slots 1..gamma the mask; each block attends to the features of the
              sequence's positions < a and to itself, as drafting does (methods/dflash.py); all of
@@ -20,21 +18,14 @@ answers and hidden states.
              sum min(p, q) over them (lk, losses.lk_per_slot), weighted exp(-(k - 1) / (gamma / 2)):
              DFlash's decaying slot weights (a slot counts only when the ones before it are accepted)
     vocab    with `draft_vocab` N: the head is the target's rows at the N most frequent ids of the
-             training answers (training/vocab.py), saved with every checkpoint; q can only be the
-             target's p restricted to them, so the loss is taken against that restriction: no ce
-             where the teacher's token is outside, the soft labels outside dropped and the rest
-             renormalised (their tail beyond the top k counted as inside)
-    loop     loop.train (warmup, cosine decay, clipping, checkpoints and resume)
-    report   tau and alpha of `--method dflash` against the target on held-out questions, greedy
-             and at eval_temperature, in DIR/report.json
+             training answers, saved with every checkpoint (the loss: reading.restricted)
 
+The data, the run, resume and the report are reading.py's (READER declares this drafter to it).
 The target's embedding and head are the drafter's own input and output (bound, frozen, not saved).
 """
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,52 +33,20 @@ from typing import Any
 import torch
 from transformers import Qwen3Config
 
-from ..atomic import new_file
 from ..budget import check_fits
 from ..drafters.dflash import DFlashDrafter
-from ..vocab import DraftVocab, load_draft_vocab
 from ..errors import UsageError
 from ..nets.dflash import DFlashNet, DFlashSpec, build_target_layer_ids, load_dflash, save_dflash
 from ..targets.causal import CausalLMTarget
-from .batches import split_limits
-from .checkpoints import TrainState, publish, read_state, recorded, resumable, undone_if_diverged
-from .config import CHAT_PROMPT_TOKENS, DistillConfig, data_directory, settled
-from .data import data_spec
-from .evaluation import evaluate_drafter
-from .features import MappedFeatures, cached_features, features_directory, padding
-from .losses import kl_per_slot, lk_per_slot
-from .loop import train
-from .teacher import Sequences, build_sequences, more_sequences
-from .vocab import build_vocab
+from ..vocab import load_draft_vocab
+from .checkpoints import TrainState, read_state
+from .config import DistillConfig
+from .losses import per_slot_loss
+from .reading import Corpus, Reader, new_draft_vocab, restricted, validation_loss
 
 VAL_SEED_OFFSET = 2  # the fixed validation blocks' generator: seed + this
 INIT_STD = 0.02  # new linear layers: normal(0, INIT_STD), as Qwen3's initializer_range
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}  # for a target without RoPE (GPT-2)
-
-
-@dataclass
-class Corpus:
-    """Sequences (M, W) = prompt (P) + answer (L), left-padded by pad (M,); the target's features
-    (M, W, F) fp16 (read by rows: mapped from their files for training); limits (M,): the first
-    anchor column past the last usable one."""
-
-    seqs: Sequences
-    features: torch.Tensor | MappedFeatures
-    pad: torch.Tensor
-    limits: torch.Tensor
-
-    def rows(self) -> torch.Tensor:
-        """The rows with at least one anchor."""
-        return torch.nonzero(self.limits > 0)[:, 0]
-
-    @staticmethod
-    def cat(parts: list[Corpus]) -> Corpus:
-        """One Corpus of parts whose features are mapped (training sets), rows in order."""
-        features = parts[0].features
-        for part in parts[1:]:
-            features = features + part.features  # type: ignore[operator]
-        return Corpus(Sequences.cat([p.seqs for p in parts]), features, torch.cat([p.pad for p in parts]),
-                      torch.cat([p.limits for p in parts]))
 
 
 @dataclass
@@ -138,19 +97,8 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, soft: tuple[torch.Ten
     the weighted loss."""
     g, V = logits.shape[2:]
     weights = slot_weights(g, logits.device).expand(labels.shape).reshape(-1)
-    log_q = logits.reshape(-1, V).log_softmax(-1)  # (B A g, V), shared by the parts
-    per_slot = log_q.new_zeros(weights.shape)
-    if "ce" in parts:
-        flat = labels.reshape(-1, 1)
-        per_slot = per_slot - log_q.gather(-1, flat.clamp(min=0))[:, 0] * (flat[:, 0] >= 0)
-    for name, part in (("kl", kl_per_slot), ("lk", lk_per_slot)):
-        if name not in parts:
-            continue
-        if soft is None:
-            raise UsageError(f"the {name} loss needs soft labels (`soft_labels` > 0)")
-        ids, p = soft
-        k = ids.shape[-1]
-        per_slot = per_slot + part(log_q, ids.reshape(-1, k).long(), p.reshape(-1, k).float())
+    flat = None if soft is None else (soft[0].reshape(len(weights), -1), soft[1].reshape(len(weights), -1))
+    per_slot = per_slot_loss(logits.reshape(-1, V), labels.reshape(-1), flat, parts)
     return (per_slot * weights).sum() / weights.sum()
 
 
@@ -176,43 +124,22 @@ class DFlashTask:
                               corpus.pad[rows].to(device), anchors.to(device))
         columns = anchors[..., None] + torch.arange(1, self.module.block_size)  # (B, A, g) labelled columns
         labels = ids.gather(1, columns.to(device).flatten(1)).view(columns.shape)
-        soft = None
-        if corpus.seqs.soft_ids is not None and corpus.seqs.soft_p is not None:
-            j = (columns - self.P).flatten(1)[..., None].expand(-1, -1, corpus.seqs.soft_ids.shape[-1])
-            soft = tuple(t[rows].gather(1, j).view(*columns.shape, -1).to(device)
-                         for t in (corpus.seqs.soft_ids, corpus.seqs.soft_p))
+        soft = corpus.soft(rows[:, None, None], columns, self.P)
+        soft = None if soft is None else (soft[0].to(device), soft[1].to(device))
         if self.module.draft_vocab is not None:
-            labels, soft = restricted(self.module.draft_vocab, labels, soft)  # type: ignore[arg-type]
-        return block_loss(logits, labels, soft, self.parts)  # type: ignore[arg-type]
+            labels, soft = restricted(self.module.draft_vocab, labels, soft)
+        return block_loss(logits, labels, soft, self.parts)
 
     def scored(self, batch: tuple[Corpus, Blocks]) -> int:
         return batch[1].anchors.numel() * (self.module.block_size - 1)
 
-    @torch.no_grad()
     def validation(self) -> float:
-        self.module.eval()
-        values = [self.loss(batch).item() for batch in self.val]
-        return round(sum(values) / len(values), 5)
+        return validation_loss(self.module, self.loss, self.val)
 
     def save(self, directory: Path) -> None:
         save_dflash(directory, self.module.net, self.module.spec)
         if self.module.draft_vocab is not None:
             self.module.draft_vocab.save(directory)
-
-
-def restricted(vocab: DraftVocab, labels: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None
-               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-    """Target ids -> draft ids of the head's N rows (see the module docstring): labels (...) -> (-1
-    outside the map); soft labels (ids, p) (..., k) -> (draft ids, p renormalised over the ids
-    inside and the tail, 0 outside)."""
-    index = torch.full((vocab.vocab_size,), -1, dtype=torch.long, device=labels.device)
-    index[vocab.ids.to(labels.device)] = torch.arange(vocab.size, device=labels.device)
-    if soft is None:
-        return index[labels], None
-    ids, p = index[soft[0].long()], soft[1].float()
-    inside = ids >= 0
-    p_out = (p * ~inside).sum(-1, keepdim=True)
-    return index[labels], (ids.clamp(min=0), torch.where(inside, p, 0) / (1 - p_out).clamp(min=1e-6))
 
 
 def new_drafter(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
@@ -263,49 +190,6 @@ def mask_id(cfg: DistillConfig, target: CausalLMTarget) -> int:
     return max(free)
 
 
-def corpus(seqs: Sequences, features: torch.Tensor | MappedFeatures, pad_id: int | None, P: int, gamma: int, eos: int | None) -> Corpus:
-    """A Corpus: anchors a with a + gamma inside the row, drafting at or before its first eos."""
-    limits = split_limits(seqs, P, gamma, eos) - 1  # split_limits bounds the first drafted column a + 1
-    return Corpus(seqs, features, padding(seqs.ids, pad_id), torch.where(limits > P, limits, 0))
-
-
-def distill_dflash(cfg: DistillConfig, target: Any, progress: bool) -> dict[str, Any]:
-    """Train a DFlash drafter for `target` into cfg.out (see the module docstring) -> the report
-    (data_only: the teacher data and features, then a short report)."""
-    wall = time.perf_counter()
-    if not isinstance(target, CausalLMTarget):
-        raise UsageError(f"`method` dflash reads a causal target's hidden states; '{target.name}' is a "
-                         f"{type(target).__name__}")
-    target.model.requires_grad_(False)
-    out = Path(cfg.out)
-    found = resumable(out / "checkpoints", _resumed) if cfg.resume and not cfg.data_only else None
-    drafter, opt_state, state = found[1] if found else (_first(cfg, target), None, TrainState())
-    if found or cfg.drafter:  # what it continues fixes its settings
-        cfg = settled(cfg, recorded(drafter), f"the checkpoint being resumed ({found[0]})" if found
-                      else f"`drafter` {cfg.drafter}")
-    drafter.bind_target(target.model)
-    drafter.to(cfg.device)
-    with undone_if_diverged(out):
-        train_set, val_set, P, generate_s = _corpora(cfg, target, drafter, progress)
-        if cfg.data_only:
-            return {"target": target.name, "data": str(data_directory(cfg)), "generate_s": round(generate_s, 3),
-                    "sequences": len(train_set.seqs) + len(val_set.seqs),
-                    "generated_tokens": (len(train_set.seqs) + len(val_set.seqs)) * cfg.continuation_tokens}
-        _with_draft_vocab(cfg, target, drafter, resumed=found is not None)
-        task = DFlashTask(drafter, train_set, val_set, P, cfg)
-        opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
-        if opt_state is not None:
-            opt.load_state_dict(opt_state)
-        if not state.history:
-            state.history.append([0, task.validation()])
-        train(task, opt, state, cfg, progress)
-    publish(out, task.save)
-    report = _report(cfg, target, task, state, val_set, P, time.perf_counter() - wall)
-    with new_file(out / "report.json") as tmp:
-        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    return report
-
-
 def _first(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
     """The drafter training starts from: `drafter` (in fp32, its map kept), else a new one."""
     if cfg.drafter is None:
@@ -327,61 +211,22 @@ def _resumed(path: Path) -> tuple[DFlashDrafter, dict[str, Any], TrainState]:
 
 
 def _with_draft_vocab(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter, resumed: bool) -> None:
-    """The head's map: a resumed checkpoint, or a `drafter` with one, keeps its own (`draft_vocab`
-    omitted or equal; a resumed whole head admits no `draft_vocab`); otherwise `draft_vocab` N gives
-    the N most frequent answer tokens of the teacher data (training/vocab.py) and their head rows."""
-    held = drafter.draft_vocab
-    size = held.size if held else None
-    if cfg.draft_vocab not in (None, size) and (resumed or held is not None):
-        raise UsageError(f"`draft_vocab` {cfg.draft_vocab}: {'the checkpoint being resumed' if resumed else cfg.drafter} "
-                         f"was trained with {f'a head of {size} rows' if held else 'the whole head'}")
-    if held is None and cfg.draft_vocab is not None:
-        drafter.draft_vocab = build_vocab(data_directory(cfg), cfg.draft_vocab, target.tokenizer, target.eos_token_id)
+    """The head's map (reading.new_draft_vocab); the head is the target's rows at its ids."""
+    vocab = new_draft_vocab(cfg, target, drafter.draft_vocab, resumed)
+    if vocab is not None:
+        drafter.draft_vocab = vocab
         drafter.bind_target(target.model)
 
 
-def _corpora(cfg: DistillConfig, target: CausalLMTarget, drafter: DFlashDrafter,
-             progress: bool) -> tuple[Corpus, Corpus, int, float]:
-    """(train, val, P, seconds spent generating): the teacher data (cached or generated; with
-    `more_data`, those caches' training sequences too) and the target's features of it (cached or
-    computed)."""
-    P = cfg.prompt_tokens or CHAT_PROMPT_TOKENS
-    data, layers = data_directory(cfg), drafter.target_layer_ids
-    spec = data_spec(cfg, target, P, None)
-    more = more_sequences(cfg.more_data, spec)  # refused before any generating
-    train_seqs, val_seqs, generate_s = build_sequences(data, target, spec, progress,
-                                                       (features_directory(data, layers), layers))
-    pad_id = target.tokenizer.pad_token_id if cfg.chat else None
-    eos = target.eos_token_id if cfg.chat else None
-    parts, val_set = [], None
-    for directory, train, val in [(data, train_seqs, val_seqs), *more]:
-        train_f, val_f = cached_features(directory, target.model, train, val, pad_id, layers, progress)
-        parts.append(corpus(train, train_f, pad_id, P, cfg.draft_gamma, eos))
-        if val_set is None:  # held out: `data`'s own, the first
-            val_set = corpus(val, val_f, pad_id, P, cfg.draft_gamma, eos)
-    assert val_set is not None
-    sets = [Corpus.cat(parts), val_set]
-    for name, s in zip(("training", "held-out"), sets):
-        if not len(s.rows()):
-            raise UsageError(f"no {name} answer is long enough for a block of {cfg.draft_gamma + 1} tokens")
-    return sets[0], sets[1], P, generate_s
+def recorded(drafter: DFlashDrafter) -> dict[str, Any]:
+    """The options a DFlash checkpoint fixes (config.settled): its shape, target layers, gamma."""
+    q = drafter.net.config
+    return {"layers": q.num_hidden_layers, "dim": q.hidden_size, "heads": q.num_attention_heads,
+            "target_layers": tuple(drafter.target_layer_ids), "gamma": drafter.block_size - 1}
 
 
-def _report(cfg: DistillConfig, target: CausalLMTarget, task: DFlashTask, state: TrainState, val_set: Corpus,
-            P: int, wall_s: float) -> dict[str, Any]:
-    drafter = task.module
-    evaluation = evaluate_drafter(cfg, target, drafter, val_set.seqs, P, method="dflash")
-    return {
-        "target": target.name, "drafter": str(Path(cfg.out)), "method": "dflash", "loss": cfg.loss,
-        "teacher": {"temperature": list(cfg.teacher_temperature), "top_p": list(cfg.teacher_top_p),
-                    "samples_per_prompt": cfg.samples_per_prompt},
-        "gamma": cfg.draft_gamma, "block_size": drafter.block_size, "anchors": cfg.anchors, "mask_id": drafter.mask_id,
-        "target_layer_ids": drafter.target_layer_ids,
-        "draft_vocab": None if drafter.draft_vocab is None else drafter.draft_vocab.to_dict(),
-        "parameters": sum(p.numel() for p in drafter.parameters()),
-        "val_loss": {"initial": state.history[0][1], "final": state.history[-1][1], "history": state.history},
-        "eval": evaluation,
-        "compute": {"steps": state.step, "train_tokens": state.tokens, "train_s": round(state.train_s, 3),
-                    "train_sequences": len(task.train_set.seqs), "wall_s": round(wall_s, 3), "device": cfg.device,
-                    "threads": torch.get_num_threads()},
-    }
+READER = Reader(
+    "dflash", "a DFlash drafter", first=_first, resumed=_resumed, recorded=recorded,
+    bind=lambda drafter, target: drafter.bind_target(target.model), layers=lambda d: tuple(d.target_layer_ids),
+    span=lambda cfg: cfg.draft_gamma, with_vocab=_with_draft_vocab, task=DFlashTask,
+    details=lambda d, cfg: {"block_size": d.block_size, "anchors": cfg.anchors, "mask_id": d.mask_id})

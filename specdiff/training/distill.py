@@ -14,7 +14,8 @@ distill(cfg) -> report, the whole run:
     report       tau and alpha of specdiff against the target on held-out prompts, greedy and at
                  eval_temperature (evaluate_drafter), in DIR/report.json with the validation
                  history, the compute spent and the share of p's mass the soft labels keep.
-A run that diverges raises DivergedError and writes no drafter (checkpoints.py).
+A run that diverges raises DivergedError and writes no drafter (checkpoints.py). `method` dflash
+and eagle3 train drafters that read the target's hidden states instead (reading.py, READERS).
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ from ..loading import load_target, pair_models
 from .checkpoints import TrainState, load_checkpoint, publish, recorded, resumable, save_drafter, undone_if_diverged
 from .config import DistillConfig, check, data_directory, settled, trained_for
 from .data import Data, prepare
-from .dflash import distill_dflash
+from .dflash import READER as DFLASH
 from .drafter import frozen, initial_drafter
+from .eagle3 import READER as EAGLE3
 from .evaluation import evaluate_drafter
 from .loop import DiffusionTask, train
+from .reading import distill_reading
 from .teacher import Teacher
+
+READERS = {reader.method: reader for reader in (DFLASH, EAGLE3)}  # drafters reading the target's features
 
 
 def distill(cfg: DistillConfig, progress: bool = False) -> dict[str, Any]:
@@ -45,8 +50,8 @@ def distill(cfg: DistillConfig, progress: bool = False) -> dict[str, Any]:
     wall = time.perf_counter()
     check(cfg)
     target = load_target(cfg.target, device=cfg.device, dtype="fp32")
-    if cfg.method == "dflash":
-        return distill_dflash(cfg, target, progress)
+    if cfg.method in READERS:
+        return distill_reading(cfg, target, READERS[cfg.method], progress)
     if cfg.data_only:
         return build_data(cfg, target, progress)
     out = Path(cfg.out)

@@ -1,6 +1,8 @@
-"""The target's hidden states of the teacher sequences, for `specdiff distill --method dflash`.
+"""The target's hidden states of the teacher sequences, for `specdiff distill --method dflash` and
+`--method eagle3`.
 
-A DFlash drafter reads the outputs of some target layers (nets/dflash.py). Training needs them at
+A DFlash drafter or an EAGLE-3 head reads the outputs of some target layers (nets/dflash.py,
+nets/eagle3.py: the same concatenation, so both read one cache of the same layers). Training needs them at
 every position of every teacher sequence; the target is frozen, so they are computed once, with the
 target alone (no head), and cached beside the teacher data, a chunk at a time (resumable):
 

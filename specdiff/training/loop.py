@@ -2,7 +2,8 @@
 the peak learning rate, gradient norm clipped at MAX_GRAD_NORM; validation loss every
 `val_every` steps on fixed batches, a checkpoint every `checkpoint_every` steps; it stops at
 `max_steps` or when the `time_budget` is spent. What is trained is a Task: DiffusionTask here
-(a diffusion drafter on drafting-shaped batches), DFlashTask in training/dflash.py."""
+(a diffusion drafter on drafting-shaped batches), DFlashTask in training/dflash.py, Eagle3Task in
+training/eagle3.py."""
 
 from __future__ import annotations
 

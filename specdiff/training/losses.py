@@ -17,6 +17,8 @@ over the masked draft slots whose clean token is not the mask id (the scored slo
                token is accepted with its probability.
     ce-streak  SpecDiff-2: -(mean over rows of sum_j w_j log q_j), w_1 = 1, w_j = stop-gradient
                c_{j-1}: each slot's CE weighted by the chance of reaching it.
+The drafters reading the target's features (dflash, eagle3) take READING_LOSSES (ce, kl and lk,
+-log sum min(p, q)) per slot through per_slot_loss, weighted by how likely each slot is reached.
 In the streak losses the product runs over a row's masked slots (clean l2r slots before them
 count as reached; a slot whose token is the mask id, raw text only, as accepted).
 
@@ -148,10 +150,27 @@ def ce_streak(s: Slots, temperature: float = 1.0) -> torch.Tensor:
     return -reach_weighted_log_q(_streak_log_q(s, temperature)).mean()
 
 
+def per_slot_loss(logits: torch.Tensor, labels: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None,
+                  parts: tuple[str, ...]) -> torch.Tensor:
+    """The READING_LOSSES summed at each of S slots (S,): logits (S, V), labels (S,) (-1: none, no
+    ce there), soft labels (ids, p) (S, k) or None (kl and lk need them)."""
+    log_q = logits.log_softmax(-1)  # (S, V), shared by the parts
+    per_slot = log_q.new_zeros(labels.shape)
+    if "ce" in parts:
+        per_slot = per_slot - log_q.gather(-1, labels.clamp(min=0)[:, None])[:, 0] * (labels >= 0)
+    for name, part in (("kl", kl_per_slot), ("lk", lk_per_slot)):
+        if name not in parts:
+            continue
+        if soft is None:
+            raise UsageError(f"the {name} loss needs soft labels (`soft_labels` > 0)")
+        per_slot = per_slot + part(log_q, soft[0].long(), soft[1].float())
+    return per_slot
+
+
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"ce": masked_ce, "mdlm": mdlm_elbo, "kl": soft_kl, "streak": streak,
                                                   "ce-streak": ce_streak}
 AT_DRAFT_TEMPERATURE = ("streak", "ce-streak")
-DFLASH_LOSSES = ("ce", "kl", "lk")  # training/dflash.py: per slot, weighted by the slot's reach
+READING_LOSSES = ("ce", "kl", "lk")  # dflash and eagle3 (training/reading.py): per slot, weighted by its reach
 
 
 def loss_function(cfg: LossSettings) -> Callable[[DiffusionDrafter, Batch], torch.Tensor]:
