@@ -42,7 +42,7 @@ from typing import Callable, Iterator, Protocol
 import torch
 
 from .contracts import BlockTarget
-from .decoding import Row
+from .contracts import Row
 from .metrics import Clock, Metrics
 from .sampling import Sampling
 from .settings import BlockSettings

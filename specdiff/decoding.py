@@ -41,10 +41,10 @@ from typing import Callable, Iterable, Iterator, cast
 import torch
 
 from . import selection, trees
-from .adaptive import ROWS, Controller, Costs, measure
+from .adaptive import ROWS, Controller, measure
 from .contracts import Draft, Proposer, Row, Rule, Target, TreeTarget
 from .errors import UsageError
-from .metrics import Metrics
+from .metrics import Costs, Metrics
 from .sampling import Sampling
 from .tree_sizes import SizeController
 

@@ -320,7 +320,7 @@ def _progress_on_terminals_only() -> Iterator[None]:
     import transformers.modeling_gguf_pytorch_utils as reader
     from transformers.utils import logging
 
-    bar = reader.tqdm
+    bar = getattr(reader, "tqdm")  # its own import of tqdm, which it does not export
     setattr(reader, "tqdm", functools.partial(bar, disable=None if logging.is_progress_bar_enabled() else True))
     try:
         yield

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
-from huggingface_hub.utils import get_session
+from huggingface_hub import get_session
 
 from .errors import LoadError
 

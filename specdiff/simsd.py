@@ -31,7 +31,7 @@ import torch
 from .acceptance import get_rule
 from .block_decoding import BlockRun, decode_blocks
 from .contracts import BlockTarget, Rule
-from .decoding import Row
+from .contracts import Row
 from .sampling import Sampling
 from .settings import BlockSettings
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .threads import MAX_THREADS
+from specdiff.requests import MAX_THREADS
 
 
 class NumberList(click.ParamType):

@@ -38,13 +38,14 @@ def _quiet_libraries() -> None:
     the CLI speaks only when something is wrong. Set here, not in the library, whose users own
     their logging. Downloads keep their bars on a terminal: a first run may fetch gigabytes."""
     from huggingface_hub import utils as hub_utils
+    from huggingface_hub.utils.tqdm import enable_progress_bars
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     hub_utils.logging.set_verbosity_error()
     if sys.stderr.isatty():
-        hub_utils.enable_progress_bars()
+        enable_progress_bars()
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from typing import Any, Generator, Iterable, Iterator
 import torch
 from tqdm import tqdm
 
-from ..decoding import Row
+from ..contracts import Row
 from ..errors import UsageError
 from ..metrics import Metrics
 from ..requests import check_flags, check_indices, check_prompts, check_threads

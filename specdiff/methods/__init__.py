@@ -30,10 +30,11 @@ from ..drafters.autoregressive import ARProposer
 from ..drafters.diffusion import DiffusionProposer
 from ..contracts import Drafter
 from ..errors import UsageError
+from ..kinds.block import is_block_diffusion
 from ..settings import BlockSettings, DraftSettings
 from ..simsd import decode_simsd
 from . import blocks, dflash, eagle3, plain, speculative
-from .base import TARGET_KINDS, Method, Models, is_block_diffusion
+from .base import TARGET_KINDS, Method, Models
 
 __all__ = ["METHODS", "TARGET_KINDS", "Method", "Models", "default_method", "get_method", "is_block_diffusion"]
 

@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
-from ..adaptive import Costs
+from ..metrics import Costs
 from ..budget import check_step
 from ..contracts import CapturingTarget, Decoder, Drafter, Proposer, Target
 from ..errors import UsageError

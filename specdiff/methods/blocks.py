@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
 
 from ..contracts import BlockTarget, Decoder
-from ..decoding import Row
+from ..contracts import Row
 from ..errors import IncompatibleModelsError, UsageError
 from ..sampling import Sampling
 from ..settings import BlockSettings

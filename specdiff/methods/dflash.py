@@ -43,9 +43,9 @@ from typing import Any, Iterable, Iterator, Protocol
 import torch
 
 from .. import acceptance as single, selection, trees
-from ..contracts import CapturingTarget, Draft, Rule, TreeTarget
-from ..adaptive import Costs
-from ..decoding import Row, decode_drafted, empty_draft, measure_costs
+from ..contracts import CapturingTarget, Draft, Row, Rule, TreeTarget
+from ..metrics import Costs
+from ..decoding import decode_drafted, empty_draft, measure_costs
 from ..drafters.dflash import hidden_state_indices, is_dflash_drafter as is_dflash
 from ..nets.dflash import ContextCache
 from ..errors import UsageError

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import acceptance as single
-from ..adaptive import Costs
-from ..contracts import CapturingTarget, Draft, Rule
-from ..decoding import Row, decode_drafted, empty_draft, measure_costs
+from ..contracts import CapturingTarget, Draft, Row, Rule
+from ..metrics import Costs
+from ..decoding import decode_drafted, empty_draft, measure_costs
 from ..drafters.eagle3 import is_eagle3_drafter
 from ..errors import UsageError
 from ..nets.dflash import ContextCache

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, cast
 
 from ..compiled import warm_up
-from ..contracts import Target
-from ..decoding import Row, decode_ar
+from ..contracts import Row, Target
+from ..decoding import decode_ar
 from ..sampling import Sampling
 from ..targets.static import StaticTarget
 from .base import Method, Models, check_sizes

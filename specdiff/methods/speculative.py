@@ -18,9 +18,9 @@ from typing import Any, Iterable, Iterator, Protocol, cast
 
 from .. import acceptance as single, selection
 from ..compiled import warm_up
-from ..contracts import Proposer, Rule, Target
-from ..adaptive import Costs
-from ..decoding import Row, decode_speculative, measure_costs, proposer_step
+from ..contracts import Proposer, Row, Rule, Target
+from ..metrics import Costs
+from ..decoding import decode_speculative, measure_costs, proposer_step
 from ..drafters.diffusion import DiffusionProposer, block_sizes
 from ..errors import UsageError
 from ..sampling import Sampling

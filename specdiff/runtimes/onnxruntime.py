@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.dlpack
 
 from specdiff.artifacts import Artifacts
 from specdiff.errors import LoadError, UsageError
@@ -95,7 +96,7 @@ class OrtRuntime:
             raise LoadError(f"onnxruntime failed running {self.path}: {_first_line(e)}") from e
         if self.device.type == "cuda":
             binding.synchronize_outputs()
-        return {name: torch.from_dlpack(value) for name, value in zip(self.output_names, binding.get_outputs())}
+        return {name: torch.utils.dlpack.from_dlpack(value) for name, value in zip(self.output_names, binding.get_outputs())}
 
 
 def _dtype_name(dtype: str) -> str:

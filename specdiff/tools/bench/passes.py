@@ -17,7 +17,8 @@ from ...generation import Plan, iter_generate, plan
 from ...metrics import Metrics
 from ...names import PEERS
 from ...settings import AUTO
-from .config import NEEDS, REGISTRY, Models, Settings, Variant
+from ...methods import METHODS as REGISTRY
+from .config import NEEDS, Models, Settings, Variant
 from .sweep import fits
 
 # one prompt's new tokens, its decoding seconds and the loop's own metrics (peers: None)

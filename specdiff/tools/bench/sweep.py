@@ -16,7 +16,8 @@ from ...errors import IncompatibleModelsError, UsageError
 from ...generation import DEFAULT_STEPS, DEFAULTS
 from ...kinds import get_kind
 from ...settings import AUTO
-from .config import METHODS, NEEDS, REGISTRY, Models, Variant
+from ...methods import METHODS as REGISTRY
+from .config import METHODS, NEEDS, Models, Variant
 
 def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["gamma"],),
              steps: Sequence[int | None] = (None,), schedules: Sequence[str] = (DEFAULTS["schedule"],),
