@@ -32,7 +32,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from pathlib import Path
 
 import yaml
@@ -214,8 +214,8 @@ def _read_yaml(path: Path) -> Any:
         raise RegistryError(f"cannot read model registry {path}: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise RegistryError(f"{path}: not valid UTF-8 (byte {e.start})") from e
-    except _KeyNotText as e:
-        raise RegistryError(f"{path}:{e.problem_mark.line + 1}: {e.problem}") from e
+    except _KeyNotText as e:  # raised with the mapping's start mark, never None
+        raise RegistryError(f"{path}:{cast(yaml.Mark, e.problem_mark).line + 1}: {e.problem}") from e
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f" (line {mark.line + 1})" if mark else ""
