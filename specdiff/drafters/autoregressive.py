@@ -4,6 +4,7 @@ rule is exact. For a single row the drafter keeps its KV cache between calls and
 the tokens that changed since the last call; rows of a batch (left-padded, with their lengths)
 are drafted together from an empty cache, with per-row positions and an attention mask. A drafter
 whose context window is shorter than the target's sees only the last (window - gamma) tokens.
+A draft tree (methods.speculative) runs it over many paths of one row at once (ARPaths).
 """
 
 from __future__ import annotations
@@ -98,6 +99,32 @@ class ARProposer:
         if context.shape[0] != 1:  # only a single row's cache is worth keeping
             self._cache = None
         return Draft(tokens=torch.cat(tokens, dim=1), q=torch.stack(qs, dim=1), calls=gamma)
+
+    @torch.no_grad()
+    def paths(self, context: torch.Tensor, gamma: int, sampling: Sampling) -> ARPaths:
+        """One row's context (1, L) -> the drafter over its tree's paths (ARPaths), q warped by
+        `sampling`; a drafter with a shorter window sees the last (window - gamma) tokens."""
+        return ARPaths(self.drafter, context[:, -(self.drafter.max_length - gamma):], sampling)
+
+
+class ARPaths:
+    """One row's drafter over the paths of a draft tree (trees.grown, methods.speculative): `first`
+    (V or N,) the drafter's warped probabilities after the context (1, L) (over the rows it may
+    propose); calling it with (rows (n,), tokens (n,)) -> (n, V or N) those after each of the
+    previous call's rows `rows` followed by its token: the cache keeps one row per path, selected
+    and extended by one token each call (one drafter call per depth)."""
+
+    def __init__(self, drafter: ARDrafter, context: torch.Tensor, sampling: Sampling):
+        self.drafter, self.sampling = drafter, sampling
+        self.cache = DynamicCache(config=drafter.model.config)
+        self.first = self._probs(context)[0]
+
+    def __call__(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.cache.batch_select_indices(rows)
+        return self._probs(tokens[:, None])
+
+    def _probs(self, feed: torch.Tensor) -> torch.Tensor:
+        return self.sampling.probs(self.drafter.next_logits(feed, **with_cache(self.drafter.model, self.cache)))
 
 
 class _Ragged:

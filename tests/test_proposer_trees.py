@@ -1,0 +1,217 @@
+"""Draft trees of spec-ar and specdiff (issue 39; methods.speculative.ProposerTrees): the tree an
+autoregressive drafter grows (trees.grown: best-first over q given the path, against enumeration),
+greedy identity with ar on the tiny GPT-2 / Llama / Qwen3 targets at tree 4, 8 and auto and batch
+1 and 3, the rules' distributions by the chi-square test of tests/test_trees_exact.py on the
+V = 8 target of tests/test_sampling_exact.py (match over deterministic children, multi over
+specdiff's sampled children; min(1, p/q) on a deterministic child fails it), refusals.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdiff import generate, load_target
+from specdiff.acceptance import standard
+from specdiff.decoding import Row
+from specdiff.drafters.autoregressive import ARProposer
+from specdiff.drafters.diffusion import DiffusionProposer
+from specdiff.errors import UsageError
+from specdiff.generation import iter_generate, plan
+from specdiff.methods.speculative import ProposerTrees
+from specdiff.metrics import Costs
+from specdiff.settings import TREE_MAX
+from specdiff.trees import ancestry, best_first, grown, multi, walk
+
+import test_sampling_exact as exact
+from test_sampling_exact import drafters, target  # noqa: F401  (the V = 8 target and its drafters)
+from test_trees_exact import samples_over
+from tiny import TEXT, target_paths
+
+PROMPTS = [" ".join(TEXT.split()[i: i + 2 + i % 5]) for i in range(0, 12, 2)]  # 6 prompts, 2-6 words
+MAX_NEW = 16
+TARGETS = ("gpt2", "llama", "qwen3")
+SLOW = pytest.mark.slow
+
+
+# --- the grown tree -----------------------------------------------------------------------------
+
+class Conditional:
+    """A drafter whose q depends on the whole path (trees.Paths): q after a path is a fixed random
+    softmax of its hash; counts its calls and the rows it is run on."""
+
+    def __init__(self, V: int, seed: int = 0):
+        self.V, self.seed, self.rows = V, seed, [()]  # each row of the last call: its path
+        self.first = self.q(())
+        self.calls = 1
+
+    def q(self, path: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((self.seed, path)) % 2 ** 31)
+        return torch.softmax(torch.randn(self.V, generator=g) * 2, -1)
+
+    def __call__(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.rows = [self.rows[r] + (t,) for r, t in zip(rows.tolist(), tokens.tolist())]
+        self.calls += 1
+        return torch.stack([self.q(path) for path in self.rows])
+
+
+def test_grown_keeps_the_nodes_of_largest_joint_probability_under_q_given_the_path():
+    """Against enumeration of every path of depth <= g: prefix-closed, the N most likely, in
+    order of joint probability; each node's q is its parent's; one drafter call per depth."""
+    g, V, N = 3, 5, 11
+    paths = Conditional(V)
+    tree = grown(paths, N, g)
+    parents = [-1] + (tree.parent + 1).tolist()
+    got = [tuple(tree.tokens[i - 1].item() for i in ancestry(parents, n)[1:]) for n in range(1, N + 1)]
+    joint = {p: math.prod(paths.q(p[:d])[t].item() for d, t in enumerate(p))
+             for d in range(1, g + 1) for p in itertools.product(range(V), repeat=d)}
+    assert len(set(got)) == N and all(len(p) == 1 or p[:-1] in got[:i] for i, p in enumerate(got))
+    assert max(joint[p] for p in joint if p not in got) <= min(joint[p] for p in got) + 1e-7
+    assert [joint[p] for p in got] == sorted((joint[p] for p in got), reverse=True)
+    for i, p in enumerate(got):
+        assert torch.equal(tree.q[i], paths.q(p[:-1])) and tree.depth[i] == len(p)
+    assert tree.calls == paths.calls <= g
+
+
+def test_grown_over_marginals_is_best_first():
+    """A drafter whose q does not depend on the path grows best_first's tree."""
+    probs = torch.softmax(torch.randn(3, 6, generator=torch.Generator().manual_seed(4)) * 2, -1)
+
+    class Marginal:
+        first = probs[0]
+        depth = 0
+
+        def __call__(self, rows, tokens):
+            self.depth += 1
+            return probs[self.depth].expand(len(rows), -1)
+
+    a, b = grown(Marginal(), 9, 3), best_first(probs, 9)
+    assert sorted(zip(a.depth.tolist(), a.tokens.tolist())) == sorted(zip(b.depth.tolist(), b.tokens.tolist()))
+
+
+# --- greedy identity ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    """The tiny targets (target_paths, in this module's directories) and the session's drafters:
+    a one-layer GPT-2 (spec-ar) and a diffusion drafter (specdiff), both over the shared tokenizer."""
+    found = {name: load_target(str(path)) for name, path in target_paths(tiny, "pt").items()}
+    return {**found, "spec-ar": str(tiny.ar), "specdiff": str(tiny.drafter)}
+
+
+@pytest.fixture(scope="module")
+def reference(models):
+    return {name: generate(PROMPTS, target=models[name], method="ar", max_new_tokens=MAX_NEW) for name in TARGETS}
+
+
+def cheap(batch_size: int) -> Costs:
+    """A cost table under which a node pays where the drafter gives it a chance of 0.2%: tree auto
+    then drafts, at sizes that follow q."""
+    verify = tuple(1.0 + 0.002 * w for w in range(1, TREE_MAX + 2))
+    rows = tuple(dict.fromkeys((1, batch_size)))
+    return Costs(rows, (verify,) * len(rows), ((0.0,) * 4,) * len(rows))
+
+
+@pytest.mark.parametrize("method", ["spec-ar", "specdiff"])
+@pytest.mark.parametrize("target,batch_size", [(t, b) if t == "gpt2" or b == 3 else pytest.param(t, b, marks=SLOW)
+                                               for t in TARGETS for b in (1, 3)])
+def test_proposer_tree_greedy_equals_ar(models, reference, method, target, batch_size):
+    """tree 4, 8 and auto (with a cost table that makes it draft): ar's tokens, every tree drafted."""
+    options = dict(target=models[target], drafter=models[method], method=method, gamma=4, batch_size=batch_size,
+                   max_new_tokens=MAX_NEW, **({"steps": 1} if method == "specdiff" else {}))
+    for tree in (4, 8, "auto"):
+        p = plan(**options, tree=tree)
+        if tree == "auto":
+            p = replace(p, decoder=replace(p.decoder, measured={batch_size: cheap(batch_size)}))
+        got = list(iter_generate(PROMPTS, p))
+        assert [o.tokens for o in got] == [o.tokens for o in reference[target].outputs], tree
+        sizes = [sum((torch.tensor(o.metrics.tree_sizes[1:]) > 0).tolist()) for o in got]
+        assert all(sizes), (tree, sizes)  # every row verified trees of some size
+        if tree != "auto":
+            assert sum(o.metrics.tree_sizes[tree] for o in got) > 0
+
+
+# --- the target's distribution -----------------------------------------------------------------
+
+def drafted(drafter, sampling, seed: int, nodes: int = 6):
+    """One row's tree after exact.CONTEXT from ProposerTrees (spec-ar: an ARProposer; specdiff: a
+    DiffusionProposer at T = 1), depth <= exact.GAMMA, and the generator it drew from."""
+    g = torch.Generator().manual_seed(seed)
+    proposer = DiffusionProposer(drafter) if hasattr(drafter, "mask_id") else ARProposer(drafter)
+    step = ProposerTrees(proposer, sampling, SimpleNamespace(device=torch.device("cpu"), vocab_size=exact.V), nodes)
+    return step([Row(exact.CONTEXT[0].tolist(), 8, 64, None, torch.device("cpu"), g)], [exact.GAMMA])[0], g
+
+
+def on_the_top_chain(tokens, parent, p, q, generator=None):
+    """A broken rule: each node's first child (its top token under q given its path) accepted with
+    probability min(1, p / q), as if drawn from q; at the first rejection a draw from
+    norm(max(0, p - q))."""
+    chain, node = [0], 0
+    while bool((parent[0] == node).any()):
+        node = int((parent[0] == node).long().argmax())
+        chain.append(node)
+    n, y = standard(tokens[:, chain[1:]], q[:, chain[1:]], p[:, chain], generator)
+    return torch.tensor(chain)[n], y
+
+
+CASES = [("ar", "match", "t1"), ("ar", "match", "t0.7-top3"), ("diffusion", "match", "t1"),
+         pytest.param("diffusion", "match", "t0.7-top3", marks=SLOW), ("diffusion", "multi", "t1"),
+         ("diffusion", "multi", "t0.7-top3")]
+
+
+@pytest.mark.parametrize("kind,rule,sampling", CASES)
+def test_a_proposer_tree_step_has_the_target_distribution(target, drafters, kind, rule, sampling):  # noqa: F811
+    """match over the tree grown (spec-ar) or best-first (specdiff) from q; multi over specdiff's
+    children drawn from q (its shape's)."""
+    s = exact.SAMPLINGS[sampling]
+    tree, g = drafted(drafters[kind], s, seed=21)
+    cells, depth = samples_over(target, tree, s, walk if rule == "match" else multi, g, sampled=rule == "multi")
+    assert exact.chi_square_pvalue(cells, exact.exact_joint(target, s)) > exact.P_EXACT
+    assert 0.05 < (depth > 0).float().mean() < 0.95 and int(depth.max()) >= 2
+
+
+@pytest.mark.parametrize("kind", ["ar", "diffusion"])
+def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(target, drafters, kind):  # noqa: F811
+    s = exact.SAMPLINGS["t1"]
+    tree, g = drafted(drafters[kind], s, seed=21)
+    cells, _ = samples_over(target, tree, s, on_the_top_chain, g, sampled=False)
+    assert exact.chi_square_pvalue(cells, exact.exact_joint(target, s)) < exact.P_BROKEN
+
+
+@torch.no_grad()
+def test_a_grown_trees_q_is_the_drafters_own_after_each_nodes_parent(drafters):  # noqa: F811
+    """spec-ar's tree (ARPaths: one cache row per path, selected and extended each depth): node i's
+    q is the drafter's warped distribution after the context and i's parent's path, decoded alone."""
+    s = exact.SAMPLINGS["t0.7-top3"]
+    drafter = drafters["ar"]
+    tree, _ = drafted(drafter, s, seed=3, nodes=12)
+    parents = [-1] + (tree.parent + 1).tolist()
+    assert int(tree.depth.max()) == exact.GAMMA and len({tuple(r) for r in tree.q.tolist()}) > 2
+    for i in range(len(tree.tokens)):
+        path = tree.tokens[[j - 1 for j in ancestry(parents, i + 1)[1:-1]]]
+        logits = drafter(torch.cat([exact.CONTEXT[0], path])[None]).logits[0, -1, :exact.V]
+        assert torch.allclose(tree.q[i], s.probs(logits), atol=1e-5), i
+
+
+# --- planning and refusals ---------------------------------------------------------------------
+
+def test_proposer_tree_settings_and_refusals(models):
+    target = models["gpt2"]
+    p = plan(target=target, drafter=models["spec-ar"], method="spec-ar", gamma=3, tree=6, temperature=0.7)
+    assert (p.decoder.rule, p.decoder.ran()["tree"], p.decoder.trees.nodes) == ("match", 6, 6)
+    p = plan(target=target, drafter=models["specdiff"], method="specdiff", gamma=3, steps=1, tree="auto",
+             temperature=0.7, acceptance="multi")
+    assert (p.decoder.rule, p.decoder.trees.sampled, p.decoder.sized, p.decoder.trees.nodes) == (
+        "multi", True, True, TREE_MAX)
+    refused = [({"method": "spec-ar", "acceptance": "multi", "temperature": 1.0}, "multi needs children drawn from q"),
+               ({"method": "specdiff", "steps": 2}, "give `steps` 1 with it"),
+               ({"method": "specdiff", "steps": 1, "drafts": 2}, "give `drafts` 1"),
+               ({"method": "spec-ar", "acceptance": "standard", "temperature": 1.0}, "does not apply")]
+    for options, message in refused:
+        with pytest.raises(UsageError, match=message):
+            plan(target=target, drafter=models[options["method"]], gamma=3, tree=6, **options)
