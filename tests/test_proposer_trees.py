@@ -33,8 +33,8 @@ from test_sampling_exact import drafters, target  # noqa: F401  (the V = 8 targe
 from test_trees_exact import samples_over
 from tiny import TEXT, target_paths
 
-PROMPTS = [" ".join(TEXT.split()[i: i + 2 + i % 5]) for i in range(0, 12, 2)]  # 6 prompts, 2-6 words
-MAX_NEW = 16
+PROMPTS = [" ".join(TEXT.split()[i: i + 2 + i % 5]) for i in range(0, 8, 2)]  # 4 prompts, 2-5 words
+MAX_NEW = 12
 TARGETS = ("gpt2", "llama", "qwen3")
 SLOW = pytest.mark.slow
 
@@ -118,8 +118,8 @@ def cheap(batch_size: int) -> Costs:
 
 
 @pytest.mark.parametrize("method", ["spec-ar", "specdiff"])
-@pytest.mark.parametrize("target,batch_size", [(t, b) if t == "gpt2" or b == 3 else pytest.param(t, b, marks=SLOW)
-                                               for t in TARGETS for b in (1, 3)])
+@pytest.mark.parametrize("target,batch_size", [(t, b) if (t, b) in (("gpt2", 1), ("qwen3", 3)) else
+                                               pytest.param(t, b, marks=SLOW) for t in TARGETS for b in (1, 3)])
 def test_proposer_tree_greedy_equals_ar(models, reference, method, target, batch_size):
     """tree 4, 8 and auto (with a cost table that makes it draft): ar's tokens, every tree drafted."""
     options = dict(target=models[target], drafter=models[method], method=method, gamma=4, batch_size=batch_size,
@@ -130,10 +130,11 @@ def test_proposer_tree_greedy_equals_ar(models, reference, method, target, batch
             p = replace(p, decoder=replace(p.decoder, measured={batch_size: cheap(batch_size)}))
         got = list(iter_generate(PROMPTS, p))
         assert [o.tokens for o in got] == [o.tokens for o in reference[target].outputs], tree
-        sizes = [sum((torch.tensor(o.metrics.tree_sizes[1:]) > 0).tolist()) for o in got]
-        assert all(sizes), (tree, sizes)  # every row verified trees of some size
-        if tree != "auto":
-            assert sum(o.metrics.tree_sizes[tree] for o in got) > 0
+        histograms = [o.metrics.tree_sizes for o in got]  # per row: steps per tree size (0: plain)
+        if tree == "auto":  # trees drafted (the controller may rest a drafter it finds poor)
+            assert sum(count for h in histograms for count in h[1:]) > 0, histograms
+        else:
+            assert all(len(h) > tree and h[tree] > 0 for h in histograms), histograms
 
 
 # --- the target's distribution -----------------------------------------------------------------
@@ -159,9 +160,10 @@ def on_the_top_chain(tokens, parent, p, q, generator=None):
     return torch.tensor(chain)[n], y
 
 
-CASES = [("ar", "match", "t1"), ("ar", "match", "t0.7-top3"), ("diffusion", "match", "t1"),
-         pytest.param("diffusion", "match", "t0.7-top3", marks=SLOW), ("diffusion", "multi", "t1"),
-         ("diffusion", "multi", "t0.7-top3")]
+CASES = [("ar", "match", "t1"), pytest.param("ar", "match", "t0.7-top3", marks=SLOW), ("diffusion", "match", "t1"),
+         pytest.param("diffusion", "match", "t0.7-top3", marks=SLOW),
+         pytest.param("diffusion", "multi", "t1", marks=SLOW),
+         ("diffusion", "multi", "t0.7-top3")]  # CI's slow step runs them all (3-5 s each)
 
 
 @pytest.mark.parametrize("kind,rule,sampling", CASES)
@@ -172,10 +174,10 @@ def test_a_proposer_tree_step_has_the_target_distribution(target, drafters, kind
     tree, g = drafted(drafters[kind], s, seed=21)
     cells, depth = samples_over(target, tree, s, walk if rule == "match" else multi, g, sampled=rule == "multi")
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target, s)) > exact.P_EXACT
-    assert 0.05 < (depth > 0).float().mean() < 0.95 and int(depth.max()) >= 2
+    assert 0.05 < (depth > 0).float().mean() < 0.95  # sensitive: trees neither always rejected nor always taken
 
 
-@pytest.mark.parametrize("kind", ["ar", "diffusion"])
+@pytest.mark.parametrize("kind", ["ar", pytest.param("diffusion", marks=SLOW)])
 def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(target, drafters, kind):  # noqa: F811
     s = exact.SAMPLINGS["t1"]
     tree, g = drafted(drafters[kind], s, seed=21)
@@ -194,7 +196,7 @@ def test_a_grown_trees_q_is_the_drafters_own_after_each_nodes_parent(drafters): 
     assert int(tree.depth.max()) == exact.GAMMA and len({tuple(r) for r in tree.q.tolist()}) > 2
     for i in range(len(tree.tokens)):
         path = tree.tokens[[j - 1 for j in ancestry(parents, i + 1)[1:-1]]]
-        logits = drafter(torch.cat([exact.CONTEXT[0], path])[None]).logits[0, -1, :exact.V]
+        logits = drafter(torch.cat([exact.CONTEXT[0], path])[None])[0, -1, :exact.V]
         assert torch.allclose(tree.q[i], s.probs(logits), atol=1e-5), i
 
 
