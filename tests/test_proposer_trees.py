@@ -20,10 +20,10 @@ from specdiff import generate, load_target
 from specdiff.acceptance import standard
 from specdiff.decoding import Row
 from specdiff.drafters.autoregressive import ARProposer
-from specdiff.drafters.diffusion import DiffusionProposer
+from specdiff.drafters.diffusion import DiffusionDrafter, DiffusionProposer
 from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
-from specdiff.methods.speculative import ProposerTrees
+from specdiff.methods.speculative import GrownTrees, MarginalTrees
 from specdiff.metrics import Costs
 from specdiff.settings import TREE_MAX
 from specdiff.trees import ancestry, best_first, grown, multi, walk
@@ -140,11 +140,13 @@ def test_proposer_tree_greedy_equals_ar(models, reference, method, target, batch
 # --- the target's distribution -----------------------------------------------------------------
 
 def drafted(drafter, sampling, seed: int, nodes: int = 6):
-    """One row's tree after exact.CONTEXT from ProposerTrees (spec-ar: an ARProposer; specdiff: a
-    DiffusionProposer at T = 1), depth <= exact.GAMMA, and the generator it drew from."""
+    """One row's tree after exact.CONTEXT from spec-ar's or specdiff's tree step (GrownTrees over an
+    ARProposer; MarginalTrees over a DiffusionProposer at T = 1), depth <= exact.GAMMA, and the
+    generator it drew from."""
     g = torch.Generator().manual_seed(seed)
-    proposer = DiffusionProposer(drafter) if hasattr(drafter, "mask_id") else ARProposer(drafter)
-    step = ProposerTrees(proposer, sampling, SimpleNamespace(device=torch.device("cpu"), vocab_size=exact.V), nodes)
+    shell = SimpleNamespace(device=torch.device("cpu"), vocab_size=exact.V)  # what a tree step reads of its target
+    step = (MarginalTrees(DiffusionProposer(drafter), sampling, shell, nodes) if isinstance(drafter, DiffusionDrafter)
+            else GrownTrees(ARProposer(drafter), sampling, shell, nodes))
     return step([Row(exact.CONTEXT[0].tolist(), 8, 64, None, torch.device("cpu"), g)], [exact.GAMMA])[0], g
 
 

@@ -8,15 +8,16 @@ the decoder times the target and the draft step once per batch size, before its 
 base.kept_costs), and the loop chooses each step's length from
 that table and the acceptance so far (specdiff.adaptive), settings.gamma its cap.
 
-With `tree` N > 0 (or auto) each row drafts a trees.Tree instead (ProposerTrees), the target
+With `tree` N > 0 (or auto) each row drafts a trees.Tree instead (the method's declared tree
+step, methods.Method.trees: a ProposerTrees), the target
 verifies every row's tree in one call and keeps the accepted path (decoding.decode_drafted,
 specdiff.trees), by the rule tree_rule chooses (greedy, match over the tree, or multi over
 sampled children; docs/lossless.md, "Trees"):
     specdiff   one drafter call at T = 1 gives every masked slot's marginal, which does not depend
-               on the other draft tokens: the tree is best-first over them (trees.marginal_tree,
-               as dflash's); `steps` > 1 is refused with a tree
+               on the other draft tokens: the tree is best-first over them (MarginalTrees:
+               trees.marginal_tree, as dflash's); `steps` > 1 is refused with a tree
     spec-ar    best-first by joint probability under the drafter's conditionals, grown depth by
-               depth (trees.grown over drafters.autoregressive.ARPaths: EAGLE-2, SpecInfer): a
+               depth (GrownTrees: trees.grown over drafters.autoregressive.ARPaths; EAGLE-2): a
                node's children are its top tokens under q(. | its path); children chosen
                deterministically, so greedy and match only (multi needs children drawn from q)
 
@@ -26,7 +27,7 @@ May import: methods.base, decoding, acceptance, selection, trees, vocab, drafter
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol, cast
+from typing import Any, Callable, Iterable, Iterator, Protocol, cast
 
 import torch
 
@@ -35,7 +36,6 @@ from ..compiled import warm_up
 from ..contracts import Draft, Proposer, Rule, Target, TreeTarget
 from ..adaptive import Costs
 from ..decoding import Row, decode_drafted, decode_speculative, grouped, measure_costs, proposer_step
-from ..drafters.autoregressive import ARProposer
 from ..drafters.diffusion import DiffusionProposer, block_sizes
 from ..errors import UsageError
 from ..sampling import Sampling
@@ -48,20 +48,20 @@ from .base import Method, Models, check_sizes, cost_table, kept_costs
 class ProposerTrees:
     """The draft step of a `tree` run of spec-ar or specdiff (see the module docstring): a
     trees.Tree of up to `nodes` nodes and depth <= g_b per drafting row, ranked by
-    trees.ranking(sampling), q over the target's ids; `sampled` (rule multi, specdiff only): the
-    best-first shape with every node's token drawn from its q with the row's generator."""
+    trees.ranking(sampling), q over the target's ids, one call of `_trees` per draft length
+    (decoding.grouped). samples_children: whether its trees can have their children drawn from q
+    (rule multi: `sampled`)."""
 
-    def __init__(self, proposer: DiffusionProposer | ARProposer, sampling: Sampling, target: Target, nodes: int,
-                 sampled: bool = False):
-        self.proposer, self.sampling, self.target, self.nodes, self.sampled = proposer, sampling, target, nodes, sampled
+    samples_children = False
+
+    def __init__(self, proposer: Any, sampling: Sampling, target: Target, nodes: int):
+        self.proposer, self.sampling, self.target, self.nodes, self.sampled = proposer, sampling, target, nodes, False
+        vocab = getattr(proposer.drafter, "draft_vocab", None)
+        self.ids: Callable[[torch.Tensor], torch.Tensor] = lambda rows: target_ids(rows, vocab)
+        self.widen: Callable[[torch.Tensor], torch.Tensor] = lambda probs: target_probs(probs, vocab)
 
     def __repr__(self) -> str:
-        return f"ProposerTrees({self.proposer!r}, tree={self.nodes})"
-
-    @property
-    def marginal(self) -> bool:
-        """Whether the drafter's q of a slot does not depend on the other draft tokens (specdiff)."""
-        return isinstance(self.proposer, DiffusionProposer)
+        return f"{type(self).__name__}({self.proposer!r}, tree={self.nodes})"
 
     @torch.no_grad()
     def __call__(self, batch: list[Row], g: list[int]) -> list[Draft]:
@@ -69,21 +69,38 @@ class ProposerTrees:
         return grouped(batch, g, self.target, self._trees, trees.empty_tree(self.target.device, self.target.vocab_size))
 
     def _trees(self, rows: list[Row], g_b: int, context: torch.Tensor, ragged: dict[str, torch.Tensor]) -> list[Draft]:
-        ranking, vocab = trees.ranking(self.sampling), getattr(self.proposer.drafter, "draft_vocab", None)
+        raise NotImplementedError
 
-        def ids(rows_: torch.Tensor) -> torch.Tensor:
-            return target_ids(rows_, vocab)
 
-        def widen(probs: torch.Tensor) -> torch.Tensor:
-            return target_probs(probs, vocab)
+class MarginalTrees(ProposerTrees):
+    """specdiff's: one call of its DiffusionProposer at T = 1 gives every masked slot's marginal
+    for the rows of a length (DiffusionProposer.marginals), and each row's tree is best-first over
+    them (trees.marginal_tree, as dflash's), or its shape with children drawn from q (`sampled`)."""
 
-        if isinstance(self.proposer, DiffusionProposer):  # every slot's marginal from one call
-            probs = ranking.probs(self.proposer.marginals(context, g_b, ragged.get("lengths")))  # (B_g, g_b, V_d)
-            return [trees.marginal_tree(probs[i], self.nodes, ids, widen, row.generator, self.sampled)
-                    for i, row in enumerate(rows)]
-        L = context.shape[1]  # each row's ids end the left-padded context
+    samples_children = True
+
+    def __init__(self, proposer: DiffusionProposer, sampling: Sampling, target: Target, nodes: int):
+        if proposer.steps > 1:
+            raise UsageError(f"`tree` ranks the diffusion drafter's one-call marginals (steps 1); `steps` "
+                             f"{proposer.steps} would draw later slots given earlier ones: give `steps` 1 with it")
+        super().__init__(proposer, sampling, target, nodes)
+
+    def _trees(self, rows: list[Row], g_b: int, context: torch.Tensor, ragged: dict[str, torch.Tensor]) -> list[Draft]:
+        logits = self.proposer.marginals(context, g_b, ragged.get("lengths"))  # (B_g, g_b, V_d)
+        probs = trees.ranking(self.sampling).probs(logits)
+        return [trees.marginal_tree(probs[i], self.nodes, self.ids, self.widen, row.generator, self.sampled)
+                for i, row in enumerate(rows)]
+
+
+class GrownTrees(ProposerTrees):
+    """spec-ar's: per row, trees.grown over its ARProposer's ARPaths: depth by depth the drafter
+    runs on the paths of the nodes that may still be among the N best, a node's children its top
+    tokens under q(. | its path); deterministic children only (no multi)."""
+
+    def _trees(self, rows: list[Row], g_b: int, context: torch.Tensor, ragged: dict[str, torch.Tensor]) -> list[Draft]:
+        L, ranking = context.shape[1], trees.ranking(self.sampling)  # each row's ids end the left-padded context
         return [trees.grown(self.proposer.paths(context[i:i + 1, L - len(row.ids):], g_b, ranking), self.nodes, g_b,
-                            ids, widen) for i, row in enumerate(rows)]
+                            self.ids, self.widen) for i, row in enumerate(rows)]
 
 
 @dataclass(frozen=True)
@@ -145,13 +162,10 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     proposer = method.build(models.drafter, settings)
     kept = kept_costs(models.target, models.drafter, (settings, sampling))
     if settings.tree:
-        if isinstance(proposer, DiffusionProposer) and settings.steps > 1:
-            raise UsageError(f"`tree` ranks the diffusion drafter's one-call marginals (steps 1); `steps` "
-                             f"{settings.steps} would draw later slots given earlier ones: give `steps` 1 with it")
-        assert isinstance(proposer, (DiffusionProposer, ARProposer)), f"{method.name} drafts no trees"
-        marginal = isinstance(proposer, DiffusionProposer)
-        rule = tree_rule(models.target, settings, sampling, acceptance, sampled_children=marginal)
-        step = ProposerTrees(proposer, sampling, models.target, tree_nodes(settings.tree), sampled=rule == "multi")
+        assert method.trees is not None, f"{method.name} reads `tree` and declares no tree step"  # the registry's
+        step: ProposerTrees = method.trees(proposer, sampling, models.target, tree_nodes(settings.tree))
+        rule = tree_rule(models.target, settings, sampling, acceptance, sampled_children=step.samples_children)
+        step.sampled = rule == "multi"  # recursive rejection needs every child drawn from q
         return SpeculativeDecoder(models.target, models.drafter, proposer, trees.RULES[rule], rule, settings, sampling,
                                   method.settings, kept, step)
     rule = rule_name(acceptance, sampling, method, proposer, settings)
