@@ -219,3 +219,29 @@ def test_proposer_tree_settings_and_refusals(models):
     for options, message in refused:
         with pytest.raises(UsageError, match=message):
             plan(target=target, drafter=models[options["method"]], gamma=3, tree=6, **options)
+
+
+def test_the_cli_runs_a_spec_ar_tree_and_refuses_specdiff_steps_in_one_line(tiny):
+    from click.testing import CliRunner
+
+    from specdiff_cli.main import cli
+
+    run = ["generate", "--target", str(tiny.gpt2), "--prompt", "The sea", "--max-new-tokens", "6", "--gamma", "3",
+           "--tree", "4"]
+    ok = CliRunner().invoke(cli, [*run, "--drafter", str(tiny.ar), "--method", "spec-ar", "--stats"])
+    assert ok.exit_code == 0, ok.stderr
+    assert '"tree": {"value": 4' in ok.stderr.replace("\n", "")
+    refused = CliRunner().invoke(cli, [*run, "--drafter", str(tiny.drafter), "--method", "specdiff", "--steps", "2"])
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "give --steps 1 with it" in refused.stderr  # the CLI names its flags
+
+
+def test_bench_sweeps_spec_ar_and_specdiff_trees_where_they_run():
+    """specdiff's trees at T = 1 only, spec-ar's without multi."""
+    from specdiff.tools.bench.sweep import variants
+
+    labels = [v.label for v in variants(["spec-ar", "specdiff"], gammas=(4,), steps=(1, 4), trees=(0, 8),
+                                        rules=("match", "multi"), temperatures=(0.7,))]
+    assert [label for label in labels if "tree" in label] == [
+        "spec-ar g=4 tree=8 match t=0.7", "specdiff g=4 T=1 l2r tree=8 match t=0.7",
+        "specdiff g=4 T=1 l2r tree=8 multi t=0.7"]
