@@ -193,13 +193,15 @@ def test_a_grown_trees_q_is_the_drafters_own_after_each_nodes_parent(drafters): 
     q is the drafter's warped distribution after the context and i's parent's path, decoded alone."""
     s = exact.SAMPLINGS["t0.7-top3"]
     drafter = drafters["ar"]
-    tree, _ = drafted(drafter, s, seed=3, nodes=12)
-    parents = [-1] + (tree.parent + 1).tolist()
-    assert int(tree.depth.max()) == exact.GAMMA and len({tuple(r) for r in tree.q.tolist()}) > 2
-    for i in range(len(tree.tokens)):
-        path = tree.tokens[[j - 1 for j in ancestry(parents, i + 1)[1:-1]]]
-        logits = drafter(torch.cat([exact.CONTEXT[0], path])[None])[0, -1, :exact.V]
-        assert torch.allclose(tree.q[i], s.probs(logits), atol=1e-5), i
+    step = GrownTrees(ARProposer(drafter), s, SimpleNamespace(device=torch.device("cpu"), vocab_size=exact.V), 12)
+    for ids in ([1, 5, 2], [1, 5, 2, 7, 3], [1, 6]):  # the row's cache reused, extended, then cut back
+        tree = step([Row(ids, 8, 64, None, torch.device("cpu"), torch.Generator())], [exact.GAMMA])[0]
+        parents = [-1] + (tree.parent + 1).tolist()
+        assert int(tree.depth.max()) == exact.GAMMA and len({tuple(r) for r in tree.q.tolist()}) > 2
+        for i in range(len(tree.tokens)):
+            path = tree.tokens[[j - 1 for j in ancestry(parents, i + 1)[1:-1]]]
+            logits = drafter(torch.cat([torch.tensor(ids), path])[None])[0, -1, :exact.V]
+            assert torch.allclose(tree.q[i], s.probs(logits), atol=1e-5), (ids, i)
 
 
 # --- planning and refusals ---------------------------------------------------------------------

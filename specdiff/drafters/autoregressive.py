@@ -9,6 +9,7 @@ A draft tree (methods.speculative) runs it over many paths of one row at once (A
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, cast
 
 import torch
@@ -103,21 +104,28 @@ class ARProposer:
     @torch.no_grad()
     def paths(self, context: torch.Tensor, gamma: int, sampling: Sampling) -> ARPaths:
         """One row's context (1, L) -> the drafter over its tree's paths (ARPaths), q warped by
-        `sampling`; a drafter with a shorter window sees the last (window - gamma) tokens."""
-        return ARPaths(self.drafter, context[:, -(self.drafter.max_length - gamma):], sampling)
+        `sampling`; a drafter with a shorter window sees the last (window - gamma) tokens. The
+        row's cache is kept and reused as propose's: only the tokens since the longest prefix it
+        shares with the last context are fed."""
+        context = context[:, -(self.drafter.max_length - gamma):]
+        keep = self._reuse(context)
+        assert self._cache is not None  # _reuse made or kept it
+        self._cached = context[0].cpu()
+        return ARPaths(self.drafter, context[:, keep:], sampling, self._cache)
 
 
 class ARPaths:
     """One row's drafter over the paths of a draft tree (trees.grown, methods.speculative): `first`
-    (V or N,) the drafter's warped probabilities after the context (1, L) (over the rows it may
-    propose); calling it with (rows (n,), tokens (n,)) -> (n, V or N) those after each of the
-    previous call's rows `rows` followed by its token: the cache keeps one row per path, selected
-    and extended by one token each call (one drafter call per depth)."""
+    (V or N,) the drafter's warped probabilities after the context (over the rows it may propose),
+    `feed` (1, S >= 1) the context's tokens that `cache` (the row's, ARProposer's) does not hold
+    yet, fed to it; calling it with (rows (n,), tokens (n,)) -> (n, V or N) those after each of
+    the previous call's rows `rows` followed by its token: a copy of the cache keeps one row per
+    path, selected and extended by one token each call (one drafter call per depth)."""
 
-    def __init__(self, drafter: ARDrafter, context: torch.Tensor, sampling: Sampling):
-        self.drafter, self.sampling = drafter, sampling
-        self.cache = DynamicCache(config=drafter.model.config)
-        self.first = self._probs(context)[0]
+    def __init__(self, drafter: ARDrafter, feed: torch.Tensor, sampling: Sampling, cache: DynamicCache):
+        self.drafter, self.sampling, self.cache = drafter, sampling, cache
+        self.first = self._probs(feed)[0]
+        self.cache = copy.deepcopy(cache)  # the row's cache stays the context's for the next step
 
     def __call__(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         self.cache.batch_select_indices(rows)
