@@ -26,6 +26,7 @@ from specdiff.generation import iter_generate, plan
 from specdiff.methods.speculative import GrownTrees, MarginalTrees
 from specdiff.metrics import Costs
 from specdiff.settings import TREE_MAX
+from specdiff.tree_sizes import reach
 from specdiff.trees import ancestry, best_first, grown, multi, walk
 
 import test_sampling_exact as exact
@@ -76,6 +77,23 @@ def test_grown_keeps_the_nodes_of_largest_joint_probability_under_q_given_the_pa
     for i, p in enumerate(got):
         assert torch.equal(tree.q[i], paths.q(p[:-1])) and tree.depth[i] == len(p)
     assert tree.calls == paths.calls <= g
+
+
+def test_tree_auto_reads_each_nodes_own_q():
+    """tree_sizes.reach over a grown tree: the drafter's chance of reaching depth d is the sum of
+    its nodes' joint probabilities under q given their paths, for every cut of the tree."""
+    g, V, N = 3, 5, 11
+    paths = Conditional(V, seed=2)
+    tree = grown(paths, N, g)
+    parents = [-1] + (tree.parent + 1).tolist()
+    joints = [math.prod(paths.q(tuple(tree.tokens[j - 1].item() for j in ancestry(parents, i)[1:k]))[
+        tree.tokens[ancestry(parents, i)[k] - 1]].item() for k in range(1, len(ancestry(parents, i))))
+              for i in range(1, N + 1)]
+    want = torch.zeros(N + 1, g, dtype=torch.float64)
+    for n in range(1, N + 1):
+        want[n] = want[n - 1]
+        want[n, int(tree.depth[n - 1]) - 1] += joints[n - 1]
+    assert torch.allclose(reach(tree, g), want)
 
 
 def test_grown_over_marginals_is_best_first():
