@@ -302,19 +302,32 @@ def _verify_selected(target: Target, batch: list[Row], drafts: list[Draft], g: l
 
 def _draft(proposer: Proposer, batch: list[Row], g: list[int], sampling: Sampling, target: Target) -> list[Draft]:
     """One proposer call per distinct draft length among the rows; -> one Draft (1, g_b) per row
-    (selection.Candidates (1, K, g_b) from a SelfSelection). Rows of different lengths go
-    left-padded, with their `lengths`."""
-    drafts: list[Draft] = [empty_draft(target)] * len(batch)
+    (selection.Candidates (1, K, g_b) from a SelfSelection)."""
+
+    def chains(rows: list[Row], g_b: int, context: torch.Tensor, ragged: dict[str, torch.Tensor]) -> list[Draft]:
+        generators = rows[0].generator if len(rows) == 1 else [row.generator for row in rows]
+        d = proposer.propose(context, g_b, sampling, generators, **ragged)
+        return [replace(d, tokens=d.tokens[i:i + 1], q=d.q[i:i + 1]) for i in range(len(rows))]
+
+    return grouped(batch, g, target, chains, empty_draft(target))
+
+
+Group = Callable[[list[Row], int, torch.Tensor, dict[str, torch.Tensor]], list[Draft]]
+
+
+def grouped(batch: list[Row], g: list[int], target: Target, draft: Group, none: Draft) -> list[Draft]:
+    """draft(rows, g_b, context, ragged) -> one Draft per row, called once per distinct draft
+    length g_b >= 1 among the rows: the rows of that length, their ids left-padded (B_g, L) and
+    {"lengths": (B_g,)} when they differ in length (else {}); rows drafting nothing get `none`."""
+    drafts: list[Draft] = [none] * len(batch)
     for g_b, members in _by_length(g).items():
         if not g_b:
             continue
         rows = [batch[b] for b in members]
         context, lengths = _left_padded(rows, target.device)  # (B_g, L), (B_g,)
-        generators = rows[0].generator if len(rows) == 1 else [row.generator for row in rows]
         ragged = {"lengths": lengths} if bool((lengths < context.shape[1]).any()) else {}
-        d = proposer.propose(context, g_b, sampling, generators, **ragged)
-        for i, b in enumerate(members):
-            drafts[b] = replace(d, tokens=d.tokens[i:i + 1], q=d.q[i:i + 1])
+        for b, d in zip(members, draft(rows, g_b, context, ragged)):
+            drafts[b] = d
     return drafts
 
 

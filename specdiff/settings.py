@@ -106,7 +106,7 @@ class DraftSettings:
         "Temperature candidates 2..K are sampled at")
     tree: int | str = setting(0, (int, str), lambda x: (_int(x) and x >= 0) or x == AUTO,
                               f"be an integer >= 0 (0: a chain) or {AUTO}",
-                              "Draft a tree of up to N tokens, best-first over the drafter's per-slot marginals, "
+                              "Draft a tree of up to N tokens, best-first by the drafter's joint probability, "
                               "depth at most gamma, verified in one target call (0: a chain; "
                               f"{AUTO}: the size chosen each step, up to {TREE_MAX})")
     adaptive: bool = setting(True, bool, lambda x: isinstance(x, bool), "be True or False",

@@ -8,10 +8,11 @@ coins of the step it sizes. A tree cut to its first N nodes is then a tree chose
 coins (match), and the shape of a sampled-children tree (multi) is still a function of q alone.
 
 Best-first trees are nested: the first N nodes of a tree of N_max are the tree best_first gives
-for N (trees.best_first pops nodes in order of joint probability, parents first), so one drafter
-call serves every size, and the step keeps the first N nodes of each row's tree.
+for N (trees.best_first pops nodes in order of joint probability, parents first; trees.grown
+orders its nodes the same way: its first N are the N most likely), so one draft serves every
+size, and the step keeps the first N nodes of each row's tree.
 
-    joint_i     = prod_{j on node i's path} q_j(x_j)        the drafter's chance of node i's path
+    joint_i     = prod_{j on node i's path} q(x_j | x_<j)   the drafter's chance of node i's path
     reach_bd(N) = sum_{i < N, depth_i = d} joint_i           its chance that the walk reaches depth d
     a_d         = (reached_d + S) / (predicted_d + S)       calibration by the run's past tree steps:
                   how many reached depth d, over the reach they predicted (1 before any step)
@@ -51,12 +52,14 @@ GAIN, W = 1.5, 1 / 8  # the gain before any step (tried before it is judged: 8 s
 
 def reach(tree: Tree, depth: int) -> torch.Tensor:
     """reach_d(N) for N = 0..len(tree.tokens), d = 1..depth -> (N + 1, depth) float64, from the
-    tree's own q (tree.q (g, V): the distribution each depth's tokens were ranked or drawn by)."""
+    tree's own q (tree.q (N, V): the distribution each node's token was ranked or drawn by, given
+    its parent's path: a node's joint is the drafter's chance of its path, conditional drafters
+    (spec-ar) or marginal ones)."""
     n = len(tree.tokens)
     out = torch.zeros(n + 1, depth, dtype=torch.float64)
     if not n:
         return out
-    slot = tree.q[tree.depth - 1].double().gather(1, tree.tokens[:, None])[:, 0].cpu()  # (N,) q at each node
+    slot = tree.q.double().gather(1, tree.tokens[:, None])[:, 0].cpu()  # (N,) q at each node
     parents, joint = tree.parent.tolist(), list[float]()
     for i, par in enumerate(parents):
         joint.append(float(slot[i]) * (joint[par] if par >= 0 else 1.0))

@@ -7,9 +7,14 @@ Verify numbering: node 0 is the row's last token x (the root, the one token the 
 cached), nodes 1..N the tree's tokens; parent[i] < i (a parent precedes its children), -1 for x.
 
     best_first(probs (g, V), N) -> Tree   N nodes, best-first by joint probability over per-slot
-                                          marginals that do not depend on the prefix (DFlash: q_j
-                                          does not depend on x_<j), depth <= g; children chosen
-                                          deterministically
+                                          marginals that do not depend on the prefix (DFlash, a
+                                          masked-diffusion drafter in one call: q_j does not depend
+                                          on x_<j), depth <= g; children chosen deterministically
+    marginal_tree(probs, N, ...)           best_first with q widened to the target's ids, or its
+                                          shape with sampled children (dflash, specdiff)
+    grown(paths, N, g, ...) -> Tree        N nodes, best-first by joint probability under a drafter
+                                          whose q depends on the path (an autoregressive drafter:
+                                          spec-ar), expanded depth by depth (EAGLE-2, SpecInfer)
     walk(tokens (B, S), parent (B, S), p (B, S, V), q (B, S, V), generator) -> (node (B,), y (B,))
         the rule (RULES: walk_greedy at temperature 0): from the root, draw y ~ p(node) (greedy:
         its argmax); descend while y is a child of the node, else stop: `node` the deepest
@@ -27,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -43,10 +48,11 @@ TreeRule = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 @dataclass
 class Tree(Draft):
     """One row's draft tree after its last token x (a Draft whose tokens are the nodes'): tokens
-    (N,) int64 (target ids; siblings distinct unless sampled_children), q (g, V) the per-slot
-    marginals it was chosen from, over the target's ids, calls: drafter calls;
-    parent (N,) int64 (the parent's index among these nodes, -1: x), depth (N,) int64 (1 .. g);
-    parents precede children."""
+    (N,) int64 (target ids; siblings distinct unless sampled_children), q (N, V) per node the
+    drafter's distribution its token was ranked or drawn by, over the target's ids (the
+    conditional given its parent's path; a marginal drafter's: its depth's marginal), calls:
+    drafter calls; parent (N,) int64 (the parent's index among these nodes, -1: x), depth (N,)
+    int64 (1 .. g); parents precede children."""
 
     parent: torch.Tensor
     depth: torch.Tensor
@@ -63,8 +69,8 @@ def best_first(probs: torch.Tensor, N: int, ids: Callable[[torch.Tensor], torch.
     probability prod_j probs[j, x_j] (ties: lower rank first), depth <= g; nodes of probability 0
     are not drafted (fewer than N then). A node's children are the top tokens of the next slot:
     expanding a node pushes its next sibling and its first child (DDTree, EAGLE-2's best-first).
-    ids: the rows of probs -> target ids (a draft vocabulary's map, specdiff.vocab); q: probs,
-    which the caller widens to the target's ids where they differ."""
+    ids: the rows of probs -> target ids (a draft vocabulary's map, specdiff.vocab); q: each
+    node's slot's row of probs, which the caller widens to the target's ids where they differ."""
     g, V = probs.shape
     k = min(N, V)
     top, rank_ids = probs.float().topk(k, dim=-1)  # (g, k) each slot's tokens, best first
@@ -92,14 +98,94 @@ def best_first(probs: torch.Tensor, N: int, ids: Callable[[torch.Tensor], torch.
         if slot + 1 < g:
             push(cost, node, slot + 1, 0)  # the first child
     device = probs.device
-    return Tree(ids(torch.tensor(tokens, device=device)), probs, 1, torch.tensor(parent, device=device),
-                torch.tensor(depth, device=device))
+    at = torch.tensor(depth, dtype=torch.long, device=device)
+    return Tree(ids(torch.tensor(tokens, dtype=torch.long, device=device)), probs[at - 1], 1,
+                torch.tensor(parent, dtype=torch.long, device=device), at)
+
+
+def ranking(sampling: Sampling) -> Sampling:
+    """The warping a tree ranks its nodes by: the target's (q), at temperature 0 the drafter's
+    softmax at temperature 1 (a greedy q is one-hot: it would rank one child per node)."""
+    return Sampling(temperature=1.0) if sampling.greedy else sampling
+
+
+def marginal_tree(probs: torch.Tensor, N: int, ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
+                  widen: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
+                  generator: torch.Generator | None = None, sampled: bool = False) -> Tree:
+    """A marginal drafter's tree (dflash, specdiff): best_first over probs (g, V_d) (the slots'
+    marginals, warped by `ranking`), q widened to the target's ids (widen: (..., V_d) -> (..., V));
+    sampled (rule multi): its shape with every node's token drawn from q with `generator`."""
+    tree = best_first(probs, N, ids)
+    tree.q = widen(tree.q)
+    return sampled_children(tree, generator) if sampled else tree
+
+
+class Paths(Protocol):
+    """A drafter over the paths of a tree being grown (grown): `first` (V_d,) its probabilities
+    after the row (the root); calling it with (rows (n,), tokens (n,)) -> (n, V_d) its
+    probabilities after each of the previous call's rows `rows` (of `first`: row 0) followed by
+    its token (the drafter keeps each row's cache)."""
+
+    first: torch.Tensor
+
+    def __call__(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+def grown(paths: Paths, N: int, g: int, ids: Callable[[torch.Tensor], torch.Tensor] = lambda i: i,
+          widen: Callable[[torch.Tensor], torch.Tensor] = lambda p: p) -> Tree:
+    """The N nodes of largest joint probability prod q(x_d | x_<d) under a drafter whose q depends
+    on the path (ties: the node found first), depth <= g, built depth by depth: a node's children
+    are its top min(N, V) tokens under its own q; at depth d the drafter is run (one call) on the
+    nodes of depth d that rank among the N best found so far (only those can be in the answer:
+    the nodes above a node of the answer are fewer than N), and the answer is the N best found.
+    The result is the tree best-first by joint probability over the drafter's conditionals, in
+    order of joint probability (parents first): its first n nodes are the n best. q (N, V): each
+    node's parent's q (its token was ranked by it); calls: the drafter calls (paths.first's
+    included). ids, widen: as marginal_tree's."""
+    V, device = paths.first.shape[-1], paths.first.device
+    k = min(N, V)
+    qs = [paths.first.float()[None]]  # per drafter call: (rows, V_d), row r of call d: a depth-d node
+    token, parent, depth, logp = list[int](), list[int](), list[int](), list[float]()
+    source = list[tuple[int, int]]()  # per node: (call, row) of the q its token was ranked by
+    row_of: dict[int, int] = {}  # node -> its row in the call that expanded it
+
+    def children(call: int, row: int, node: int) -> None:
+        top, rank = qs[call][row].topk(k)
+        base = logp[node] if node >= 0 else 0.0
+        for prob, tok in zip(top.tolist(), rank.tolist()):
+            if prob > 0:
+                token.append(tok)
+                parent.append(node)
+                depth.append(call + 1)
+                logp.append(base + math.log(prob))
+                source.append((call, row))
+
+    children(0, 0, -1)
+    for d in range(1, g):
+        order = sorted(range(len(token)), key=lambda i: (-logp[i], i))[:N]
+        frontier = sorted(i for i in order if depth[i] == d)
+        if not frontier:
+            break
+        rows = torch.tensor([row_of[parent[i]] if parent[i] >= 0 else 0 for i in frontier], device=device)
+        fed = ids(torch.tensor([token[i] for i in frontier], dtype=torch.long, device=device))  # target ids
+        qs.append(paths(rows, fed).float())
+        for r, i in enumerate(frontier):
+            row_of[i] = r
+        for r, i in enumerate(frontier):
+            children(d, r, i)
+    kept = sorted(range(len(token)), key=lambda i: (-logp[i], i))[:N]  # parents rank before children
+    index = {node: n for n, node in enumerate(kept)}
+    q = torch.stack([qs[source[i][0]][source[i][1]] for i in kept]) if kept else qs[0][:0]
+    return Tree(ids(torch.tensor([token[i] for i in kept], dtype=torch.long, device=device)), widen(q), len(qs),
+                torch.tensor([index[parent[i]] if parent[i] >= 0 else -1 for i in kept], dtype=torch.long,
+                             device=device),
+                torch.tensor([depth[i] for i in kept], dtype=torch.long, device=device))
 
 
 def first(tree: Tree, N: int) -> Tree:
     """The tree's first N nodes (a best-first tree's: the tree best_first gives for N; parents
     precede children, so they are a tree)."""
-    return Tree(tree.tokens[:N], tree.q, tree.calls, tree.parent[:N], tree.depth[:N])
+    return Tree(tree.tokens[:N], tree.q[:N], tree.calls, tree.parent[:N], tree.depth[:N])
 
 
 def walk(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
@@ -147,10 +233,10 @@ def multi(tokens: torch.Tensor, parent: torch.Tensor, p: torch.Tensor, q: torch.
 
 
 def sampled_children(tree: Tree, generator: torch.Generator | None) -> Tree:
-    """The tree's shape (chosen from q alone) with every node's token drawn anew from q at its
-    depth (tree.q (g, V), independent of the path: DFlash's slots): siblings i.i.d. q, as
-    `multi` needs."""
-    return Tree(sample(tree.q[tree.depth - 1], generator), tree.q, tree.calls, tree.parent, tree.depth)
+    """The tree's shape (chosen from q alone) with every node's token drawn anew from its q (a
+    marginal drafter's: its depth's, independent of the path: DFlash's slots, a masked-diffusion
+    drafter's in one call): siblings i.i.d. q, as `multi` needs."""
+    return Tree(sample(tree.q, generator), tree.q, tree.calls, tree.parent, tree.depth)
 
 
 RULES: dict[str, TreeRule] = {"greedy": walk_greedy, "match": walk, "multi": multi}  # match: over a tree
@@ -189,12 +275,12 @@ def verify(target: TreeTarget, batch: list[Row], trees: list[Tree], sampling: Sa
 
 
 def node_q(trees: list[Tree], S: int) -> torch.Tensor:
-    """q of every node of each row's tree in verify numbering, padded to S (its depth's
-    marginal; the root and padding: zeros) -> (B, S, V)."""
+    """q of every node of each row's tree in verify numbering, padded to S (the root and
+    padding: zeros) -> (B, S, V)."""
     V = trees[0].q.shape[-1]
     q = trees[0].q.new_zeros(len(trees), S, V)
     for b, tree in enumerate(trees):
-        q[b, 1:1 + len(tree.tokens)] = tree.q[tree.depth - 1]
+        q[b, 1:1 + len(tree.tokens)] = tree.q
     return q
 
 

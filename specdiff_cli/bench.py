@@ -104,7 +104,8 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Candidate drafts K to sweep (specdiff; self-selection when K > 1) [default: 1].")
 @click.option("--draft-temperature", type=float, help="Temperature candidates 2..K are sampled at.")
 @click.option("--tree", "trees", callback=_list(gamma, "integers or auto", setting="tree"), metavar="LIST",
-              help="Draft tree sizes N to sweep (dflash, on integer --gamma: the depth bound; 0 = a chain; "
+              help="Draft tree sizes N to sweep (dflash, spec-ar, specdiff at steps 1, on integer --gamma: the "
+                   "depth bound; 0 = a chain; "
                    "auto: chosen each step) [default: 0].")
 @click.option("--acceptance", "rules", callback=_list(str), metavar="LIST",
               help="Acceptance rules to sweep for spec-ar / specdiff, each on the rows it fits (single-draft "

@@ -53,8 +53,8 @@ PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else 
 @click.option("--threshold", callback=check_setting, type=float, help=help_text("threshold"))
 @click.option("--drafts", callback=check_setting, type=int, help=help_text("drafts") + " specdiff only.")
 @click.option("--tree", callback=check_setting, type=Gamma(),
-              help=help_text("tree") + " dflash only; the depth bound is --gamma (an integer, or auto's cap "
-                   "with --tree auto).")
+              help=help_text("tree") + " dflash, spec-ar, specdiff (with --steps 1); the depth bound is --gamma "
+                   "(an integer, or auto's cap with --tree auto).")
 @click.option("--draft-temperature", callback=check_setting, type=float,
               help="Temperature candidates 2..K are sampled at [default: --temperature, 1 when greedy].")
 @click.option("--acceptance", type=click.Choice(names.RULES),

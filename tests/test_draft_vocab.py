@@ -176,10 +176,12 @@ def test_diffusion_and_ar_drafters_with_a_draft_vocabulary_greedy_equal_ar(tiny,
     vocab.save(directory)
     drafter = load_drafter(str(directory))
     assert drafter.draft_vocab.size == vocab.size
-    for batch_size in (1, 3):
+    tree = {"tree": 8, **({"steps": 1} if method == "specdiff" else {})}  # its tree ranked over the map's rows
+    for batch_size, options in ((1, {}), (3, {}), (3, tree)):
         got = generate(PROMPTS, target=target, drafter=drafter, method=method, gamma=4, max_new_tokens=MAX_NEW,
-                       batch_size=batch_size)
+                       batch_size=batch_size, **options)
         assert [o.tokens for o in got.outputs] == [o.tokens for o in ref.outputs]
+        assert not options or got.metrics.tree_sizes[8] > 0
 
 
 # --- the target's distribution -----------------------------------------------------------------

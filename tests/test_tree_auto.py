@@ -55,9 +55,7 @@ def test_best_first_trees_are_nested():
 
 def _peaked(sharp: float, V: int = 12) -> trees.Tree:
     probs = torch.softmax(torch.randn(4, V, generator=torch.Generator().manual_seed(3)) * sharp, -1)
-    tree = best_first(probs, TREE_MAX)
-    tree.q = probs
-    return tree
+    return best_first(probs, TREE_MAX)  # q: each node's slot's marginal
 
 
 def test_the_size_follows_calibration_and_costs():

@@ -207,7 +207,8 @@ class Oracle:
             at = len(tokens) - 2
         keep = [i for i, dep in enumerate(depth) if dep <= g]
         as_tensor = torch.tensor
-        return Tree(as_tensor([tokens[i] for i in keep], dtype=torch.long), torch.zeros(g, self.target.vocab_size), 0,
+        return Tree(as_tensor([tokens[i] for i in keep], dtype=torch.long),
+                    torch.zeros(len(keep), self.target.vocab_size), 0,
                     as_tensor([parent[i] for i in keep], dtype=torch.long), as_tensor([depth[i] for i in keep]))
 
 
@@ -272,8 +273,8 @@ def test_tree_refusals(models, tiny):
                              ({"gamma": 3, "acceptance": "multi"}, "does not apply")]:
         with pytest.raises(UsageError, match=message):
             plan(target=target, drafter=drafter, method="dflash", tree=6, **options)
-    with pytest.raises(UsageError, match="method 'specdiff' does not use `tree`"):
-        plan(target=str(tiny.gpt2), drafter=str(tiny.drafter), method="specdiff", gamma=3, tree=6)
+    with pytest.raises(UsageError, match="method 'ar' does not use `tree`"):
+        plan(target=target, method="ar", tree=6)  # spec-ar and specdiff trees: tests/test_proposer_trees.py
 
 
 def test_a_target_without_tree_verify_is_refused(models):

@@ -76,7 +76,8 @@ def standard_on_the_top_chain(tokens, parent, p, q, generator=None, tree=None):
         node = int((parent[0] == node).long().argmax())
         chain.append(node)
     draft = tokens[:, chain[1:]]
-    n, y = standard(draft, tree.q[None, :len(chain) - 1].expand(tokens.shape[0], -1, -1), p[:, chain], generator)
+    q = tree.q[torch.tensor(chain[1:]) - 1]  # (len(chain) - 1, V): each chain node's slot's marginal
+    n, y = standard(draft, q[None].expand(tokens.shape[0], -1, -1), p[:, chain], generator)
     return torch.tensor(chain)[n], y
 
 
@@ -108,12 +109,9 @@ def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(small, s
 
 @torch.no_grad()
 def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, sizes=None, peek=None):
-    """As tree_samples, each row's children drawn i.i.d. from q on the DFlash tree's shape (what
-    trees.sampled_children does per row, here for all rows in one draw; sampled False: the
-    deterministic tree itself), verified by `rule` (tokens, parent, p, q, generator); p after
-    every path looked up from the target's p after all V + V^2 + V^3 paths. sizes(shape) -> (N,):
-    row b's tree cut to its first sizes[b] nodes; peek(tokens, parent, p, q, sizes, generator) ->
-    sizes: a broken controller that changes them after seeing the step."""
+    """As tree_samples, each row's children drawn i.i.d. from q on the DFlash tree's shape
+    (samples_over; sampled False: the deterministic tree itself), verified by `rule` (tokens,
+    parent, p, q, generator). sizes, peek: samples_over's."""
     g = torch.Generator().manual_seed(seed)
     step = DFlashDrafts(target, drafter, sampling, tree=nodes)
     target.capture(step.layers)
@@ -122,6 +120,19 @@ def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, 
         shape = step([Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g)], [exact.GAMMA])[0]
     finally:
         target.capture(())
+    return samples_over(target.model, shape, sampling, rule, g, sampled, sizes, peek)
+
+
+@torch.no_grad()
+def samples_over(model, shape, sampling, rule, g, sampled=True, sizes=None, peek=None):
+    """exact.N samples of the first exact.DEPTH tokens after exact.CONTEXT through one tree step
+    over a drafted tree `shape` (any drafter's: trees.Tree, q per node), its tokens, or every
+    row's children drawn i.i.d. from their q with `g` (sampled: what trees.sampled_children does
+    per row, here for all rows in one draw), verified by `rule` (tokens, parent, p, q, generator);
+    p after every path looked up from the target's p after all V + V^2 + V^3 paths (model: the
+    HF model). sizes(shape) -> (N,): row b's tree cut to its first sizes[b] nodes; peek(tokens,
+    parent, p, q, sizes, generator) -> sizes: a broken controller that changes them after seeing
+    the step. -> (cell ids (N,), accepted depth (N,))."""
     R, V, G = exact.N, exact.V, exact.GAMMA
     q = node_q([shape], len(shape.tokens) + 1)  # (1, S, V)
     drawn = sample(q[0, 1:].expand(R, -1, -1), g) if sampled else shape.tokens.expand(R, -1)  # (R, S - 1)
@@ -129,7 +140,7 @@ def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, 
     parent = torch.cat([torch.tensor([-1]), shape.parent + 1])[None].expand(R, -1)
     prefixes = [torch.zeros(1, 0, dtype=torch.long)] + [torch.tensor(list(itertools.product(range(V), repeat=d)))
                                                         for d in range(1, G + 1)]
-    table = torch.cat([exact._p(target.model, torch.cat([exact.CONTEXT.expand(len(x), -1), x], 1), sampling)[:, -1]
+    table = torch.cat([exact._p(model, torch.cat([exact.CONTEXT.expand(len(x), -1), x], 1), sampling)[:, -1]
                        for x in prefixes])  # p after every path, by (offset of its length) + its base-V code
     offset = [sum(V ** e for e in range(d)) for d in range(G + 1)]
     paths = [ancestry(parent[0].tolist(), i)[1:] for i in range(tokens.shape[1])]
@@ -142,7 +153,7 @@ def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, 
     node, y = rule(tokens, parent, p, q, g)
     at = torch.tensor([path + [0] * (G - len(path)) for path in paths])[node]  # (R, G) each row's path, padded
     depth = torch.tensor([len(path) for path in paths])[node]
-    return exact.first_tokens(target.model, tokens.gather(1, at), depth, y, sampling, g), depth
+    return exact.first_tokens(model, tokens.gather(1, at), depth, y, sampling, g), depth
 
 
 def multi_without_residual(tokens, parent, p, q, generator=None):

@@ -4,10 +4,12 @@ rule is exact. For a single row the drafter keeps its KV cache between calls and
 the tokens that changed since the last call; rows of a batch (left-padded, with their lengths)
 are drafted together from an empty cache, with per-row positions and an attention mask. A drafter
 whose context window is shorter than the target's sees only the last (window - gamma) tokens.
+A draft tree (methods.speculative) runs it over many paths of one row at once (ARPaths).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, cast
 
 import torch
@@ -98,6 +100,39 @@ class ARProposer:
         if context.shape[0] != 1:  # only a single row's cache is worth keeping
             self._cache = None
         return Draft(tokens=torch.cat(tokens, dim=1), q=torch.stack(qs, dim=1), calls=gamma)
+
+    @torch.no_grad()
+    def paths(self, context: torch.Tensor, gamma: int, sampling: Sampling) -> ARPaths:
+        """One row's context (1, L) -> the drafter over its tree's paths (ARPaths), q warped by
+        `sampling`; a drafter with a shorter window sees the last (window - gamma) tokens. The
+        row's cache is kept and reused as propose's: only the tokens since the longest prefix it
+        shares with the last context are fed."""
+        context = context[:, -(self.drafter.max_length - gamma):]
+        keep = self._reuse(context)
+        assert self._cache is not None  # _reuse made or kept it
+        self._cached = context[0].cpu()
+        return ARPaths(self.drafter, context[:, keep:], sampling, self._cache)
+
+
+class ARPaths:
+    """One row's drafter over the paths of a draft tree (trees.grown, methods.speculative): `first`
+    (V or N,) the drafter's warped probabilities after the context (over the rows it may propose),
+    `feed` (1, S >= 1) the context's tokens that `cache` (the row's, ARProposer's) does not hold
+    yet, fed to it; calling it with (rows (n,), tokens (n,)) -> (n, V or N) those after each of
+    the previous call's rows `rows` followed by its token: a copy of the cache keeps one row per
+    path, selected and extended by one token each call (one drafter call per depth)."""
+
+    def __init__(self, drafter: ARDrafter, feed: torch.Tensor, sampling: Sampling, cache: DynamicCache):
+        self.drafter, self.sampling, self.cache = drafter, sampling, cache
+        self.first = self._probs(feed)[0]
+        self.cache = copy.deepcopy(cache)  # the row's cache stays the context's for the next step
+
+    def __call__(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        self.cache.batch_select_indices(rows)
+        return self._probs(tokens[:, None])
+
+    def _probs(self, feed: torch.Tensor) -> torch.Tensor:
+        return self.sampling.probs(self.drafter.next_logits(feed, **with_cache(self.drafter.model, self.cache)))
 
 
 class _Ragged:

@@ -249,12 +249,10 @@ class DiffusionProposer:
         tokens are drawn with (`sampling`); specdiff.selection draws further candidates from it."""
         d = self.drafter
         vocab = getattr(d, "draft_vocab", None)  # warped and drawn over its N rows (specdiff.vocab)
-        ctx = context[:, -context_window(d, gamma):]  # (B, n)
-        B, n = ctx.shape
-        pad = None if lengths is None else (n - lengths).clamp_min(0)  # (B,) padding in the window
-        x = torch.cat([ctx, ctx.new_full((B, gamma), d.mask_id)], dim=1)  # (B, n + gamma)
-        q = torch.zeros(B, gamma, d.vocab_size, device=ctx.device)
-        rows = torch.arange(B, device=ctx.device)[:, None]
+        x, pad = self._masked(context, gamma, lengths)  # (B, n + gamma)
+        B, n = x.shape[0], x.shape[1] - gamma
+        q = torch.zeros(B, gamma, d.vocab_size, device=x.device)
+        rows = torch.arange(B, device=x.device)[:, None]
         sizes = block_sizes(gamma, self.steps)
         for k in sizes:
             logits = d.x0_logits(x, gamma, pad, widen=False)  # (B, gamma, V or N)
@@ -264,3 +262,22 @@ class DiffusionProposer:
             x[rows, n + slots] = target_ids(sampling.sample(chosen, generator), vocab)
             q[rows, slots] = target_probs(record.probs(logits[rows, slots]) if record else chosen, vocab)
         return Draft(tokens=x[:, n:], q=q, calls=len(sizes))
+
+    @torch.no_grad()
+    def marginals(self, context: torch.Tensor, gamma: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """context (B, L), left-padded when `lengths` (B,) are given -> the x0 logits of the gamma
+        masked slots after it (B, gamma, V, or N over a draft vocabulary's rows) from one drafter
+        call: each slot's marginal, which does not depend on the other draft tokens (a draft
+        tree's ranking, methods.speculative; the first step of any schedule)."""
+        x, pad = self._masked(context, gamma, lengths)
+        return self.drafter.x0_logits(x, gamma, pad, widen=False)
+
+    def _masked(self, context: torch.Tensor, gamma: int,
+                lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's input: the context's window then gamma mask slots (B, n + gamma), and
+        the padding positions in the window (B,) (None without lengths)."""
+        d = self.drafter
+        ctx = context[:, -context_window(d, gamma):]  # (B, n)
+        B, n = ctx.shape
+        pad = None if lengths is None else (n - lengths).clamp_min(0)  # (B,) padding in the window
+        return torch.cat([ctx, ctx.new_full((B, gamma), d.mask_id)], dim=1), pad

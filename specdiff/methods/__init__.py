@@ -8,6 +8,8 @@ its own module (a `prepare` and the loop it runs) plus one entry here (and its n
     needs       the kind of drafter it needs (the name of a specdiff.kinds declaration; None: no drafter)
     target      the kind of target it decodes (TARGET_KINDS): a causal LM or a block-diffusion LM
     build       (drafter, DraftSettings) -> Proposer, for speculative methods
+    trees       (proposer, sampling, target, nodes) -> the draft step of its `tree` runs, for
+                speculative methods that read `tree` (methods.speculative: GrownTrees, MarginalTrees)
     rules       acceptance rules it can run, preferred first when sampling; the proposer it builds
                 declares which of them are exact (contracts.Proposer.exact_rules)
     family      the settings dataclass it reads from (specdiff.settings; None: none)
@@ -41,12 +43,13 @@ __all__ = ["METHODS", "TARGET_KINDS", "Method", "Models", "default_method", "get
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "plain decoding, one target call per token: the reference", plain.prepare),
     Method("spec-ar", "a small causal LM drafts (Leviathan et al. 2023)", speculative.prepare,
-           needs="autoregressive", build=lambda drafter, s: ARProposer(drafter),
-           rules=("standard", "match", "greedy"), family=DraftSettings, settings=("gamma", "adaptive")),
+           needs="autoregressive", build=lambda drafter, s: ARProposer(drafter), trees=speculative.GrownTrees,
+           rules=("standard", "match", "greedy"), family=DraftSettings, settings=("gamma", "adaptive", "tree")),
     Method("specdiff", "a masked-diffusion drafter drafts gamma tokens in T steps (SpecDiff)", speculative.prepare,
            needs="diffusion", build=lambda drafter, s: DiffusionProposer(drafter, s.schedule, s.steps, s.gamma),
+           trees=speculative.MarginalTrees,
            rules=("standard", "match", "greedy", "select", "multi"), family=DraftSettings,
-           settings=("gamma", "adaptive", "steps", "schedule", "drafts", "draft_temperature")),
+           settings=("gamma", "adaptive", "steps", "schedule", "drafts", "draft_temperature", "tree")),
     Method("dflash", "a DFlash drafter drafts a block in one call from the target's hidden states (DFlash)",
            dflash.prepare, needs="dflash", rules=("standard", "match", "greedy", "select", "multi"),
            family=DraftSettings, settings=("gamma", "adaptive", "drafts", "draft_temperature", "tree")),

@@ -47,6 +47,7 @@ class Method:
     prepare_with: Prepare
     needs: str | None = None  # the name of a drafter kind (specdiff.kinds); None: no drafter
     build: Callable[[Any, Any], Proposer] | None = None  # (drafter, DraftSettings) -> its proposer
+    trees: Callable[..., Any] | None = None  # (proposer, sampling, target, nodes) -> its `tree` draft step
     rules: tuple[str, ...] = ()
     family: type | None = None  # the settings dataclass whose fields it reads (specdiff.settings)
     settings: tuple[str, ...] = ()  # the fields of `family` it reads (what a bench sweeps)

@@ -53,7 +53,7 @@ from ..sampling import Sampling
 from ..settings import AUTO, DraftSettings, tree_nodes
 from ..vocab import head_logits, on_target, target_ids, target_probs
 from .base import Method, Models, check_capturing_sizes, cost_table, kept_costs
-from .speculative import check_drafts, rule_name
+from .speculative import check_drafts, rule_name, tree_rule
 
 
 SINGLE_RULES = frozenset({"greedy", "standard", "match"})  # slots drawn independently from q: case 1
@@ -193,13 +193,11 @@ class DFlashDrafts:
         """logits (B', max g_b, N or V) of the drafting rows (batch rows `members`) -> `drafts`
         with a trees.Tree of up to self.tree nodes and depth <= g_b at each of them; `iid` (rule
         multi): its shape, every node's token then drawn from q with the row's generator."""
-        ranking = Sampling(temperature=1.0) if self.sampling.greedy else self.sampling  # greedy q is one-hot
-        probs = ranking.probs(logits)
+        probs = trees.ranking(self.sampling).probs(logits)
         vocab = self.drafter.draft_vocab
         for i, b in enumerate(members):
-            tree = trees.best_first(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab))
-            tree.q = target_probs(probs[i, :g[b]], vocab)  # (g_b, V)
-            drafts[b] = trees.sampled_children(tree, batch[b].generator) if self.iid else tree
+            drafts[b] = trees.marginal_tree(probs[i, :g[b]], self.tree, lambda ids: target_ids(ids, vocab),
+                                            lambda p: target_probs(p, vocab), batch[b].generator, self.iid)
         return drafts
 
     def _logits(self, rows: list[Row], members: list[int], batch: list[Row], slots: int) -> torch.Tensor:
@@ -295,27 +293,3 @@ def prepare(method: Method, models: Models, settings: DraftSettings, sampling: S
     drafts.iid = rule == "multi"  # recursive rejection needs every candidate (a tree: every child) drawn from q
     return DFlashDecoder(target, drafts, verify, rule, settings, sampling, method.settings,
                          kept_costs(target, drafter, (settings, sampling)))
-
-
-def tree_rule(target: Any, settings: DraftSettings, sampling: Sampling, acceptance: str | None) -> str:
-    """The rule of a `tree` run (trees.RULES: greedy at temperature 0, else match over the tree, or
-    multi asked for: children sampled from q, recursive rejection over siblings),
-    or UsageError for what a tree cannot run with: another rule, K > 1 drafts, gamma auto with a
-    fixed size (`tree` auto takes gamma's cap as its depth bound), a target that does not verify
-    trees (a model whose windows count columns, torch or exported; a Target without extend_tree)."""
-    why = target.can_tree() if isinstance(target, TreeTarget) else (
-        "this target verifies chains only (it has no extend_tree): drop `tree`")
-    if why is not None:
-        raise UsageError(f"`tree`: {why}")
-    if settings.drafts > 1:
-        raise UsageError("`tree` already verifies several continuations: give `drafts` 1 with it")
-    if settings.adaptive and settings.tree != AUTO:
-        raise UsageError(f"`tree` {settings.tree} drafts to a fixed depth: give an integer `gamma` (the tree's depth "
-                         f"bound), or `tree` {AUTO}")
-    rule = "greedy" if sampling.greedy else "match"
-    if acceptance == "multi" and not sampling.greedy:
-        return acceptance  # sampled children, recursive rejection over siblings
-    if acceptance not in (None, rule):
-        raise UsageError(f"`tree` verifies by walking the tree with draws from p ({rule} over a tree) or by "
-                         f"recursive rejection over sampled children (multi): acceptance {acceptance} does not apply")
-    return rule

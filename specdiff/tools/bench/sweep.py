@@ -28,7 +28,8 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
     schedule x steps (T is at most gamma; a schedule with a fixed step count, e.g. oneshot, gets
     only that) x drafts; the other drafting methods sweep gamma. A gamma "auto" (specdiff.adaptive)
     runs for the methods that choose their draft length (spec-ar, specdiff). `trees`: tree sizes
-    (0: a chain; auto: chosen each step) for the methods that read `tree` (dflash), on fixed gammas.
+    (0: a chain; auto: chosen each step) for the methods that read `tree` (spec-ar, specdiff at
+    steps 1, dflash), on fixed gammas.
     Drafting rows sweep the rules that fit them (`fits`; none: the default rule). specdiff's own methods (not the peers) run
     each batch size and on each of `runtimes` ("torch": eager; "compiled"; a graph runtime, which
     runs ar and specdiff: exports hold a target and a diffusion drafter)."""
@@ -52,7 +53,7 @@ def variants(methods: Sequence[str], gammas: Sequence[int | str] = (DEFAULTS["ga
         for v in _treed(_drafting(methods, gammas, steps, schedules), trees):
             for k in drafts if "drafts" in _settings(v.method) and not v.tree else (None,):
                 fit: list[str | None] = [r for r in rules if r is not None and (
-                    fits_tree(r, temperature) if v.tree else fits(r, k or 1, temperature))]
+                    fits_tree(r, temperature, v.method) if v.tree else fits(r, k or 1, temperature))]
                 rows += [replace(v, drafts=k, acceptance=r, temperature=temperature) for r in fit or [None]]
     unused = [r for r in rules if r is not None and r not in {v.acceptance for v in rows}]
     if unused:
@@ -102,10 +103,12 @@ def _drafting(methods: Sequence[str], gammas: Sequence[int | str], steps: Sequen
 
 
 def _treed(rows: Iterable[Variant], trees: Sequence[int | str | None]) -> Iterator[Variant]:
-    """Each row at each tree size where its method reads `tree` and its gamma is fixed (a tree's
-    depth bound); a chain (tree None or 0) everywhere else."""
+    """Each row at each tree size where its method reads `tree`, its gamma is fixed (a tree's
+    depth bound) and it denoises in one step (specdiff: a tree ranks the one-call marginals); a
+    chain (tree None or 0) everywhere else."""
     for v in rows:
-        sizes = [t or None for t in trees] if "tree" in _settings(v.method) and v.gamma != AUTO else [None]
+        treed = "tree" in _settings(v.method) and v.gamma != AUTO and v.steps in (None, 1)
+        sizes = [t or None for t in trees] if treed else [None]
         yield from (replace(v, tree=t) for t in dict.fromkeys(sizes))
 
 
@@ -129,12 +132,14 @@ def fits(rule: str, drafts: int, temperature: float | None) -> bool:
     return (single if drafts == 1 else rule in selection.RULES) and not (rule == "greedy" and temperature)
 
 
-def fits_tree(rule: str, temperature: float | None) -> bool:
-    """Whether a tree row at this temperature runs the rule (methods.dflash.tree_rule): greedy at
-    temperature 0, match or multi (sampled children) when sampling."""
+def fits_tree(rule: str, temperature: float | None, method: str = "dflash") -> bool:
+    """Whether a tree row of this method at this temperature runs the rule
+    (methods.speculative.tree_rule): greedy at temperature 0, match when sampling, or multi
+    (sampled children) for the methods that run multi (specdiff, dflash; not spec-ar)."""
     if temperature == 0:
         return rule == "greedy"
-    return rule in ("match", "multi") or (temperature is None and rule == "greedy")
+    multi = rule == "multi" and (method not in REGISTRY or "multi" in REGISTRY[method].rules)
+    return rule == "match" or multi or (temperature is None and rule == "greedy")
 
 
 def _settings(method: str) -> tuple[str, ...]:
