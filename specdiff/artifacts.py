@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from .errors import IncompatibleModelsError, LoadError, UsageError
 from .reading import read_small_text, sha256_file
@@ -165,11 +165,11 @@ class Artifacts:
 
     def component(self, kind: str) -> dict[str, Any] | None:
         """The manifest record of "target" or "drafter", None when the export has none."""
-        return self.manifest["components"].get(kind)
+        return cast(dict[str, Any] | None, self.manifest["components"].get(kind))
 
     def record(self, kind: str) -> dict[str, Any]:
         """The manifest record of a component the export holds (KeyError if none: see `component`)."""
-        return self.manifest["components"][kind]
+        return cast(dict[str, Any], self.manifest["components"][kind])
 
     def path(self, relative: str) -> Path:
         return self.root / relative

@@ -19,7 +19,7 @@ passes may still be near the limit.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -49,7 +49,7 @@ def step_bytes(target: Any, rows: int, tokens: int, context: int) -> int:
     """A floor on the memory of one decoding step: `rows` rows scoring `tokens` tokens each, with
     caches of up to `context` tokens (both clipped to the target's context window)."""
     tokens, context = min(tokens, target.max_length), min(context, target.max_length)
-    return rows * (tokens * target.vocab_size * 4 * LOGIT_COPIES + context * kv_bytes_per_token(target))
+    return cast(int, rows * (tokens * target.vocab_size * 4 * LOGIT_COPIES + context * kv_bytes_per_token(target)))
 
 
 def free_bytes(device: torch.device) -> int | None:

@@ -12,6 +12,8 @@ drafter only config.json, the weights file of its kind and any tokenizer files a
 
 from __future__ import annotations
 
+from typing import cast
+
 import os
 
 from .contracts import Drafter, Target
@@ -69,7 +71,7 @@ def load_drafter(name_or_path: str | os.PathLike[str], *, device: str = "cpu", d
     check_device(device)
     resolve_dtype(dtype, device)
     source = source_of(name_or_path, ("drafter", "target"), as_registry(registry))
-    return detected(source).load(source, device, dtype)
+    return cast(Drafter, detected(source).load(source, device, dtype))
 
 
 def load_diffusion_drafter(name_or_path: str, *, registry: Registry | None = None) -> DiffusionDrafter:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: int) -> dict:
+def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: int) -> dict[str, Any]:
     """The export's target / drafter on `runtime`, its sessions opened with the bench's threads;
     refused unless exported from the bench's own target and drafter (graphs of another model with
     the same tokenizer were timed against it, and their speed-up reported)."""
@@ -264,7 +264,7 @@ def _can_plot(require_matplotlib: Callable[[], object]) -> bool:
     return True
 
 
-def _warn_unreliable(report: dict) -> None:
+def _warn_unreliable(report: dict[str, Any]) -> None:
     """A speed-up the rounds disagree on is said so on stderr, with what to do about it."""
     for row in report["rows"]:
         if row["unreliable"]:
@@ -277,7 +277,7 @@ def _warn_unreliable(report: dict) -> None:
 BUSY = 0.25  # CPU cores other processes may keep busy before bench says its speeds are off
 
 
-def _warn_run(report: dict) -> None:
+def _warn_run(report: dict[str, Any]) -> None:
     """What makes a whole run's speeds doubtful: one timed pass per row (nothing shows their
     spread), or other processes keeping more than BUSY of a core busy while it timed."""
     if report["config"]["repeats"] == 1:
@@ -289,7 +289,7 @@ def _warn_run(report: dict) -> None:
                    "timed: its speeds are lower and noisier than on a quiet machine", err=True)
 
 
-def _warn_mismatches(report: dict) -> None:
+def _warn_mismatches(report: dict[str, Any]) -> None:
     n = report["config"]["prompts"]
     for row in report["rows"]:
         if row["mismatches"]:

@@ -13,7 +13,7 @@ import click
 from specdiff.requests import MAX_THREADS
 
 
-class NumberList(click.ParamType):
+class NumberList(click.ParamType[tuple[Any, ...]]):
     """Comma-separated numbers of one kind -> a tuple (ranges are checked by the library):
     NumberList(float) refuses nan and inf, NumberList(int) anything not an integer."""
 

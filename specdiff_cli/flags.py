@@ -25,7 +25,7 @@ def gamma(text: str) -> int | str:
     return text if text == "auto" else int(text)
 
 
-class Gamma(click.ParamType):
+class Gamma(click.ParamType[int | str]):
     name = "INTEGER|auto"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | str:

@@ -14,7 +14,7 @@ start at 0 at its first real token, so a row drafts the same whatever the batch 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -61,4 +61,4 @@ class A2DDrafter(nn.Module):
         logits = out.logits[..., : self.vocab_size].float()  # (B, last, V)
         if self.mask_id < self.vocab_size:
             logits[..., self.mask_id] = float("-inf")
-        return logits
+        return cast(torch.Tensor, logits)

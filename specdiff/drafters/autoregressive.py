@@ -38,23 +38,23 @@ class ARDrafter(nn.Module):
         self._rows = None if draft_vocab is None else GatheredHead(draft_vocab)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids).logits
+        return cast(torch.Tensor, self.model(input_ids=input_ids).logits)
 
     def next_logits(self, feed: torch.Tensor, **inputs: Any) -> torch.Tensor:
         """The logits after feeding `feed` (B, S) with `inputs` (cache, mask, positions) of the ids
         it may propose (vocab.head_logits): the head's first V rows (B, V), or its draft
         vocabulary's N rows (B, N)."""
         if self._rows is None:
-            return self.model(input_ids=feed, use_cache=True, **inputs).logits[:, -1, :self.vocab_size]
+            return cast(torch.Tensor, self.model(input_ids=feed, use_cache=True, **inputs).logits[:, -1, :self.vocab_size])
         hidden = self.model.base_model(input_ids=feed, use_cache=True, **inputs).last_hidden_state[:, -1]  # (B, H)
         head = self._rows(self.model.get_output_embeddings())
-        return head(hidden.to(head.weight.dtype)).float()
+        return cast(torch.Tensor, head(hidden.to(head.weight.dtype)).float())
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> ARDrafter:
         """.to() moves or casts the model; the draft vocabulary's rows are gathered again from it."""
         if self._rows is not None:
             self._rows.reset()
-        return cast(ARDrafter, super()._apply(fn, recurse))
+        return cast(ARDrafter, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]  # torch leaves Module._apply unannotated
 
 
 class ARProposer:

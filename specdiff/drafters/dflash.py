@@ -141,7 +141,7 @@ class DFlashDrafter(nn.Module):
         """block (B, Q) ids embedded with the target's embedding, through the net (DFlashNet.forward
         reads the other arguments) -> (B, Q, H)."""
         embed, _ = self.bound()
-        return self.net(embed(block).to(self.net.fc.weight.dtype), context, positions, cache, context_valid, attn_mask)
+        return cast(torch.Tensor, self.net(embed(block).to(self.net.fc.weight.dtype), context, positions, cache, context_valid, attn_mask))
 
     @property
     def spec(self) -> DFlashSpec:
@@ -156,7 +156,7 @@ class DFlashDrafter(nn.Module):
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> the bound head's logits (..., head_rows) float32."""
         _, head = self.bound()
-        return head(hidden.to(cast(torch.Tensor, head.weight).dtype)).float()
+        return cast(torch.Tensor, head(hidden.to(cast(torch.Tensor, head.weight).dtype)).float())
 
     def bound(self) -> tuple[nn.Module, nn.Module]:
         """(the target's input embedding, its output head) as bind() got them."""

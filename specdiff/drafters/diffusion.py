@@ -88,8 +88,7 @@ class DiffusionDrafter(nn.Module):
             raise UsageError(f"drafter '{self.source}' reads its token embedding and output head from its "
                              "target: load it together with one")
         head = self.head()
-        return self.backbone(input_ids, sigma, last, pad) if head is None else \
-            self.backbone(input_ids, sigma, last, pad, head)
+        return cast(torch.Tensor, self.backbone(input_ids, sigma, last, pad, *(() if head is None else (head,))))
 
     def head(self) -> nn.Module | None:
         """The rows of its output projection at its draft vocabulary's ids, gathered now if they
@@ -100,7 +99,7 @@ class DiffusionDrafter(nn.Module):
         """.to() moves or casts the backbone; the draft vocabulary's rows are gathered again from it."""
         if self._rows is not None:
             self._rows.reset()
-        return cast(DiffusionDrafter, super()._apply(fn, recurse))
+        return cast(DiffusionDrafter, super()._apply(fn, recurse))  # type: ignore[no-untyped-call]  # torch leaves Module._apply unannotated
 
     def share_target_embeddings(self, embedding: torch.Tensor, head: torch.Tensor) -> None:
         """Rows 0..V-1 of the token embedding and of the output head from the target's input
@@ -169,7 +168,7 @@ def context_window(drafter: DiffusionDrafter, gamma: int) -> int:
     if gamma >= length:
         raise UsageError(f"gamma {gamma} does not fit the drafter's trained length {length} "
                          f"with any context (at most {length - 1})")
-    return min(drafter.context_length, length - gamma)
+    return cast(int, min(drafter.context_length, length - gamma))
 
 
 def block_sizes(gamma: int, steps: int) -> list[int]:

@@ -25,7 +25,7 @@ May import: nets, vocab, errors (drafters/__init__.py).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -120,11 +120,11 @@ class Eagle3Drafter(nn.Module):
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) target ids -> (B, T, H)."""
         if self.net.embed_tokens is not None:
-            return self.net.embed_tokens(tokens)
+            return cast(torch.Tensor, self.net.embed_tokens(tokens))
         if self._embed is None:
             raise IncompatibleModelsError(f"EAGLE-3 drafter '{self.source}' has no embedding of its own: bind it "
                                           "to its target first (pairing does)")
-        return self._embed[0](tokens)
+        return cast(torch.Tensor, self._embed[0](tokens))
 
     def features(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """A target call's hidden_states (N + 1 tensors (B, L, Ht)) -> (B, L, 3 * Ht)."""
@@ -140,13 +140,13 @@ class Eagle3Drafter(nn.Module):
         """Context rows: tokens (B, C) at positions + 1, features (B, C, 3 * Ht) and positions
         (B, C) of the positions before them, valid (B, C) bool or None -> out (B, C, H)."""
         hidden = self.net.project(features)
-        return self.net(self.embed(tokens), hidden, positions, cache, valid)
+        return cast(torch.Tensor, self.net(self.embed(tokens), hidden, positions, cache, valid))
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              cache: ContextCache | None = None) -> torch.Tensor:
         """Draft rows: tokens (B, T) just drafted, hidden (B, T, H) the outputs of the rows before,
         positions (B, T) -> out (B, T, H)."""
-        return self.net(self.embed(tokens), hidden.to(self.net.fc.weight.dtype), positions, cache)
+        return cast(torch.Tensor, self.net(self.embed(tokens), hidden.to(self.net.fc.weight.dtype), positions, cache))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """out (B, T, H) -> (B, T, N) float32 over the draft vocabulary."""

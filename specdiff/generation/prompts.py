@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from ..contracts import Target
 from ..errors import ContextWindowWarning, InputError, UsageError
@@ -61,7 +61,7 @@ def encode_prompts(target: Target | BlockDiffusionTarget, prompts: list[str], ma
 
 def _encode(tokenizer: Any, prompt: str, text: TextOptions) -> list[int]:
     if not text.chat:
-        return tokenizer.encode(prompt)
+        return cast(list[int], tokenizer.encode(prompt))
     messages = ([{"role": "system", "content": text.system}] if text.system is not None else [])
     messages.append({"role": "user", "content": prompt})
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol, cast
 
 import torch
 
@@ -212,7 +212,7 @@ class DFlashDrafts:
                               context_valid=None if bool(valid.all()) else valid,
                               slots=slots)  # the head scores only the slots kept
         self.contexts.write(rows, cache)
-        return logits
+        return cast(torch.Tensor, logits)
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def load_dflash(directory: Path) -> tuple[DFlashNet, DFlashSpec]:
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, heads, n, D) rotated at the positions of cos / sin (B, n, D) (NeoX half split)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+    return cast(torch.Tensor, x * cos[:, None] + rotate_half(x) * sin[:, None])
 
 
 class ContextCache:
@@ -243,7 +243,7 @@ class DFlashAttention(nn.Module):
         k, v = torch.cat([context_kv[0], k], dim=2), torch.cat([context_kv[1], v], dim=2)
         out = F.scaled_dot_product_attention(_rope(q, cos, sin), k, v, attn_mask=mask,
                                              scale=self.head_dim ** -0.5, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
+        return cast(torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim)))
 
 
 class DFlashLayer(nn.Module):
@@ -259,7 +259,7 @@ class DFlashLayer(nn.Module):
     def forward(self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor], cos: torch.Tensor,
                 sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), context_kv, cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return cast(torch.Tensor, x + self.mlp(self.post_attention_layernorm(x)))
 
 
 class DFlashNet(nn.Module):
@@ -292,7 +292,7 @@ class DFlashNet(nn.Module):
         positions past a few hundred into the wrong angles."""
         rotary = self.rotary_emb
         kept = {name: getattr(rotary, name) for name in ("inv_freq", "original_inv_freq")}
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves Module._apply unannotated
         for name, value in kept.items():
             setattr(rotary, name, value.to(getattr(rotary, name).device))
         return self
@@ -314,4 +314,4 @@ class DFlashNet(nn.Module):
             mask = torch.cat([valid.to(x.device), block], dim=1)[:, None, None, :]
         for layer, layer_kv in zip(layers, kv):
             x = layer(x, layer_kv, cos[:, n:], sin[:, n:], mask)
-        return self.norm(x)
+        return cast(torch.Tensor, self.norm(x))

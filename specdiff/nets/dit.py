@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +83,7 @@ class TimestepEmbedder(nn.Module):
         freqs = torch.exp(-math.log(10000.0) * k / half)
         args = sigma.float()[:, None] * freqs[None]  # (B, 128)
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # (B, 256)
-        return self.mlp(emb.to(next(self.mlp.parameters()).dtype))
+        return cast(torch.Tensor, self.mlp(emb.to(next(self.mlp.parameters()).dtype)))
 
 
 class Rotary(nn.Module):
@@ -102,7 +102,7 @@ class Rotary(nn.Module):
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Rotary:
         inv_freq = self.inv_freq
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves Module._apply unannotated
         self.inv_freq = inv_freq.to(self.inv_freq.device)
         return self
 
@@ -158,7 +158,7 @@ class DDiTBlock(nn.Module):
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, is_causal=False)  # (B, H, L, D)
         attn = attn.transpose(1, 2).reshape(B, L, h)
         x = x + gate_msa * self.attn_out(attn)
-        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return cast(torch.Tensor, x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp)))
 
 
 class FinalLayer(nn.Module):
@@ -172,7 +172,7 @@ class FinalLayer(nn.Module):
         """x (B, L, h), c (B, cond) -> logits (B, L, vocab), or (B, L, N) of `head`'s N rows
         (a draft vocabulary's, in place of `linear`)."""
         shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=2)
-        return (head or self.linear)(modulate(self.norm_final(x), shift, scale))
+        return cast(torch.Tensor, (head or self.linear)(modulate(self.norm_final(x), shift, scale)))
 
 
 class Embedding(nn.Module):
@@ -213,7 +213,7 @@ class DDiT(nn.Module):
         keys = None if pad is None else (torch.arange(L, device=x.device) >= pad[:, None].to(x.device))[:, None, None]
         for block in self.blocks:
             x = block(x, c, cos, sin, keys)
-        return self.output_layer(x if last is None else x[:, -last:], c, head)  # (B, L or last, V or N)
+        return cast(torch.Tensor, self.output_layer(x if last is None else x[:, -last:], c, head))  # (B, L or last, V or N)
 
     def init_random(self, generator: torch.Generator, std: float = 0.02) -> "DDiT":
         """Random weights everywhere (adaLN and head included, unlike training's zero init), so

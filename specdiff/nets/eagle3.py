@@ -256,7 +256,7 @@ class Eagle3Attention(nn.Module):
             mask = (causal[None] & valid.to(x.device)[:, None, :] | itself[None])[:, None]  # (B, 1, T, C + T)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim))
+        return cast(torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(batch, size, self.heads * self.head_dim)))
 
 
 class Eagle3Layer(nn.Module):
@@ -276,7 +276,7 @@ class Eagle3Layer(nn.Module):
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
         h = hidden + self.self_attn(x, cos, sin, cache, valid, attn_mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return cast(torch.Tensor, h + self.mlp(self.post_attention_layernorm(h)))
 
 
 class Eagle3Net(nn.Module):
@@ -312,21 +312,21 @@ class Eagle3Net(nn.Module):
         transformers' own models) and d2t / t2d keep their integer and bool types."""
         rotary = self.rotary_emb
         kept = {name: getattr(rotary, name) for name in ("inv_freq", "original_inv_freq")}
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves Module._apply unannotated
         for name, value in kept.items():
             setattr(rotary, name, value.to(getattr(rotary, name).device))
         return self
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """The target's fused features (B, T, 3 * Ht) -> (B, T, H)."""
-        return self.fc(features.to(self.fc.weight.dtype))
+        return cast(torch.Tensor, self.fc(features.to(self.fc.weight.dtype)))
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: ContextCache | None = None, valid: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         cos, sin = self.rotary_emb(hidden, positions)
-        return self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, cache, valid, attn_mask)
+        return cast(torch.Tensor, self.midlayer(embeds.to(hidden.dtype), hidden, cos, sin, cache, valid, attn_mask))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """out (B, T, H) -> lm_head(norm(out)) (B, T, N) over the draft vocabulary."""
-        return self.lm_head(self.norm(out))
+        return cast(torch.Tensor, self.lm_head(self.norm(out)))

@@ -17,7 +17,7 @@ with the mask token at -inf: neither the mask id nor a padded head row is ever c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
@@ -61,7 +61,7 @@ class BlockDiffusionTarget:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return cast(torch.device, self.model.device)
 
     @property
     def length(self) -> int:
@@ -82,7 +82,7 @@ class BlockDiffusionTarget:
         logits = out.logits[..., : self.vocab_size].float()
         if self.mask_id < self.vocab_size:
             logits[..., self.mask_id] = float("-inf")
-        return logits
+        return cast(torch.Tensor, logits)
 
     def trim(self, n_cached: int, rows: slice | torch.Tensor | None) -> None:
         """Trim the cache to its first n_cached tokens plus rows `rows` of the last run."""

@@ -9,7 +9,7 @@ Logits are float32 over the tokenizer's real vocabulary: rows of a padded head (
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
@@ -59,7 +59,7 @@ class HFModel:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return cast(torch.device, self.model.device)
 
     def sync(self) -> None:
         """Wait for queued device work (for honest timings on CUDA)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -109,7 +109,7 @@ def _step(model: Any, vocab: int, max_position: int, argument: str, ids: torch.T
     mask = torch.zeros(visible.shape, dtype=dtype, device=ids.device).masked_fill(~visible, torch.finfo(dtype).min)
     out = model(input_ids=ids, attention_mask=mask[:, None], position_ids=cols.clamp_max(max_position - 1),
                 use_cache=True, **{argument: _Slots(keys, values, cols)})
-    return out.logits[..., :vocab].float()
+    return cast(torch.Tensor, out.logits[..., :vocab].float())
 
 
 class StaticTarget(HFModel):
@@ -175,7 +175,7 @@ class StaticTarget(HFModel):
             k[b, :, :S] = layer.keys[0]
             v[b, :, :S] = layer.values[0]
         self.lengths = torch.cat([self.lengths, torch.tensor([S])])
-        return out.logits[..., :self.vocab_size].float()
+        return cast(torch.Tensor, out.logits[..., :self.vocab_size].float())
 
     @torch.no_grad()
     def extend(self, ids: torch.Tensor, new: torch.Tensor | None = None) -> torch.Tensor:

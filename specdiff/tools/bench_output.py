@@ -10,7 +10,7 @@ import json
 import os
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..atomic import create_beside, new_file, write_error
 from ..errors import LoadError, UsageError
@@ -33,7 +33,7 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def format_table(report: dict) -> str:
+def format_table(report: dict[str, Any]) -> str:
     """One line per row; the [min, max] of tokens/s over rounds only when there were several."""
     spread = report["config"]["repeats"] > 1
     head = f"{'method':30} {'tok/s':>8} " + (f"{'[min, max]':>17} " if spread else "") + \
@@ -52,10 +52,10 @@ def format_table(report: dict) -> str:
 
 def _is_reference(row: Row) -> bool:
     """ar on eager torch at batch 1: the row every other at its temperature is compared with."""
-    return row["method"] == "ar" and row.get("runtime", "torch") == "torch" and row.get("batch_size", 1) == 1
+    return cast(bool, row["method"] == "ar" and row.get("runtime", "torch") == "torch" and row.get("batch_size", 1) == 1)
 
 
-def _invariance_lines(invariance: dict | None) -> list[str]:
+def _invariance_lines(invariance: dict[str, Any] | None) -> list[str]:
     """Per runtime: how far a wide call's logits are from one-token calls' (tools/invariance.py)."""
     out = []
     for runtime, m in (invariance or {}).items():
@@ -67,7 +67,7 @@ def _invariance_lines(invariance: dict | None) -> list[str]:
     return out
 
 
-def _floor_lines(roofline: dict | None) -> list[str]:
+def _floor_lines(roofline: dict[str, Any] | None) -> list[str]:
     """What `x floor` divides by: the peaks measured in the run and the floors they give."""
     if roofline is None:
         return []
@@ -77,7 +77,7 @@ def _floor_lines(roofline: dict | None) -> list[str]:
             f"{roofline['gflop_s']:.0f} GFLOP/s measured -> {floors}"]
 
 
-def summary(report: dict, out_dir: Path | None = None) -> dict:
+def summary(report: dict[str, Any], out_dir: Path | None = None) -> dict[str, Any]:
     rows, env = report["rows"], report["environment"]
     best, why = best_row(rows)
     return {"bench_json": str(out_dir / "bench.json") if out_dir else None, "device": env["device"],
@@ -148,7 +148,7 @@ def _make_dirs(directory: Path, out_dir: str | Path, made: list[Path]) -> None:
         made.append(path)
 
 
-def write_report(report: dict, out_dir: str | Path, plots: bool = True) -> list[Path]:
+def write_report(report: dict[str, Any], out_dir: str | Path, plots: bool = True) -> list[Path]:
     """bench.json and (plots=True) the PNGs that apply, each complete or absent; -> the files written."""
     out_dir = Path(out_dir)
     figure = require_matplotlib() if plots else None
@@ -247,7 +247,7 @@ def _series(ax: Axes, rows: list[Row], x_key: str, group_keys: tuple[str, ...], 
     swept = [r for r in rows if r[x_key] is not None]
     if len({r[x_key] for r in swept}) < 2:
         return False
-    groups: dict[tuple, list[Row]] = {}
+    groups: dict[tuple[Any, ...], list[Row]] = {}
     for r in swept:
         groups.setdefault(tuple(r[k] for k in group_keys), []).append(r)
     for key, members in groups.items():

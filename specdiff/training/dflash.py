@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import Qwen3Config
@@ -187,7 +187,7 @@ def mask_id(cfg: DistillConfig, target: CausalLMTarget) -> int:
     free = [i for i in tokenizer.all_special_ids if i not in taken]
     if not free:
         raise UsageError("the target's tokenizer has no spare special token for the mask: give `mask_token`")
-    return max(free)
+    return cast(int, max(free))
 
 
 def _first(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:

@@ -5,7 +5,7 @@ tokenizer with one extra mask row (id = len(tokenizer)), or the tokenizer's own 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -50,7 +50,7 @@ def _mask_id(tokenizer: Any, mask_token: str | None) -> int:
     vocab = tokenizer.get_vocab()
     if mask_token not in vocab:
         raise UsageError(f"`mask_token` {mask_token!r} is not a token of the target's tokenizer")
-    return vocab[mask_token]
+    return cast(int, vocab[mask_token])
 
 
 def _new_drafter(cfg: DistillConfig, tokenizer: Any) -> DiffusionDrafter:

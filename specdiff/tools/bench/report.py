@@ -70,7 +70,7 @@ class ReportRow:
         return {"label": m.variant.label, **asdict(m.variant), **measured, **rest}
 
 
-def spread(xs: list[float]) -> dict:
+def spread(xs: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "q1": q[0], "q3": q[2],
             "runs": xs}
@@ -91,9 +91,9 @@ def _acceptance(r: Repeat, encoded: list[list[int]], batched: bool) -> Metrics:
     return m
 
 
-def _median_of(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+def _median_of(xs: list[float | None]) -> float | None:
+    seen = [x for x in xs if x is not None]
+    return statistics.median(seen) if seen else None
 
 
 def row_of(v: Variant, repeats: list[Repeat], encoded: list[list[int]], memory: dict[str, float | None],
@@ -141,7 +141,7 @@ def _ideal(m: Measured, speedup: float, c_1: float | None) -> dict[str, float | 
             "measured_over_ideal": speedup / ideal if ideal else None}
 
 
-def _mismatches(reference: list[list[int]], got: list[list[int]]) -> list[dict]:
+def _mismatches(reference: list[list[int]], got: list[list[int]]) -> list[dict[str, Any]]:
     """Each prompt whose tokens differ: where they first differ and the two tokens there."""
     out = []
     for i, (a, b) in enumerate(zip(reference, got)):
@@ -152,7 +152,7 @@ def _mismatches(reference: list[list[int]], got: list[list[int]]) -> list[dict]:
     return out
 
 
-def _first_mismatches(reference: list[list[int]], passes: list[list[list[int]]]) -> list[dict]:
+def _first_mismatches(reference: list[list[int]], passes: list[list[list[int]]]) -> list[dict[str, Any]]:
     """The mismatches of the first pass that differs from the reference (every pass is checked)."""
     for tokens in passes:
         found = _mismatches(reference, tokens)
