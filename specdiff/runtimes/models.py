@@ -292,6 +292,7 @@ class GraphEagle3Drafter:
         max_step rows, each over the K/V the last one returned."""
         B, n = tokens.shape
         hidden = torch.zeros(B, n, self._widths[1], dtype=self._dtype, device=self.device)
+        out = self._nothing(B)
         step = self.max_step or max(n, 1)
         for j in range(0, n, step):
             k = min(j + step, n)
@@ -305,13 +306,20 @@ class GraphEagle3Drafter:
         """As Eagle3Drafter.step: draft rows tokens (B, T), hidden (B, T, Hd), positions -> (B, 1, Hd)."""
         B, n = tokens.shape
         features = torch.zeros(B, n, self._widths[0], dtype=self._dtype, device=self.device)
-        return self._run(tokens, features, hidden, False, positions, cache, None)
+        return self._run(tokens, features, hidden, False, positions, cache, None) if n else self._nothing(B)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """The last call's logits (B, 1, N) float32, when `out` is (a slice of) its output."""
         if self._last is None or out.data_ptr() != self._last[0].data_ptr() or out.shape != self._last[0].shape:
             raise RuntimeError("GraphEagle3Drafter.logits: its graph scores the output of the last call only")
         return self._last[1].float()
+
+    def _nothing(self, B: int) -> torch.Tensor:
+        """No rows fed (gamma auto times drafts of rows already read): no call, an empty output
+        (B, 0, Hd) with empty logits, as the torch head returns."""
+        self._last = (torch.zeros(B, 0, self._widths[1], dtype=self._dtype, device=self.device),
+                      torch.zeros(B, 0, self.vocab_rows, device=self.device))
+        return self._last[0]
 
     def _run(self, tokens: torch.Tensor, features: torch.Tensor, hidden: torch.Tensor, from_features: bool,
              positions: torch.Tensor, cache: ContextCache, valid: torch.Tensor | None) -> torch.Tensor:
