@@ -203,7 +203,7 @@ def _fingerprinted(vocab: DraftVocab, tokenizer: Any) -> DraftVocab:
 
 
 def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict[str, Any], dtype: str, opset: int,
-               drafter: tuple[int, Sweep] | None = None) -> dict[str, Any]:
+               drafter: tuple[int | None, Sweep] | None = None) -> dict[str, Any]:
     """Export, check against the spec, validate against PyTorch (a drafter graph: its mask id and
     sweep); -> the manifest record."""
     path = tmp / f"{kind}.onnx"

@@ -209,9 +209,11 @@ def eagle3_graph(drafter: Eagle3Drafter) -> tuple[Eagle3Step, GraphSpec, dict[st
     attention, layers = drafter.net.midlayer.self_attn, drafter.layer_ids
     assert layers is not None, "pairing fixes the layers an EAGLE-3 drafter reads"
     features, rows = 3 * drafter.target_hidden_size, drafter.net.spec.draft_vocab_size
+    embedding = drafter.embedding().weight  # (V', Hd): the ids it takes
+    assert isinstance(embedding, torch.Tensor)
     record = {"kind": EAGLE3, "name": drafter.source, "vocab_size": drafter.target_vocab_size, "head_rows": rows,
               "target_layer_ids": list(layers), "hidden_size": drafter.hidden_size, "layers": 1,
-              "vocab_rows": drafter.embedding().weight.shape[0],  # the ids its embedding takes
+              "vocab_rows": embedding.shape[0],
               "kv_heads": attention.kv_heads, "head_dim": attention.head_dim, "features": features}
     if drafter.draft_vocab is not None:
         record["draft_vocab"] = VOCAB_FILE
