@@ -9,17 +9,16 @@ graphs under (fake) TensorRT engines; refusals, each one line; the CLI."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 from click.testing import CliRunner
 
 from specdiff import generate, load_drafter, load_target
-from specdiff.artifacts import open_artifacts, read_engine, write_manifest
+from specdiff.artifacts import open_artifacts, read_engine
 from specdiff.errors import UsageError
 from specdiff.exporters.export import export
-from specdiff.exporters.tensorrt import build_engines, profile_shapes, triples_for
+from specdiff.exporters.tensorrt import profile_shapes, triples_for
 from specdiff.generation import plan
 from specdiff.graphs import Limits, spec_from_model
 from specdiff.methods.eagle3 import Eagle3Drafts
@@ -30,7 +29,7 @@ from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
 from test_eagle3_method import MAX_NEW, PROMPTS, checked_against
-from test_tensorrt_logic import GPU, fake_tensorrt
+from test_tensorrt_logic import with_fake_engines
 
 pytest_plugins = ["exported"]
 
@@ -152,15 +151,9 @@ def test_tensorrt_profiles_of_the_eagle3_graph_follow_the_target(onnx_eagle3):
 
 def test_greedy_over_tensorrt_engines_equals_ar(tiny, onnx_eagle3, torch_models, tmp_path):
     """Fake TensorRT 10.9 engines (tests/test_tensorrt_logic.py: they run the ONNX graphs) of both
-    components, built from the manifest as `specdiff export --format all` builds them, decode
+    components decode
     eagle3 with the profile's limits (the head's context in chunks of max_step rows) as ar does."""
-    root = shutil.copytree(onnx_eagle3, tmp_path / "trt")
-    manifest = json.loads((root / "manifest.json").read_text())
-    for key in ("format", "format_version", "files"):
-        manifest.pop(key)
-    trt = fake_tensorrt()
-    build_engines(root, manifest, trt, GPU)
-    write_manifest(root, manifest)
+    root, _, trt = with_fake_engines(onnx_eagle3, tmp_path / "trt")
     art = open_artifacts(root)
     runtimes = {}
     for kind in ("target", "drafter"):

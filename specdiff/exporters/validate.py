@@ -146,48 +146,48 @@ def run_dflash_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case
                     cmp: Comparison, mask_id: int | None) -> None:
     assert mask_id is not None, "a drafter graph is validated with its mask id"
     layers = (len(spec.inputs) - 4) // 2  # 4 inputs, then a key and a value per draft layer
-    device = next(module.parameters()).device
-    generator = torch.Generator().manual_seed(len(case.name))
-    past: list[torch.Tensor] = []
-    mask = torch.zeros(case.batch, 0, dtype=torch.long)  # (B, rows held)
-    for i, n in enumerate(case.steps):
-        feeds = spec.dummy_inputs(axis_sizes(case.batch, n, mask.shape[1]), dtype, generator, device)
+
+    def feed(feeds: dict[str, torch.Tensor], n: int, last: dict[str, torch.Tensor]) -> None:
         feeds["block_ids"][:, 1:] = mask_id
-        new = torch.ones(case.batch, n, dtype=torch.long)
-        for b in range(case.batch):
-            new[b, :min(2 * b, n - 1)] = 0
-        mask = torch.cat([mask, new], dim=1)
-        feeds.update(context_mask=mask.to(device), start=mask.sum(1).to(device))
-        feeds.update(zip(past_names(layers, "past_context"), past))
-        ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
-        got = runtime.run(feeds)
-        for name in spec.output_names:
-            cmp.check(f"{case.name} (call {i + 1})", name, got[name], ref[name])
-        past = [ref[name] for name in present_names(layers, "present_context")]
+        feeds["start"] = feeds["context_mask"].sum(1)  # the anchor follows every real row
+    _calls_over_cache(module, spec, runtime, case, dtype, cmp,
+                      (past_names(layers, "past_context"), present_names(layers, "present_context")), feed)
 
 
 def run_eagle3_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
                     cmp: Comparison, mask_id: int | None) -> None:
+    def feed(feeds: dict[str, torch.Tensor], n: int, last: dict[str, torch.Tensor]) -> None:
+        feeds["from_features"] = torch.full_like(feeds["from_features"], int(n > 0))
+        if not n and last:  # a draft step reads the last call's output
+            feeds["hidden"] = last["last_hidden"]
+    _calls_over_cache(module, spec, runtime, case, dtype, cmp, (past_names(1), present_names(1)), feed)
+
+
+def _calls_over_cache(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str, cmp: Comparison,
+                      kv: tuple[list[str], list[str]],
+                      feed: Callable[[dict[str, torch.Tensor], int, dict[str, torch.Tensor]], None]) -> None:
+    """A drafter graph's calls over the K/V it returned (kv: its past and present names): call i
+    feeds max(n, 1) new rows for n = case.steps[i] (in batch 3 with n > 0, row b's first 2b of
+    them padding), context_mask over every row held and new; feed(inputs, n, the last call's
+    torch outputs) sets the rest."""
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
     past: list[torch.Tensor] = []
+    ref: dict[str, torch.Tensor] = {}
     mask = torch.zeros(case.batch, 0, dtype=torch.long)  # (B, rows held)
-    hidden: torch.Tensor | None = None  # (B, 1, Hd): the last call's output
     for i, n in enumerate(case.steps):
         feeds = spec.dummy_inputs(axis_sizes(case.batch, max(n, 1), mask.shape[1]), dtype, generator, device)
         new = torch.ones(case.batch, max(n, 1), dtype=torch.long)
         for b in range(case.batch if n else 0):
             new[b, :min(2 * b, n - 1)] = 0
         mask = torch.cat([mask, new], dim=1)
-        feeds.update(context_mask=mask.to(device), from_features=torch.full_like(feeds["from_features"], int(n > 0)))
-        if not n and hidden is not None:
-            feeds["hidden"] = hidden
-        feeds.update(zip(past_names(1), past))
+        feeds.update(context_mask=mask.to(device), **dict(zip(kv[0], past)))
+        feed(feeds, n, ref)
         ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
         got = runtime.run(feeds)
         for name in spec.output_names:
             cmp.check(f"{case.name} (call {i + 1})", name, got[name], ref[name])
-        past, hidden = [ref[name] for name in present_names(1)], ref["last_hidden"]
+        past = [ref[name] for name in kv[1]]
 
 
 # (module, spec, runtime, case, dtype, comparison, mask id: a drafter's) -> None: one case run on both sides

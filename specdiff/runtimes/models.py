@@ -11,7 +11,7 @@ captures them (capture / features) as CausalLMTarget does.
 GraphDFlashDrafter is DFlashDrafter's drafting call over a DFlash step graph: the drafter's
 context K/V (nets.dflash.ContextCache) are fed back as past_context. GraphEagle3Drafter is
 Eagle3Drafter's extend / step / logits over an EAGLE-3 step graph, its own K/V (a ContextCache)
-fed back as past_key_values.
+fed back as past_key_values. Both stand on StepGraph (the runtime, the record, the draft vocabulary).
 GraphDrafter exposes what DiffusionProposer and plan use of a DiffusionDrafter (x0_logits,
 mask_id, vocab_size, context_length, tokenizer, the recorded draft `defaults`) over a denoiser
 graph; the noise level and the parameterisation are computed in Python by the PyTorch drafter's
@@ -21,7 +21,7 @@ the same padding run together, unpadded.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -192,7 +192,35 @@ class GraphDrafter:
                               vocab=self.draft_vocab, widen=widen)
 
 
-class GraphDFlashDrafter:
+StepGraphT = TypeVar("StepGraphT", bound="StepGraph")
+
+
+class StepGraph:
+    """What a drafter step graph over its own K/V stands on (DFlash's, EAGLE-3's): its runtime, the
+    manifest's `model` record's names and sizes, its draft vocabulary (the graph's logits are its
+    N rows: specdiff.vocab), the most context rows a call may feed (the runtime's limits)."""
+
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
+                 dtype: str, draft_vocab: DraftVocab | None = None):
+        self.runtime = runtime
+        self.draft_vocab = draft_vocab
+        self.tokenizer = tokenizer
+        self.source = model["name"]
+        self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
+        self.device = torch.device(device)
+        self.max_step = runtime.limits.max_step if runtime.limits else None  # most context rows per call
+        self._kv_shape = (model["kv_heads"], 0, model["head_dim"])
+        self._dtype = TORCH_DTYPES[dtype]
+
+    @classmethod
+    def from_artifacts(cls: type[StepGraphT], art: Artifacts, runtime: Runtime,
+                       device: torch.device | str) -> StepGraphT:
+        model = art.record("drafter")["model"]
+        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"],
+                   draft_vocab=exported_vocab(art, model))
+
+
+class GraphDFlashDrafter(StepGraph):
     """A DFlash step graph with the drafting call of DFlashDrafter (methods.dflash uses it).
     model: the manifest's `model` record of the drafter."""
 
@@ -200,28 +228,14 @@ class GraphDFlashDrafter:
 
     def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
                  dtype: str, draft_vocab: DraftVocab | None = None):
-        self.runtime = runtime
-        self.draft_vocab = draft_vocab  # the graph's logits are its N rows (specdiff.vocab)
-        self.tokenizer = tokenizer
-        self.source = model["name"]
-        self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
+        super().__init__(runtime, model, tokenizer, device, dtype=dtype, draft_vocab=draft_vocab)
         self.mask_id, self.block_size = model["mask_id"], model["block_size"]
         self.target_layer_ids = list(model["target_layer_ids"])
         self.num_target_layers = model.get("num_target_layers")
         self.defaults = model.get("defaults", {})
-        self.device = torch.device(device)
-        self.max_step = runtime.limits.max_step if runtime.limits else None  # most context rows per call
-        self._kv_shape = (model["kv_heads"], 0, model["head_dim"])
-        self._dtype = TORCH_DTYPES[dtype]
         layers = model["layers"]
         self._past_names = past_names(layers, "past_context")
         self._present_names = present_names(layers, "present_context")
-
-    @classmethod
-    def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDFlashDrafter":
-        model = art.record("drafter")["model"]
-        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"],
-                   draft_vocab=exported_vocab(art, model))
 
     @torch.no_grad()
     def __call__(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor, cache: ContextCache,
@@ -251,7 +265,7 @@ class GraphDFlashDrafter:
         return out["logits"][:, :slots or self.block_size - 1].float()
 
 
-class GraphEagle3Drafter:
+class GraphEagle3Drafter(StepGraph):
     """An EAGLE-3 step graph with the drafting calls of Eagle3Drafter (extend, step, logits: what
     methods.eagle3 uses). model: the manifest's `model` record of the drafter. The graph computes
     the last row's logits with its output: logits(out) hands back those of the call that returned
@@ -262,24 +276,10 @@ class GraphEagle3Drafter:
 
     def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
                  dtype: str, draft_vocab: DraftVocab | None = None):
-        self.runtime = runtime
-        self.draft_vocab = draft_vocab  # the graph's logits are its N rows (specdiff.vocab)
-        self.tokenizer = tokenizer
-        self.source = model["name"]
-        self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
+        super().__init__(runtime, model, tokenizer, device, dtype=dtype, draft_vocab=draft_vocab)
         self.layer_ids = tuple(model["target_layer_ids"])
-        self.device = torch.device(device)
-        self.max_step = runtime.limits.max_step if runtime.limits else None  # most context rows per call
-        self._kv_shape = (model["kv_heads"], 0, model["head_dim"])
         self._widths = (model["features"], model["hidden_size"])
-        self._dtype = TORCH_DTYPES[dtype]
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (last_hidden, logits) of the last call
-
-    @classmethod
-    def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphEagle3Drafter":
-        model = art.record("drafter")["model"]
-        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"],
-                   draft_vocab=exported_vocab(art, model))
 
     def new_cache(self) -> ContextCache:
         return ContextCache()
