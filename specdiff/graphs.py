@@ -28,6 +28,21 @@ embedding and head inside; the axes read as the target's, over context rows inst
     past_context.{i}.key|value     (batch, H', past_len, D')   dtype   the rows' K/V held so far
  -> logits                         (batch, S - 1, V_head)      dtype   positions start + 1 .. start + S - 1
     present_context.{i}.key|value  (batch, H', total_len, D')  dtype
+EAGLE-3 drafter step graph (one layer of H' KV heads of size D', width Hd; F = 3 * the target's
+width; N draft rows; its embedding (or its target's) inside; the axes read as the target's):
+    input_ids                      (batch, seq_len)            int64   the token after each row
+    features                       (batch, seq_len, F)         dtype   the target's fused features
+    hidden                         (batch, seq_len, Hd)        dtype   the head's own previous output
+    from_features                  (batch, seq_len)            int64   1: the row reads fc(features),
+                                                                       0: hidden (a draft step)
+    position_ids                   (batch, seq_len)            int64
+    context_mask                   (batch, total_len)          int64   0: a padding row (held or new)
+    past_key_values.0.key|value    (batch, H', past_len, D')   dtype   the head's K/V held so far
+ -> logits                         (batch, 1, N)               dtype   of the last row, over the draft
+                                                                       vocabulary (d2t maps them outside)
+    last_hidden                    (batch, 1, Hd)              dtype   the last row's output (before the
+                                                                       final norm): the next step's hidden
+    present.0.key|value            (batch, H', total_len, D')  dtype
 """
 
 from __future__ import annotations
@@ -189,6 +204,19 @@ def dflash_spec(layers: int, heads: int, head_dim: int, block_size: int, feature
     outputs = (TensorSpec("logits", ("batch", block_size - 1, head_rows)),
                *_kv(present_names(layers, "present_context"), heads, "total_len", head_dim))
     return GraphSpec("dflash", inputs, outputs, id_range=head_rows)
+
+
+def eagle3_spec(heads: int, head_dim: int, hidden: int, features: int, head_rows: int, vocab_size: int) -> GraphSpec:
+    """vocab_size: the target ids its input_ids take (dummy ids are drawn below it)."""
+    rows = ("batch", "seq_len")
+    inputs = (TensorSpec("input_ids", rows, "int64", "ids"), TensorSpec("features", (*rows, features)),
+              TensorSpec("hidden", (*rows, hidden)), TensorSpec("from_features", rows, "int64", "mask"),
+              TensorSpec("position_ids", rows, "int64", "positions"),
+              TensorSpec("context_mask", ("batch", "total_len"), "int64", "mask"),
+              *_kv(past_names(1), heads, "past_len", head_dim))
+    outputs = (TensorSpec("logits", ("batch", 1, head_rows)), TensorSpec("last_hidden", ("batch", 1, hidden)),
+               *_kv(present_names(1), heads, "total_len", head_dim))
+    return GraphSpec("eagle3", inputs, outputs, id_range=vocab_size)
 
 
 def drafter_spec(head_rows: int, time_conditioning: bool) -> GraphSpec:

@@ -53,3 +53,15 @@ def onnx_dflash(tiny) -> Path:
     tiny.dflash = make_dflash(tiny.root / "export-dflash-drafter", tiny.gpt2, scale=10, seed=6)
     return _export(tiny.root / "export-dflash", ["--target", str(tiny.gpt2), "--drafter", str(tiny.dflash),
                                                  "--max-batch", "3"])
+
+
+@pytest.fixture(scope="session")
+def onnx_eagle3(tiny) -> Path:
+    """tiny.gpt2 (a 320-row head for 300 tokens) + a random EAGLE-3 head over it (reading layers 0, 1
+    and 1, a draft vocabulary of 200 ids, its own embedding), fp32, batch up to 3; the head's
+    directory is tiny.eagle3."""
+    from tiny import make_eagle3
+
+    tiny.eagle3 = make_eagle3(tiny.root / "export-eagle3-head", tiny.gpt2, seed=6, scale=10)
+    return _export(tiny.root / "export-eagle3", ["--target", str(tiny.gpt2), "--drafter", str(tiny.eagle3),
+                                                 "--max-batch", "3"])

@@ -39,7 +39,7 @@ def test_every_method_needs_a_declared_kind_and_bench_reads_its_slot():
 
 
 def test_the_graph_methods_are_those_whose_kind_has_a_graph():
-    assert GRAPH_METHODS == ("ar", "specdiff", "dflash")
+    assert GRAPH_METHODS == ("ar", "specdiff", "dflash", "eagle3")
 
 
 def test_a_drafter_record_names_its_graph():
@@ -47,6 +47,7 @@ def test_a_drafter_record_names_its_graph():
     assert graphs.graph_kind("drafter", {"kind": "dflash"}) == "dflash"
     assert graphs.graph_kind("target", {"kind": "dflash"}) == "target"
     assert drafter_graph("dflash").target_axes and not drafter_graph("drafter").target_axes
+    assert drafter_graph("eagle3").target_axes and graphs.graph_kind("drafter", {"kind": "eagle3"}) == "eagle3"
 
 
 def test_a_manifest_naming_an_unknown_graph_is_refused(tmp_path):
@@ -56,5 +57,5 @@ def test_a_manifest_naming_an_unknown_graph_is_refused(tmp_path):
                 "components": {"drafter": component}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(LoadError, match=r"components\.drafter\.model\.kind: unknown drafter graph 'eagle9' "
-                                        r"\(known: dflash, drafter\)"):
+                                        r"\(known: dflash, eagle3, drafter\)"):
         artifacts.read_manifest(tmp_path)

@@ -173,10 +173,10 @@ def fake_tensorrt(version: str = "10.9.0", parse_errors=(), build_fails=False, i
     return trt
 
 
-@pytest.fixture
-def engines(onnx_pair, tmp_path):
-    """A copy of the exported pair with fake TensorRT 10.9 engines for GPU, and its manifest."""
-    root = shutil.copytree(onnx_pair, tmp_path / "trt")
+def with_fake_engines(export, directory):
+    """A copy of an export in `directory` with fake TensorRT 10.9 engines for GPU beside its graphs,
+    built from its manifest as `specdiff export --format all` builds them -> (root, manifest, trt)."""
+    root = shutil.copytree(export, directory)
     manifest = json.loads((root / "manifest.json").read_text())
     for key in ("format", "format_version", "files"):
         manifest.pop(key)
@@ -184,6 +184,12 @@ def engines(onnx_pair, tmp_path):
     build_engines(root, manifest, trt, GPU)
     write_manifest(root, manifest)
     return root, manifest, trt
+
+
+@pytest.fixture
+def engines(onnx_pair, tmp_path):
+    """A copy of the exported pair with fake TensorRT 10.9 engines for GPU, and its manifest."""
+    return with_fake_engines(onnx_pair, tmp_path / "trt")
 
 
 def test_profiles_come_from_consistent_triples():

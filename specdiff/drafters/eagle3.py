@@ -39,7 +39,9 @@ KIND = "eagle3"
 
 
 def is_eagle3_drafter(drafter: Any) -> bool:
-    return isinstance(drafter, Eagle3Drafter)
+    """An EAGLE-3 drafter: this module's, or one with its drafting calls over an exported graph
+    (runtimes.models.GraphEagle3Drafter)."""
+    return getattr(drafter, "kind", None) == KIND
 
 
 class Eagle3Drafter(nn.Module):
@@ -117,14 +119,18 @@ class Eagle3Drafter(nn.Module):
                                                                  built_from="the EAGLE-3 head's d2t / t2d")
         self.bound = True
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) target ids -> (B, T, H)."""
+    def embedding(self) -> nn.Module:
+        """The input embedding it reads: its own, else its bound target's (exporters.onnx puts it in the graph)."""
         if self.net.embed_tokens is not None:
-            return cast(torch.Tensor, self.net.embed_tokens(tokens))
+            return self.net.embed_tokens
         if self._embed is None:
             raise IncompatibleModelsError(f"EAGLE-3 drafter '{self.source}' has no embedding of its own: bind it "
                                           "to its target first (pairing does)")
-        return cast(torch.Tensor, self._embed[0](tokens))
+        return self._embed[0]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) target ids -> (B, T, H)."""
+        return cast(torch.Tensor, self.embedding()(tokens))
 
     def features(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """A target call's hidden_states (N + 1 tensors (B, L, Ht)) -> (B, L, 3 * Ht)."""

@@ -9,8 +9,8 @@ from typing import Any, Callable
 from specdiff.drafters.dflash import hidden_state_indices
 from specdiff.graphs import GraphSpec
 
-from .onnx import Graph, dflash_graph, drafter_graph
-from .validate import DFLASH_SWEEP, DRAFTER_SWEEP, Sweep, run_dflash_case, run_drafter_case
+from .onnx import Graph, dflash_graph, drafter_graph, eagle3_graph
+from .validate import DFLASH_SWEEP, DRAFTER_SWEEP, EAGLE3_SWEEP, Sweep, run_dflash_case, run_drafter_case, run_eagle3_case
 
 
 @dataclass(frozen=True)
@@ -29,4 +29,7 @@ EXPORTERS = {
     "dflash": GraphExporter(lambda drafter, target: dflash_graph(drafter, target.vocab_size),
                             Sweep(DFLASH_SWEEP, run_dflash_case), hidden_state_indices,
                             alone="DFlash drafter '{name}' drafts from its target's hidden states"),
+    "eagle3": GraphExporter(lambda drafter, target: eagle3_graph(drafter), Sweep(EAGLE3_SWEEP, run_eagle3_case),
+                            lambda drafter: tuple(i + 1 for i in drafter.layer_ids),
+                            alone="EAGLE-3 drafter '{name}' drafts from its target's hidden states"),
 }

@@ -1,7 +1,8 @@
 """`specdiff export`: a target and/or a drafter -> a checked export directory. A drafter is written
-as the graph its kind declares (specdiff.kinds; drafters.EXPORTERS says how). A DFlash drafter is
-exported with its target only: the target's graph then also outputs the hidden states the drafter
-reads, and the drafter's graph holds the target's embedding and head.
+as the graph its kind declares (specdiff.kinds; drafters.EXPORTERS says how). A DFlash or an
+EAGLE-3 drafter is exported with its target only: the target's graph then also outputs the hidden
+states the drafter reads, and the drafter's graph holds the target's embedding and head (DFlash)
+or its embedding, its own or its target's (EAGLE-3).
 
     export("out", target="gpt2", drafter="./drafter", fmt="onnx", dtype="fp32")
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -32,6 +34,7 @@ from specdiff.registry import Registry, as_registry
 from specdiff.requests import check_device_name, check_names
 from specdiff.targets.block import BlockDiffusionTarget
 from specdiff.targets.causal import CausalLMTarget
+from specdiff.vocab import DraftVocab, fingerprint
 
 from .manifest import source_record, tool_versions
 from .drafters import EXPORTERS, GraphExporter
@@ -181,18 +184,26 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
         assert drafter is not None  # what d was loaded from
         exporter = _exporter(d, drafter)
         module, spec, record = exporter.build(d, t)
-        if d.draft_vocab is not None:
-            d.draft_vocab.save(tmp)  # record["draft_vocab"], hashed with the graphs
+        if d.draft_vocab is not None:  # record["draft_vocab"], hashed with the graphs
+            _fingerprinted(d.draft_vocab, tokenizer).save(tmp)
         components["drafter"] = _component(tmp, "drafter", module, spec, record, dtype, opset,
-                                           (d.mask_id, exporter.sweep))
+                                           (getattr(d, "mask_id", None), exporter.sweep))
         components["drafter"]["source"] = source_record(drafter, ("drafter", "target"), registry)
     return {"dtype": dtype, "opset": opset, "limits": limits.to_json(), "tools": tool_versions(),
             "tokenizer": {"dir": TOKENIZER_DIR, "vocab_size": len(tokenizer), "vocab_sha256": vocab_sha256(tokenizer)},
             "components": components}
 
 
+def _fingerprinted(vocab: DraftVocab, tokenizer: Any) -> DraftVocab:
+    """A map that records no fingerprint (an EAGLE-3 head's d2t) gets the one of the tokenizer
+    exported beside it: the runtime reads only maps that say what they were built for."""
+    if vocab.fingerprint:
+        return vocab
+    return replace(vocab, fingerprint=fingerprint(tokenizer, vocab.ids, vocab.vocab_size))
+
+
 def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict[str, Any], dtype: str, opset: int,
-               drafter: tuple[int, Sweep] | None = None) -> dict[str, Any]:
+               drafter: tuple[int | None, Sweep] | None = None) -> dict[str, Any]:
     """Export, check against the spec, validate against PyTorch (a drafter graph: its mask id and
     sweep); -> the manifest record."""
     path = tmp / f"{kind}.onnx"

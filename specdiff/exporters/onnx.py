@@ -1,6 +1,6 @@
-"""Graphs to ONNX: a target as a step function with explicit KV state (and, beside a DFlash
-drafter, the hidden states that drafter reads), a diffusion drafter as a denoiser, a DFlash
-drafter as a step function over its context K/V (the IO contract is specdiff/graphs.py).
+"""Graphs to ONNX: a target as a step function with explicit KV state (and, beside a DFlash or
+EAGLE-3 drafter, the hidden states that drafter reads), a diffusion drafter as a denoiser, a DFlash
+drafter as a step function over its context K/V, an EAGLE-3 head as a step over its own K/V (the IO contract is specdiff/graphs.py).
 
 Recipe (docs/export-onnx-tensorrt.md): only plain tensors cross the graph boundary;
 inside, the 2L past tensors become a DynamicCache again (transformers 5 has no tuple caches) and
@@ -26,8 +26,10 @@ from transformers import DynamicCache
 
 from specdiff.drafters.dflash import KIND, DFlashDrafter, block_positions
 from specdiff.drafters.diffusion import DiffusionDrafter
+from specdiff.drafters.eagle3 import KIND as EAGLE3, Eagle3Drafter
 from specdiff.errors import UsageError
-from specdiff.graphs import MASKS, GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, target_spec
+from specdiff.graphs import (MASKS, GraphSpec, TensorSpec, axis_sizes, dflash_spec, drafter_spec, eagle3_spec,
+                             target_spec)
 from specdiff.hf_cache import returned_cache, with_cache
 from specdiff.nets.dflash import ContextCache
 from specdiff.targets.block import BlockDiffusionTarget
@@ -118,7 +120,34 @@ class DFlashStep(nn.Module):
         return (logits, *[t for kv in cache.kv for t in kv])
 
 
-Graph = Union[TargetStep, Denoiser, DFlashStep]  # a module to export: forward(*pack(spec, {input name: value}))
+class Eagle3Step(nn.Module):
+    """forward(input_ids (B, S), features (B, S, F), hidden (B, S, Hd), from_features (B, S),
+    position_ids (B, S), context_mask (B, P+S), past [k, v (B, H', P, D')]) -> (logits (B, 1, N),
+    last_hidden (B, 1, Hd), present k, v (B, H', P+S, D')): Eagle3Net over a ContextCache holding
+    `past`, each row reading fc(features) or hidden (a select, no If node); logits and output of
+    the last row only (a context call's earlier rows feed the cache, not the head)."""
+
+    def __init__(self, drafter: Eagle3Drafter):
+        super().__init__()
+        self.net = drafter.net
+        self.embed = drafter.embedding()  # registered here, so that the graph holds it (its target's too)
+
+    @staticmethod
+    def pack(spec: GraphSpec, values: dict[str, Any]) -> tuple[Any, ...]:
+        names = spec.input_names
+        return (*(values[n] for n in names[:6]), [values[n] for n in names[6:]])
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, hidden: torch.Tensor,
+                from_features: torch.Tensor, position_ids: torch.Tensor, context_mask: torch.Tensor,
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        cache, held = ContextCache(), past[0].shape[2]
+        cache.kv, cache.valid = [(past[0], past[1])], context_mask[:, :held].bool()
+        rows = torch.where(from_features.bool()[..., None], self.net.project(features), hidden)  # (B, S, Hd)
+        out = self.net(self.embed(input_ids), rows, position_ids, cache, context_mask[:, held:].bool())[:, -1:]
+        return (self.net.logits(out), out, *cache.kv[0])
+
+
+Graph = Union[TargetStep, Denoiser, DFlashStep, Eagle3Step]  # a module to export: forward(*pack(spec, {input name: value}))
 
 
 @torch.no_grad()
@@ -172,6 +201,25 @@ def dflash_graph(drafter: DFlashDrafter, vocab_size: int) -> tuple[DFlashStep, G
         record.update(draft_vocab=VOCAB_FILE, vocab_rows=drafter.vocab_rows)  # the embedding's rows stay all
     spec = dflash_spec(layers, heads, head_dim, drafter.block_size, features, drafter.head_rows)
     return DFlashStep(drafter.eval()), spec, record
+
+
+def eagle3_graph(drafter: Eagle3Drafter) -> tuple[Eagle3Step, GraphSpec, dict[str, Any]]:
+    """An EAGLE-3 drafter bound to its target -> (module to export, its spec, the manifest `model`
+    record). With a draft vocabulary (d2t) the record names the map's file, written beside the graph."""
+    attention, layers = drafter.net.midlayer.self_attn, drafter.layer_ids
+    assert layers is not None, "pairing fixes the layers an EAGLE-3 drafter reads"
+    features, rows = 3 * drafter.target_hidden_size, drafter.net.spec.draft_vocab_size
+    embedding = drafter.embedding().weight  # (V', Hd): the ids it takes
+    assert isinstance(embedding, torch.Tensor)
+    record = {"kind": EAGLE3, "name": drafter.source, "vocab_size": drafter.target_vocab_size, "head_rows": rows,
+              "target_layer_ids": list(layers), "hidden_size": drafter.hidden_size, "layers": 1,
+              "vocab_rows": embedding.shape[0],
+              "kv_heads": attention.kv_heads, "head_dim": attention.head_dim, "features": features}
+    if drafter.draft_vocab is not None:
+        record["draft_vocab"] = VOCAB_FILE
+    spec = eagle3_spec(attention.kv_heads, attention.head_dim, drafter.hidden_size, features, rows,
+                       drafter.target_vocab_size)
+    return Eagle3Step(drafter.eval()), spec, record
 
 
 def drafter_graph(drafter: DiffusionDrafter) -> tuple[Denoiser, GraphSpec, dict[str, Any]]:

@@ -7,7 +7,9 @@ tree's mask (each node sees its ancestors). Every step feeds both sides the same
 PyTorch cache, and compares every output. The drafter sweep covers batch 1 and 3, context + draft
 lengths, partly and fully masked rows. The DFlash sweep feeds context in chunks over the K/V the
 graph returned (batch 1 and 3, rows left-padded in the first chunk and in later ones), every block
-all mask slots after the anchor. All mismatches are collected, then one ExportValidationError
+all mask slots after the anchor. The EAGLE-3 sweep feeds context rows in chunks, then draft steps
+(each row its own previous output), all over the K/V the graph returned (batch 1 and 3, rows
+left-padded in the first chunk and in later ones). All mismatches are collected, then one ExportValidationError
 lists them; tolerances are specdiff.graphs.TOLERANCE.
 """
 
@@ -55,6 +57,12 @@ DFLASH_SWEEP = (  # steps: context rows fed per call; in batch 3, row b's first 
     Case("context 19", 1, (19,)),
     Case("context 6, then 5, 1, 3", 1, (6, 5, 1, 3)),
     Case("batch 3, left-padded: context 7, then 5, 3", 3, (7, 5, 3)),
+)
+
+EAGLE3_SWEEP = (  # steps: > 0 context rows (from features) fed per call, 0 a draft step (one row from hidden)
+    Case("context 19, then 3 draft steps", 1, (19, 0, 0, 0)),
+    Case("context 6, then 5, 1, a draft step", 1, (6, 5, 1, 0)),
+    Case("batch 3, left-padded: context 7, then 5, 2 draft steps", 3, (7, 5, 0, 0)),
 )
 
 
@@ -138,24 +146,48 @@ def run_dflash_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case
                     cmp: Comparison, mask_id: int | None) -> None:
     assert mask_id is not None, "a drafter graph is validated with its mask id"
     layers = (len(spec.inputs) - 4) // 2  # 4 inputs, then a key and a value per draft layer
+
+    def feed(feeds: dict[str, torch.Tensor], n: int, last: dict[str, torch.Tensor]) -> None:
+        feeds["block_ids"][:, 1:] = mask_id
+        feeds["start"] = feeds["context_mask"].sum(1)  # the anchor follows every real row
+    _calls_over_cache(module, spec, runtime, case, dtype, cmp,
+                      (past_names(layers, "past_context"), present_names(layers, "present_context")), feed)
+
+
+def run_eagle3_case(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str,
+                    cmp: Comparison, mask_id: int | None) -> None:
+    def feed(feeds: dict[str, torch.Tensor], n: int, last: dict[str, torch.Tensor]) -> None:
+        feeds["from_features"] = torch.full_like(feeds["from_features"], int(n > 0))
+        if not n and last:  # a draft step reads the last call's output
+            feeds["hidden"] = last["last_hidden"]
+    _calls_over_cache(module, spec, runtime, case, dtype, cmp, (past_names(1), present_names(1)), feed)
+
+
+def _calls_over_cache(module: Graph, spec: GraphSpec, runtime: Runtime, case: Case, dtype: str, cmp: Comparison,
+                      kv: tuple[list[str], list[str]],
+                      feed: Callable[[dict[str, torch.Tensor], int, dict[str, torch.Tensor]], None]) -> None:
+    """A drafter graph's calls over the K/V it returned (kv: its past and present names): call i
+    feeds max(n, 1) new rows for n = case.steps[i] (in batch 3 with n > 0, row b's first 2b of
+    them padding), context_mask over every row held and new; feed(inputs, n, the last call's
+    torch outputs) sets the rest."""
     device = next(module.parameters()).device
     generator = torch.Generator().manual_seed(len(case.name))
     past: list[torch.Tensor] = []
+    ref: dict[str, torch.Tensor] = {}
     mask = torch.zeros(case.batch, 0, dtype=torch.long)  # (B, rows held)
     for i, n in enumerate(case.steps):
-        feeds = spec.dummy_inputs(axis_sizes(case.batch, n, mask.shape[1]), dtype, generator, device)
-        feeds["block_ids"][:, 1:] = mask_id
-        new = torch.ones(case.batch, n, dtype=torch.long)
-        for b in range(case.batch):
+        feeds = spec.dummy_inputs(axis_sizes(case.batch, max(n, 1), mask.shape[1]), dtype, generator, device)
+        new = torch.ones(case.batch, max(n, 1), dtype=torch.long)
+        for b in range(case.batch if n else 0):
             new[b, :min(2 * b, n - 1)] = 0
         mask = torch.cat([mask, new], dim=1)
-        feeds.update(context_mask=mask.to(device), start=mask.sum(1).to(device))
-        feeds.update(zip(past_names(layers, "past_context"), past))
+        feeds.update(context_mask=mask.to(device), **dict(zip(kv[0], past)))
+        feed(feeds, n, ref)
         ref = dict(zip(spec.output_names, module(*module.pack(spec, feeds))))
         got = runtime.run(feeds)
         for name in spec.output_names:
             cmp.check(f"{case.name} (call {i + 1})", name, got[name], ref[name])
-        past = [ref[name] for name in present_names(layers, "present_context")]
+        past = [ref[name] for name in kv[1]]
 
 
 # (module, spec, runtime, case, dtype, comparison, mask id: a drafter's) -> None: one case run on both sides

@@ -2,7 +2,7 @@
 
     block.py           an SDAR block-diffusion model (simsd-exact's draft model)
     dflash.py          a DFlash draft: a block from the target's hidden states (graph "dflash")
-    eagle3.py          an EAGLE-3 head: a chain from the target's fused hidden states (no graph yet)
+    eagle3.py          an EAGLE-3 head: a chain from the target's fused hidden states (graph "eagle3")
     a2d.py             dllm's masked-diffusion Qwen3, drafting as a diffusion drafter
     diffusion.py       a DDiT denoiser in any of its formats (graph "drafter"; compiles)
     autoregressive.py  any causal LM (spec-ar): what no other kind detects

@@ -7,7 +7,8 @@
 `specdiff.runtimes.models.GraphTarget` turns a target step graph into the specdiff.contracts.Target contract
 (prefill / extend / rollback over explicit KV tensors), `GraphDrafter` a denoiser graph into
 what DiffusionProposer uses and `GraphDFlashDrafter` a DFlash step graph into what methods.dflash
-uses, so every runtime decodes with the same Python sampling code.
+uses and `GraphEagle3Drafter` an EAGLE-3 step graph into what methods.eagle3 uses, so every
+runtime decodes with the same Python sampling code.
 PyTorch (`torch`) is the reference and needs no artefacts. Backends are imported lazily: a
 missing one is one error line naming the extra that installs it.
 
@@ -27,7 +28,9 @@ from specdiff.errors import UsageError
 if TYPE_CHECKING:
     from specdiff.artifacts import Artifacts
 
-    from .models import GraphDFlashDrafter, GraphDrafter, GraphTarget
+    from .models import GraphDFlashDrafter, GraphDrafter, GraphEagle3Drafter, GraphTarget
+
+    Loaded = GraphTarget | GraphDrafter | GraphDFlashDrafter | GraphEagle3Drafter
 
 RUNTIMES = {"onnxruntime": "specdiff.runtimes.onnxruntime", "tensorrt": "specdiff.runtimes.tensorrt"}
 CHOICES = ("torch", *RUNTIMES)
@@ -35,7 +38,7 @@ __all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 
 
 def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, device: str = "cpu",
-                sources: dict[str, str | None] | None = None) -> dict[str, GraphTarget | GraphDrafter | GraphDFlashDrafter]:
+                sources: dict[str, str | None] | None = None) -> dict[str, Loaded]:
     """{"target": ..., "drafter": ...} for the components an export directory (a path or an
     opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`.
     sources: {"target" | "drafter": model name} the graphs stand in for (bench times them beside
@@ -73,7 +76,7 @@ def _check_device(device: object) -> None:
 
 
 def runtime_models(runtime: str, artifacts: str | None,
-                   options: dict[str, Any]) -> dict[str, GraphTarget | GraphDrafter | GraphDFlashDrafter]:
+                   options: dict[str, Any]) -> dict[str, Loaded]:
     """The `generate --runtime/--artifacts` options -> loaded target / drafter to pass to plan()
     in place of names (torch: nothing to load here)."""
     from specdiff.artifacts import open_artifacts

@@ -9,7 +9,9 @@ bound by pointer. A runtime's `limits` cap the rows of a batch (`max_rows`). A t
 exported beside a DFlash drafter also outputs the hidden states that drafter reads: GraphTarget
 captures them (capture / features) as CausalLMTarget does.
 GraphDFlashDrafter is DFlashDrafter's drafting call over a DFlash step graph: the drafter's
-context K/V (nets.dflash.ContextCache) are fed back as past_context.
+context K/V (nets.dflash.ContextCache) are fed back as past_context. GraphEagle3Drafter is
+Eagle3Drafter's extend / step / logits over an EAGLE-3 step graph, its own K/V (a ContextCache)
+fed back as past_key_values. Both stand on StepGraph (the runtime, the record, the draft vocabulary).
 GraphDrafter exposes what DiffusionProposer and plan use of a DiffusionDrafter (x0_logits,
 mask_id, vocab_size, context_length, tokenizer, the recorded draft `defaults`) over a denoiser
 graph; the noise level and the parameterisation are computed in Python by the PyTorch drafter's
@@ -19,7 +21,7 @@ the same padding run together, unpadded.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -28,6 +30,7 @@ from specdiff.contracts import Runtime
 from specdiff.errors import LoadError
 from specdiff.drafters.dflash import KIND, draft_block
 from specdiff.drafters.diffusion import x0_logits_from
+from specdiff.drafters.eagle3 import KIND as EAGLE3
 from specdiff.nets.dflash import ContextCache
 from specdiff.targets.trees import TreeRows
 from specdiff.vocab import DraftVocab, load_draft_vocab
@@ -189,7 +192,35 @@ class GraphDrafter:
                               vocab=self.draft_vocab, widen=widen)
 
 
-class GraphDFlashDrafter:
+StepGraphT = TypeVar("StepGraphT", bound="StepGraph")
+
+
+class StepGraph:
+    """What a drafter step graph over its own K/V stands on (DFlash's, EAGLE-3's): its runtime, the
+    manifest's `model` record's names and sizes, its draft vocabulary (the graph's logits are its
+    N rows: specdiff.vocab), the most context rows a call may feed (the runtime's limits)."""
+
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
+                 dtype: str, draft_vocab: DraftVocab | None = None):
+        self.runtime = runtime
+        self.draft_vocab = draft_vocab
+        self.tokenizer = tokenizer
+        self.source = model["name"]
+        self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
+        self.device = torch.device(device)
+        self.max_step = runtime.limits.max_step if runtime.limits else None  # most context rows per call
+        self._kv_shape = (model["kv_heads"], 0, model["head_dim"])
+        self._dtype = TORCH_DTYPES[dtype]
+
+    @classmethod
+    def from_artifacts(cls: type[StepGraphT], art: Artifacts, runtime: Runtime,
+                       device: torch.device | str) -> StepGraphT:
+        model = art.record("drafter")["model"]
+        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"],
+                   draft_vocab=exported_vocab(art, model))
+
+
+class GraphDFlashDrafter(StepGraph):
     """A DFlash step graph with the drafting call of DFlashDrafter (methods.dflash uses it).
     model: the manifest's `model` record of the drafter."""
 
@@ -197,28 +228,14 @@ class GraphDFlashDrafter:
 
     def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
                  dtype: str, draft_vocab: DraftVocab | None = None):
-        self.runtime = runtime
-        self.draft_vocab = draft_vocab  # the graph's logits are its N rows (specdiff.vocab)
-        self.tokenizer = tokenizer
-        self.source = model["name"]
-        self.vocab_size, self.vocab_rows = model["vocab_size"], model["head_rows"]
+        super().__init__(runtime, model, tokenizer, device, dtype=dtype, draft_vocab=draft_vocab)
         self.mask_id, self.block_size = model["mask_id"], model["block_size"]
         self.target_layer_ids = list(model["target_layer_ids"])
         self.num_target_layers = model.get("num_target_layers")
         self.defaults = model.get("defaults", {})
-        self.device = torch.device(device)
-        self.max_step = runtime.limits.max_step if runtime.limits else None  # most context rows per call
-        self._kv_shape = (model["kv_heads"], 0, model["head_dim"])
-        self._dtype = TORCH_DTYPES[dtype]
         layers = model["layers"]
         self._past_names = past_names(layers, "past_context")
         self._present_names = present_names(layers, "present_context")
-
-    @classmethod
-    def from_artifacts(cls, art: Artifacts, runtime: Runtime, device: torch.device | str) -> "GraphDFlashDrafter":
-        model = art.record("drafter")["model"]
-        return cls(runtime, model, art.tokenizer, device, dtype=art.manifest["dtype"],
-                   draft_vocab=exported_vocab(art, model))
 
     @torch.no_grad()
     def __call__(self, anchor: torch.Tensor, context: torch.Tensor, start: torch.Tensor, cache: ContextCache,
@@ -248,6 +265,82 @@ class GraphDFlashDrafter:
         return out["logits"][:, :slots or self.block_size - 1].float()
 
 
+class GraphEagle3Drafter(StepGraph):
+    """An EAGLE-3 step graph with the drafting calls of Eagle3Drafter (extend, step, logits: what
+    methods.eagle3 uses). model: the manifest's `model` record of the drafter. The graph computes
+    the last row's logits with its output: logits(out) hands back those of the call that returned
+    `out` (or a slice of it), and refuses any other tensor."""
+
+    kind = EAGLE3
+    bound = True  # paired at export: its layers, its embedding and its draft vocabulary are the graph's
+
+    def __init__(self, runtime: Runtime, model: dict[str, Any], tokenizer: Any, device: torch.device | str, *,
+                 dtype: str, draft_vocab: DraftVocab | None = None):
+        super().__init__(runtime, model, tokenizer, device, dtype=dtype, draft_vocab=draft_vocab)
+        self.layer_ids = tuple(model["target_layer_ids"])
+        self._widths = (model["features"], model["hidden_size"])
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (last_hidden, logits) of the last call
+
+    def new_cache(self) -> ContextCache:
+        return ContextCache()
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+               cache: ContextCache, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """As Eagle3Drafter.extend: context rows tokens (B, C), features (B, C, F), positions
+        (B, C), valid (B, C) or None -> the last row's output (B, 1, Hd); in chunks of at most
+        max_step rows, each over the K/V the last one returned."""
+        B, n = tokens.shape
+        hidden = torch.zeros(B, n, self._widths[1], dtype=self._dtype, device=self.device)
+        out = self._nothing(B)
+        step = self.max_step or max(n, 1)
+        for j in range(0, n, step):
+            k = min(j + step, n)
+            out = self._run(tokens[:, j:k], features[:, j:k], hidden[:, j:k], True, positions[:, j:k], cache,
+                            None if valid is None else valid[:, j:k])
+        return out
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             cache: ContextCache) -> torch.Tensor:
+        """As Eagle3Drafter.step: draft rows tokens (B, T), hidden (B, T, Hd), positions -> (B, 1, Hd)."""
+        B, n = tokens.shape
+        features = torch.zeros(B, n, self._widths[0], dtype=self._dtype, device=self.device)
+        return self._run(tokens, features, hidden, False, positions, cache, None) if n else self._nothing(B)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """The last call's logits (B, 1, N) float32, when `out` is (a slice of) its output."""
+        if self._last is None or out.data_ptr() != self._last[0].data_ptr() or out.shape != self._last[0].shape:
+            raise RuntimeError("GraphEagle3Drafter.logits: its graph scores the output of the last call only")
+        return self._last[1].float()
+
+    def _nothing(self, B: int) -> torch.Tensor:
+        """No rows fed (gamma auto times drafts of rows already read): no call, an empty output
+        (B, 0, Hd) with empty logits, as the torch head returns."""
+        self._last = (torch.zeros(B, 0, self._widths[1], dtype=self._dtype, device=self.device),
+                      torch.zeros(B, 0, self.vocab_rows, device=self.device))
+        return self._last[0]
+
+    def _run(self, tokens: torch.Tensor, features: torch.Tensor, hidden: torch.Tensor, from_features: bool,
+             positions: torch.Tensor, cache: ContextCache, valid: torch.Tensor | None) -> torch.Tensor:
+        """One graph call over `cache` (extended in place) -> last_hidden (B, 1, Hd)."""
+        B, n = tokens.shape
+        held = torch.ones(B, cache.length, dtype=torch.bool) if cache.valid is None else cache.valid
+        new = torch.ones(B, n, dtype=torch.bool) if valid is None else valid
+        mask = torch.cat([held.to(self.device), new.to(self.device)], dim=1)  # (B, held + n)
+        past = [t for kv in cache.kv for t in kv] or [torch.zeros(B, *self._kv_shape, dtype=self._dtype,
+                                                                  device=self.device)] * 2
+        out = self.runtime.run({
+            "input_ids": tokens.to(self.device), "features": features.to(self.device, self._dtype),
+            "hidden": hidden.to(self.device, self._dtype),
+            "from_features": torch.full((B, n), int(from_features), dtype=torch.long, device=self.device),
+            "position_ids": positions.to(self.device), "context_mask": mask.long(), **dict(zip(past_names(1), past))})
+        cache.kv = [(out["present.0.key"], out["present.0.value"])]  # each (B, H', held + n, D')
+        cache.valid = None if bool(mask.all()) else mask
+        self._last = (out["last_hidden"], out["logits"])
+        return out["last_hidden"]
+
+
 # graph name -> the model over it; tests/test_kinds.py holds the drafter graphs equal to the kinds' graphs
-GRAPHS: dict[str, type[GraphTarget] | type[GraphDrafter] | type[GraphDFlashDrafter]] = {
-    "target": GraphTarget, "drafter": GraphDrafter, "dflash": GraphDFlashDrafter}
+GRAPHS: dict[str, type[GraphTarget] | type[GraphDrafter] | type[GraphDFlashDrafter] | type[GraphEagle3Drafter]] = {
+    "target": GraphTarget, "drafter": GraphDrafter, "dflash": GraphDFlashDrafter, "eagle3": GraphEagle3Drafter}
