@@ -115,7 +115,7 @@ def test_stats_say_which_settings_ran_and_where_each_came_from(tiny, recorded, t
     assert stats["settings"] == {
         "method": {"value": "specdiff", "from": "drafter"}, "gamma": {"value": 3, "from": "drafter"},
         "adaptive": {"value": True, "from": "default"}, "steps": {"value": 1, "from": "pair"}, "schedule": {"value": "l2r", "from": "drafter"},
-        "drafts": {"value": 1, "from": "default"},
+        "drafts": {"value": 1, "from": "default"}, "tree": {"value": 0, "from": "default"},
         "acceptance": {"value": "standard", "from": "default"}, "temperature": {"value": 0.5, "from": "option"},
         "top_k": {"value": 0, "from": "default"}, "top_p": {"value": 1.0, "from": "default"},
         "repetition_penalty": {"value": 1.0, "from": "default"}, "max_new_tokens": {"value": 5, "from": "option"},
