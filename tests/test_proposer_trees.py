@@ -155,6 +155,37 @@ def test_proposer_tree_greedy_equals_ar(models, reference, method, target, batch
             assert all(len(h) > tree and h[tree] > 0 for h in histograms), histograms
 
 
+@pytest.mark.parametrize("method,acceptance", [("spec-ar", None), ("specdiff", None), ("specdiff", "multi")])
+def test_sampled_proposer_tree_output_does_not_depend_on_the_batch_size(models, method, acceptance):
+    """A whole sampled run: each row draws its tree (specdiff multi: its children from q) and its
+    coins from its own generator, so batch 3 writes what batch 1 writes."""
+    options = dict(target=models["gpt2"], drafter=models[method], method=method, gamma=4, tree=6, temperature=1.0,
+                   top_k=20, seed=7, acceptance=acceptance, max_new_tokens=MAX_NEW,
+                   **({"steps": 1} if method == "specdiff" else {}))
+    one, three = (generate(PROMPTS, **options, batch_size=b) for b in (1, 3))
+    assert [o.tokens for o in three.outputs] == [o.tokens for o in one.outputs]
+    assert len({tuple(o.tokens[:4]) for o in one.outputs}) == len(PROMPTS)  # really sampled
+    assert one.metrics.drafter_calls > 0 and three.metrics.tree_sizes[6] > 0
+
+
+def test_a_shared_generator_across_the_batch_changes_a_sampled_tree_run(models, monkeypatch):
+    """The control: rows of a batch drawing from one generator do not write what they write alone."""
+    from specdiff import decoding
+
+    options = dict(target=models["gpt2"], drafter=models["spec-ar"], method="spec-ar", gamma=4, tree=6,
+                   temperature=1.0, top_k=20, seed=7, max_new_tokens=MAX_NEW)
+    one = generate(PROMPTS, **options, batch_size=1)
+    shared = torch.Generator().manual_seed(7)
+    rows = decoding.Row.__init__
+
+    def one_generator(self, *args, **kwargs):
+        rows(self, *args, **kwargs)
+        self.generator = shared
+    monkeypatch.setattr(decoding.Row, "__init__", one_generator)
+    three = generate(PROMPTS, **options, batch_size=3)
+    assert [o.tokens for o in three.outputs] != [o.tokens for o in one.outputs]
+
+
 # --- the target's distribution -----------------------------------------------------------------
 
 def drafted(drafter, sampling, seed: int, nodes: int = 6):

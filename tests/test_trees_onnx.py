@@ -138,6 +138,21 @@ def test_greedy_tree_on_graphs_equals_ar(exported, monkeypatch, name, batch_size
     assert got.metrics.drafter_calls > 0 and bool(verified) == bool(tree)  # None: chains, the windows by columns
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_specdiff_tree_on_graphs_equals_ar(tiny, onnx_pair, monkeypatch, batch_size):
+    """specdiff's trees (best-first over the exported diffusion drafter's T = 1 marginals), verified
+    by the exported target: ar's tokens, every verify a tree."""
+    graphs = load_models("onnxruntime", onnx_pair)
+    verified = []
+    extend_tree = GraphTarget.extend_tree
+    monkeypatch.setattr(GraphTarget, "extend_tree", lambda self, *a: verified.append(1) or extend_tree(self, *a))
+    ref = generate(PROMPTS, target=load_target(str(tiny.gpt2)), method="ar", max_new_tokens=MAX_NEW)
+    got = generate(PROMPTS, target=graphs["target"], drafter=graphs["drafter"], method="specdiff", steps=1,
+                   max_new_tokens=MAX_NEW, gamma=4, tree=8, batch_size=batch_size)
+    assert [o.tokens for o in got.outputs] == [o.tokens for o in ref.outputs]
+    assert verified and sum(got.metrics.tree_sizes) == got.metrics.iterations and got.metrics.tree_sizes[8] > 0
+
+
 def test_a_model_whose_windows_count_columns_records_no_trees(tiny, exported):
     """GPT-Neo's local layers: the export records why (GraphTarget.can_tree says it); a graph
     without the record verifies trees."""
