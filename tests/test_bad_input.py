@@ -168,6 +168,9 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "schedule on spec-ar": ("--drafter {ar} --schedule confidence", "method 'spec-ar' does not use --schedule; "
                             "it reads --gamma"),
     "steps on spec-ar": ("--drafter {ar} --steps 2", "method 'spec-ar' does not use --steps"),
+    "spec-ar on a graph runtime": ("--drafter {ar} --method spec-ar --runtime onnxruntime",
+                                   "method 'spec-ar' drafts with an autoregressive (causal LM) drafter, which runs in torch only "
+                                   "(--runtime torch)"),
     "remasking on specdiff": ("--drafter {drafter} --remasking dynamic", "method 'specdiff' does not use --remasking"),
     "gamma on ar": ("--method ar --gamma 4", "method 'ar' does not use --gamma"),
     "gamma past the context window": ("--drafter {drafter} --gamma 100000",

@@ -23,6 +23,7 @@ from pathlib import Path
 from specdiff.artifacts import FORMAT_VERSION, identity_of, open_artifacts
 from specdiff.errors import LoadError, UsageError
 from specdiff.gguf import cache_root
+from specdiff.kinds import get_kind
 from specdiff.methods import get_method
 from specdiff.registry import Registry
 
@@ -43,11 +44,16 @@ def export_key(target: str, drafter: str | None, registry: Registry) -> str:
 def export_for(pair: str | None, target: str | None, drafter: str | None, method: str | None,
                registry: Registry) -> Path:
     """The cached export of what a run with these options decodes with: the pair's (or the named)
-    target, and its drafter unless the method reads none (ar, spec-ar: the target alone)."""
+    target, and its drafter unless the method reads none (ar: the target alone). A method whose
+    drafter kind has no graph (spec-ar) is refused before anything is exported."""
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     method = method or defaults.get("method")
-    if method and get_method(method).needs is None:
+    needs = get_method(method).needs if method else None
+    if method and needs is None:
         drafter = None
+    elif needs is not None and get_kind(needs).graph is None:
+        raise UsageError(f"method '{method}' drafts with {get_kind(needs).what}, which runs in torch only "
+                         "(`runtime` torch)")
     if not isinstance(target, str):
         raise UsageError("`runtime` onnxruntime without `artifacts` exports a named `target` (or a `pair`)")
     return cached_export(target, drafter if isinstance(drafter, str) else None, registry)

@@ -27,4 +27,5 @@ def is_autoregressive(drafter: object) -> bool:
 KIND = DrafterKind(
     "autoregressive", "an autoregressive (causal LM) drafter", detect=lambda config: True,
     load=load_autoregressive, holds=is_autoregressive,
-    no_graph="a causal LM, not a diffusion drafter: export it with `target`", slot="ar_drafter")
+    no_graph="an autoregressive drafter (spec-ar), which runs in torch only (`runtime` torch); a causal LM is exported "
+             "as a `target`", slot="ar_drafter")
