@@ -7,9 +7,10 @@
 #
 # WORK/dflash-scale: `specdiff distill --method dflash` started from MODELS/dflash-drafter (fp16 in
 # git: the checkpoint a new machine continues from; its 8,192-row draft vocabulary kept), trained on
-# WORK/answers/part-00 (its held-out answers: the validation set) and, with --more-data, every
-# other finished part; 16 answers x 8 anchors a step (896 scored slots: more anchors a row cost
-# little, the row's context is read once), ce + kl per slot, lr 5e-4 on a cosine over STEPS.
+# the lowest-numbered finished part of WORK/answers (its held-out answers: the validation set; kept
+# for the run in WORK/dflash-scale.base) and, with --more-data, every other finished part; 16
+# answers x 8 anchors a step (896 scored slots: more anchors a row cost little, the row's context
+# is read once), ce + kl per slot, lr 5e-4 (or $LR) on a cosine over STEPS.
 # Checkpoints every 25 steps (about 3 minutes) and --resume: a rerun continues, with the parts
 # finished since (on a new machine, without WORK: from MODELS/dflash-drafter, the schedule anew).
 # `publish` writes the newest checkpoint (or the finished run, if no checkpoint is newer) to MODELS/dflash-drafter in fp16 with
@@ -35,11 +36,13 @@ work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${3:-3000}
 out=$work/dflash-scale
-parts=$(more_parts "$work")
+base=$(base_part "$work" "$out")
+[ -n "$base" ] || { echo "dflash_scale.sh: no finished part in $work/answers (scripts/smol/answers.sh makes them)" >&2; exit 1; }
+parts=$(more_parts "$work" "$base")
 extra=()
 [ -n "$parts" ] && extra=(--more-data "$parts")
 specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts "$work/questions-large.txt" \
-  --data "$work/answers/part-00" "${extra[@]}" --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
-  --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed 0 --threads 1 \
-  --gamma 7 --anchors 8 --batch-size 16 --lr 5e-4 --loss ce+kl --max-steps "$steps" --val-every 100 \
+  --data "$base" "${extra[@]}" --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
+  --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed "$(part_seed "$base")" --threads 1 \
+  --gamma 7 --anchors 8 --batch-size 16 --lr "${LR:-5e-4}" --loss ce+kl --max-steps "$steps" --val-every 100 \
   --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$out" --drafter "$models/dflash-drafter" --resume >>"$work/dflash-scale.log" 2>&1

@@ -5,8 +5,8 @@
 #   scripts/smol/eagle3_scale.sh [WORK] [MODELS] [STEPS]   # default build/smol specdiff/data/models/smol 3000
 #   scripts/smol/eagle3_scale.sh publish [WORK] [MODELS]    # the newest checkpoint -> MODELS/eagle3-drafter
 #
-# WORK/eagle3-scale: `specdiff distill --method eagle3` on WORK/answers/part-00 (its held-out
-# answers: the validation set) and, with --more-data, every other finished part, reading the target
+# WORK/eagle3-scale: `specdiff distill --method eagle3` on the lowest-numbered finished part of
+# WORK/answers (its held-out answers: the validation set; kept in WORK/eagle3-scale.base) and, with --more-data, every other finished part, reading the target
 # layers 1, 14, 27: the features smol-dflash's runs cached there (WORK/answers/part-NN/features-1-14-27),
 # so no target pass is repeated. A new head (one Llama layer of 576, the target's embedding, an
 # 8,192-row draft vocabulary from the answers' token counts, d2t / t2d), or, once MODELS/eagle3-drafter
@@ -46,7 +46,9 @@ out=$work/eagle3-scale
 target=${TARGET:-smollm2-135m-instruct}
 data_options=${DATA_OPTIONS:---chat --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
 --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32}
-parts=$(more_parts "$work")
+base=$(base_part "$work" "$out")
+[ -n "$base" ] || { echo "eagle3_scale.sh: no finished part in $work/answers (scripts/smol/answers.sh makes them)" >&2; exit 1; }
+parts=$(more_parts "$work" "$base")
 extra=()
 [ -n "$parts" ] && extra=(--more-data "$parts")
 if [ -f "$models/eagle3-drafter/config.json" ]; then
@@ -56,7 +58,7 @@ else
 fi
 # shellcheck disable=SC2086  # data_options: word-split on purpose
 specdiff distill --method eagle3 --target "$target" --prompts "$work/questions-large.txt" \
-  --data "$work/answers/part-00" "${extra[@]}" $data_options --seed 0 --threads 1 \
+  --data "$base" "${extra[@]}" $data_options --seed "$(part_seed "$base")" --threads 1 \
   --draft-vocab 8192 --unroll 7 --gamma 4 --batch-size 16 --lr 5e-4 --loss ce+kl --max-steps "$steps" \
   --val-every 100 --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$out" --resume \
   >>"$work/eagle3-scale.log" 2>&1

@@ -12,13 +12,35 @@ newest_run() {
   echo "$newest"
 }
 
-# more_parts WORK: every finished part of WORK/answers but part-00 (its held-out answers are the
-# validation set), comma-separated for --more-data; nothing when there is none.
-more_parts() {
-  local work=$1 part more=()
+# finished PART: the part's every chunk and its held-out answers are written.
+finished() {
+  [ -f "$1/val.safetensors" ] && [ -f "$1/train-00031.safetensors" ]
+}
+
+# base_part WORK OUT: the part a run in OUT reads as `--data` (its held-out answers: the validation
+# set), the same for the whole run: the one recorded in OUT.base, else the lowest-numbered finished
+# part of WORK/answers, then recorded (a new machine may hold other parts than part-00); nothing
+# when no part is finished.
+base_part() {
+  local work=$1 out=$2 part
+  [ -f "$out.base" ] && { cat "$out.base"; return; }
   for part in "$work"/answers/part-*; do
-    [ "$part" != "$work/answers/part-00" ] && [ -f "$part/val.safetensors" ] &&
-      [ -f "$part/train-00031.safetensors" ] && more+=("$part")
+    finished "$part" && { echo "$part" | tee "$out.base"; return; }
+  done
+}
+
+# part_seed PART: the seed answers.sh drew part-NN with (NN), which its `--data` run must repeat.
+part_seed() {
+  local n=${1##*part-}
+  echo $((10#$n))
+}
+
+# more_parts WORK BASE: every finished part of WORK/answers but BASE, comma-separated for
+# --more-data; nothing when there is none.
+more_parts() {
+  local work=$1 base=$2 part more=()
+  for part in "$work"/answers/part-*; do
+    [ "$part" != "$base" ] && finished "$part" && more+=("$part")
   done
   (IFS=,; echo "${more[*]}")
 }
