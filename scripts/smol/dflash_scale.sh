@@ -10,7 +10,10 @@
 # the lowest-numbered finished part of WORK/answers (its held-out answers: the validation set; kept
 # for the run in WORK/dflash-scale.base) and, with --more-data, every other finished part; 16
 # answers x 8 anchors a step (896 scored slots: more anchors a row cost little, the row's context
-# is read once), ce + kl per slot, lr 5e-4 (or $LR) on a cosine over STEPS.
+# is read once), ce + kl per slot, lr 5e-4 (or $LR) on a cosine over STEPS. FRESH=1: a new drafter
+# of the shipped shape (2 layers, the 8,192 most frequent answer tokens as its head) in
+# WORK/dflash-fresh instead, the same data and steps as eagle3_scale.sh's new head (issue 33's
+# same-budget comparison).
 # Checkpoints every 25 steps (about 3 minutes) and --resume: a rerun continues, with the parts
 # finished since (on a new machine, without WORK: from MODELS/dflash-drafter, the schedule anew).
 # `publish` writes the newest checkpoint (or the finished run, if no checkpoint is newer) to MODELS/dflash-drafter in fp16 with
@@ -36,6 +39,11 @@ work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${3:-3000}
 out=$work/dflash-scale
+from=(--drafter "$models/dflash-drafter")
+if [ -n "${FRESH:-}" ]; then  # a new drafter of the shipped shape, as eagle3_scale.sh's new head
+  out=$work/dflash-fresh
+  from=(--layers 2 --heads 9 --target-layers 1,14,27 --draft-vocab 8192)
+fi
 base=$(base_part "$work" "$out")
 [ -n "$base" ] || { echo "dflash_scale.sh: no finished part in $work/answers (scripts/smol/answers.sh makes them)" >&2; exit 1; }
 parts=$(more_parts "$work" "$base")
@@ -45,4 +53,4 @@ specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts
   --data "$base" "${extra[@]}" --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
   --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed "$(part_seed "$base")" --threads 1 \
   --gamma 7 --anchors 8 --batch-size 16 --lr "${LR:-5e-4}" --loss ce+kl --max-steps "$steps" --val-every 100 \
-  --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$out" --drafter "$models/dflash-drafter" --resume >>"$work/dflash-scale.log" 2>&1
+  --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$out" "${from[@]}" --resume >>"$out.log" 2>&1
