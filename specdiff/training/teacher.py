@@ -22,6 +22,12 @@ sampling at any temperature warps, see docs/lossless.md), top-k truncated: the k
 
 Chunks are written as they are generated, so an interrupted run resumes where it stopped.
 Batches shaped like drafting are drawn from these sequences by specdiff.training.batches.
+
+A prefill (`prefill`: prompts is a JSONL file of {"prompt": question, "answer": text}) writes
+the same cache without generating: each row is the question through the chat template, then the
+given answer (its eos, then eos to L tokens, as a generated answer that ended), and one forward
+pass of the target gives the soft labels and features of every position (prefill_batch); the
+file's rows in order, its last rows held out (prefill_split).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
 
 CHUNK = 64  # prompts per generation batch and cache file
+PREFILL_ROWS = 16  # prefill rows through the target at once (their logits: rows * (L + 1) * V floats)
 HELD_OUT = 0.1  # share of the prompt file's tokens kept for held-out prompts
 Teacher = Union[CausalLMTarget, BlockDiffusionTarget]  # a loaded target: its model, tokenizer and sizes are read
 
@@ -67,6 +74,7 @@ class DataSpec:
     seed: int
     banned_id: int | None  # a mask id inside the vocabulary: never generated
     chat: bool = False  # prompts: the file's lines, one question each, through the chat template
+    prefill: bool = False  # prompts: JSONL question / answer pairs; the target reads the answers, none generated
 
     def teacher(self, stream: int) -> Sampling:
         """The teacher setting of a stream (0: validation, c + 1: training chunk c)."""
@@ -197,6 +205,19 @@ def _finished(prompts: torch.Tensor, ids: list[Any], soft: list[Any], length: in
                      torch.cat([torch.stack([t.values for t in soft], 1).half().cpu(), tail_p], 1))
 
 
+def templated(tokenizer: Any, question: str) -> list[int]:
+    """A question through the chat template, up to the assistant's turn -> its ids."""
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False))
+
+
+def _left_padded(encoded: list[list[int]], tokenizer: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of at most `length` ids -> (ids (Q, length) left-padded with the pad id, pad (Q,))."""
+    fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[fill] * (length - len(e)) + e for e in encoded], dtype=torch.long)
+    return ids, torch.tensor([length - len(e) for e in encoded], dtype=torch.long)
+
+
 def chat_prompts(path: str, tokenizer: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The file's lines (one question each) through the chat template, left-padded to `length`
     -> (ids (Q, length), pad (Q,)); questions longer than that are left out."""
@@ -204,14 +225,91 @@ def chat_prompts(path: str, tokenizer: Any, length: int) -> tuple[torch.Tensor, 
         lines = [q.strip() for q in Path(path).read_text(encoding="utf-8").splitlines() if q.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read prompts file {path}: {e}") from e
-    encoded = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False)) for q in lines]
-    encoded = [e for e in encoded if len(e) <= length]
+    encoded = [e for e in (templated(tokenizer, q) for q in lines) if len(e) <= length]
     if not encoded:
         raise UsageError(f"no question in {path} fits {length} tokens through the chat template")
-    fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[fill] * (length - len(e)) + e for e in encoded], dtype=torch.long)
-    return ids, torch.tensor([length - len(e) for e in encoded], dtype=torch.long)
+    return _left_padded(encoded, tokenizer, length)
+
+
+def read_pairs(path: str) -> list[tuple[str, str]]:
+    """A JSONL file of {"prompt": question, "answer": text} lines (blank lines skipped) -> pairs."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read prefill file {path}: {e}") from e
+    pairs = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str)):
+            raise UsageError(f'{path} line {n}: not a JSON object with string "prompt" and "answer"')
+        pairs.append((row["prompt"], row["answer"]))
+    return pairs
+
+
+def prefill_rows(path: str, tokenizer: Any, prompt_tokens: int, length: int,
+                 eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs of a prefill file -> (ids (Q, P + L), pad (Q,)): each question through the chat
+    template, left-padded to P (longer ones left out), then its answer's first L tokens, followed
+    by eos to L tokens where it is shorter (a generated answer that ended)."""
+    pairs = read_pairs(path)
+    kept = [(q, a) for q, a in ((templated(tokenizer, q), a) for q, a in pairs) if len(q) <= prompt_tokens]
+    if not kept:
+        raise UsageError(f"no question in {path} fits {prompt_tokens} tokens through the chat template"
+                         if pairs else f"{path} holds no question / answer pair")
+    ids, pad = _left_padded([q for q, _ in kept], tokenizer, prompt_tokens)
+    fill = eos_id if eos_id is not None else 0
+    answers = [tokenizer.encode(a, add_special_tokens=False)[:length] for _, a in kept]
+    tails = torch.tensor([a + [fill] * (length - len(a)) for a in answers], dtype=torch.long)
+    return torch.cat([ids, tails], dim=1), pad
+
+
+def prefill_split(rows: int, num_prompts: int) -> tuple[int, int]:
+    """A prefill file's usable rows -> (training rows: its first, at most num_prompts; held-out
+    rows: its last, up to 64, a tenth of them)."""
+    val = max(1, min(64, rows // 10))
+    if rows - val < 1:
+        raise UsageError(f"a prefill file needs at least 2 usable question / answer pairs, it has {rows}")
+    return min(num_prompts, rows - val), val
+
+
+@torch.no_grad()
+def prefill_batch(model: Any, ids: torch.Tensor, pad: torch.Tensor, prompt_tokens: int, vocab: int,
+                  banned_id: int | None, soft_labels: int = 0, eos_id: int | None = None,
+                  layer_ids: Sequence[int] = ()) -> tuple[Sequences, torch.Tensor | None]:
+    """Rows (B, P + L) already answered, left-padded by pad (B,), read by the target in one
+    forward pass -> (Sequences of them with, where soft_labels = k, p's k most likely ids and
+    probabilities at each answer position (B, L, k), as continue_batch keeps them: temperature 1,
+    banned_id never, one-hot on eos_id after a row's first eos; the outputs of layers `layer_ids`
+    (B, P + L, len(layer_ids) * H) fp16, zeros on padding, else None)."""
+    B, W = ids.shape
+    L = W - prompt_tokens
+    mask = (torch.arange(W, device=ids.device) >= pad.to(ids.device)[:, None]).long()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
+                use_cache=False, output_hidden_states=bool(layer_ids), logits_to_keep=L + 1)
+    seqs = Sequences(ids.cpu())
+    if soft_labels:
+        logits = out.logits[:, :L, :vocab].float()  # (B, L, V): column P - 1 + j predicts answer token j
+        top = _answer_p(logits, ids[:, prompt_tokens:], banned_id, eos_id).topk(min(soft_labels, vocab), dim=-1)
+        seqs.soft_ids, seqs.soft_p = top.indices.int().cpu(), top.values.half().cpu()
+    return seqs, _features(out, layer_ids, mask)
+
+
+def _answer_p(logits: torch.Tensor, answers: torch.Tensor, banned_id: int | None, eos_id: int | None) -> torch.Tensor:
+    """logits (B, L, V) of the answers (B, L) -> p (B, L, V): banned_id never, one-hot on eos_id at
+    each position after the row's first eos (continue_batch's rule)."""
+    if banned_id is not None:
+        logits[..., banned_id] = float("-inf")
+    if eos_id is not None:
+        is_eos = (answers == eos_id).long()
+        ended = (is_eos.cumsum(1) - is_eos) > 0  # (B, L): an eos before this position
+        logits[ended] = float("-inf")
+        logits[..., eos_id] = torch.where(ended, 0.0, logits[..., eos_id])
+    return logits.softmax(-1)
 
 
 def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
@@ -235,10 +333,27 @@ def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None]
     return seqs.cpu(), feats
 
 
+def _prefill(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
+             stream: int, layer_ids: Sequence[int]) -> tuple[Sequences, torch.Tensor | None]:
+    """_generate's prefill twin: `count` answered rows (prompts = (ids (Q, P + L), pad (Q,)), the
+    chunk's in order: stream c + 1 reads rows c * CHUNK ..., stream 0 the first) through
+    prefill_batch, PREFILL_ROWS at a time -> (count, P + L) and their features."""
+    ids, pad = prompts
+    assert pad is not None
+    start = max(0, stream - 1) * CHUNK
+    ids, pad = ids[start:start + count], pad[start:start + count]
+    parts = [prefill_batch(target.model, ids[i:i + PREFILL_ROWS].to(target.device), pad[i:i + PREFILL_ROWS],
+                           spec.prompt_tokens, target.vocab_size, spec.banned_id, spec.soft_labels,
+                           target.eos_token_id if spec.chat else None, layer_ids)
+             for i in range(0, count, PREFILL_ROWS)]
+    feats = None if parts[0][1] is None else torch.cat([f for _, f in parts])  # type: ignore[misc]
+    return Sequences.cat([seqs for seqs, _ in parts]), feats
+
+
 def _check_meta(data: Path, spec: DataSpec) -> None:
     meta = data / "meta.json"
     if meta.is_file():
-        cached = json.loads(meta.read_text(encoding="utf-8"))
+        cached = {"prefill": False, **json.loads(meta.read_text(encoding="utf-8"))}  # older caches: generated
         differ = [k for k, v in asdict(spec).items() if cached.get(k) != v]
         if differ:
             raise UsageError(f"{data} was made with other settings ({', '.join(differ)}); use a new `out`")
@@ -307,8 +422,9 @@ def build_sequences(data: Path, target: Teacher, spec: DataSpec, progress: bool,
         _write_meta(data, spec)
         for k in tqdm(todo, disable=not progress, desc="target continuations", unit="chunk", leave=False):
             count = spec.val_prompts if k == 0 else min(CHUNK, spec.num_prompts - (k - 1) * CHUNK)
-            seqs, feats = _generate(target, val_prompts if k == 0 else train_prompts, count, spec, k,
-                                    features[1] if features else ())
+            make = _prefill if spec.prefill else _generate
+            seqs, feats = make(target, val_prompts if k == 0 else train_prompts, count, spec, k,
+                               features[1] if features else ())
             if features and feats is not None:
                 features[0].mkdir(parents=True, exist_ok=True)
                 with new_file(features[0] / files[k].name) as tmp:
@@ -324,7 +440,12 @@ Prompts = tuple[torch.Tensor, "torch.Tensor | None"]
 
 def _prompt_source(spec: DataSpec, target: Teacher) -> tuple[Prompts, Prompts]:
     """(training, held-out) prompt sources: the file's last HELD_OUT share (of its tokens, or of
-    its questions with `chat`) is held out."""
+    its questions with `chat`) is held out; with `prefill`, its answered rows: the first
+    num_prompts and the last val_prompts (prefill_split)."""
+    if spec.prefill:
+        ids, pad = prefill_rows(spec.prompts, target.tokenizer, spec.prompt_tokens, spec.continuation_tokens,
+                                target.eos_token_id)
+        return (ids[:spec.num_prompts], pad[:spec.num_prompts]), (ids[-spec.val_prompts:], pad[-spec.val_prompts:])
     if spec.chat:
         ids, pad = chat_prompts(spec.prompts, target.tokenizer, spec.prompt_tokens)
         cut = int(len(ids) * (1 - HELD_OUT))
