@@ -226,9 +226,10 @@ def _check_data(cfg: DistillConfig) -> None:
                          f"got {cfg.soft_labels}")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
-    if cfg.prefill and (not cfg.chat or cfg.samples_per_prompt != 1):
-        raise UsageError("`prefill` needs `chat` (each row: the question through the chat template, then its answer) "
-                         f"and one sample per prompt (the answer is given), got samples_per_prompt {cfg.samples_per_prompt}")
+    if cfg.prefill and not cfg.chat:
+        raise UsageError("`prefill` needs `chat` (each row: the question through the chat template, then its answer)")
+    if cfg.prefill and cfg.samples_per_prompt != 1:
+        raise UsageError(f"`samples_per_prompt` {cfg.samples_per_prompt}: `prefill` reads the one answer given")
     if cfg.prompt_tokens is not None and (not cfg.chat or cfg.prompt_tokens < 1):
         raise UsageError(f"`prompt_tokens` needs `chat` and must be >= 1, got {cfg.prompt_tokens}")
     if cfg.continuation_tokens < cfg.draft_gamma:
