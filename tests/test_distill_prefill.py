@@ -7,7 +7,11 @@ resumes, and joins generated data as `--more-data`; bad input is one line and le
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +23,7 @@ from specdiff.sampling import Sampling
 from specdiff.training.features import sequence_features
 from specdiff.training.teacher import continue_batch, prefill_batch, prefill_rows, read_sequences
 from specdiff_cli.main import cli
-from tiny import TEXT
+from tiny import TEXT, make_gpt2
 
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -165,3 +169,41 @@ def test_prefill_needs_chat_and_one_answer(chat_gpt2, pairs, tmp_path, extra, me
     args = ["distill", "--target", str(chat_gpt2), "--out", str(tmp_path / "r"), "--prefill", "--prompts", str(pairs)]
     result = CliRunner().invoke(cli, [*args, *extra])
     assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output, result.output
+
+
+def test_prefill_sh_makes_resumable_parts_until_the_corpus_ends(tiny, tmp_path):
+    """scripts/smol/prefill.sh as written (P 96, L 128, top-32, layers 1, 14, 27, a DFlash shape of 9
+    heads) on a tiny 28-layer GPT-2 with a chat template: parts of PREFILL_ROWS rows, the last one
+    shorter, then it stops; a second run skips the finished parts."""
+    root = Path(__file__).resolve().parents[1]
+    model = make_gpt2(tmp_path / "gpt2-28", tiny.tokenizer, layers=28, dim=36, n_positions=256, scale=10)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    tok.chat_template, tok.pad_token = CHAT, tok.eos_token
+    tok.save_pretrained(str(model))
+    work = tmp_path / "work"
+    work.mkdir()
+    rows = [{"prompt": f"Part {i}?", "answer": " ".join(SENTENCES[i % len(SENTENCES):][:1 + i % 4])} for i in range(30)]
+    (work / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "specdiff").write_text(f'#!/bin/sh\nexec {sys.executable} -c "import sys; sys.argv[0] = \'specdiff\'; '
+                                      'from specdiff_cli.main import main; main()" "$@"\n')
+    (bin_dir / "specdiff").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(root),
+           "PREFILL_TARGET": str(model), "PREFILL_ROWS": "12", "OMP_NUM_THREADS": "1"}
+    script = [str(root / "scripts" / "smol" / "prefill.sh"), str(work), "4"]
+    done = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "the corpus ends before part 3" in done.stderr
+    sizes = []
+    for i in range(3):
+        train, val, spec = read_sequences(work / "prefill" / f"part-{i:02d}")
+        features = work / "prefill" / f"part-{i:02d}" / "features-1-14-27"
+        assert spec.prefill and spec.chat and train.soft_p.shape[1:] == (128, 32)
+        assert (features / "val.safetensors").is_file() and (features / "train-00000.safetensors").is_file()
+        sizes.append((len(train), len(val)))
+    assert sizes == [(11, 1), (11, 1), (5, 1)]
+    stamp = (work / "prefill" / "part-00" / "val.safetensors").stat().st_mtime_ns
+    again = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (work / "prefill" / "part-00" / "val.safetensors").stat().st_mtime_ns == stamp
