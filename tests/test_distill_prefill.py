@@ -95,8 +95,8 @@ def test_a_prefill_of_generated_answers_keeps_the_teacher_loops_labels_and_featu
     eos, V = target.eos_token_id, target.vocab_size
     ids, pad = prefill_rows(str(pairs), target.tokenizer, P, L, eos)
     ids, pad = ids[:6], pad[:6]
-    generated, gen_feats = continue_batch(target.model, ids[:, :P], L, V, Sampling(0.0), torch.Generator().manual_seed(0),
-                                          None, K, pad, eos, layer_ids=(0, 1))
+    generated, gen_feats = continue_batch(target.model, ids[:, :P], L, V, Sampling(0.0),
+                                          torch.Generator().manual_seed(0), None, K, pad, eos, layer_ids=(0, 1))
     seqs, feats = prefill_batch(target.model, generated.ids, pad, P, V, None, K, eos, (0, 1))
     assert torch.equal(seqs.ids, generated.ids) and torch.equal(seqs.soft_ids, generated.soft_ids)
     torch.testing.assert_close(seqs.soft_p.float(), generated.soft_p.float(), atol=2e-3, rtol=2e-3)

@@ -16,16 +16,20 @@ Sources and their licences:
     BSD-2-Clause; torch (BSD-3-Clause, its own code; only torch.nn, optim, distributions, linalg,
     fft, special, autograd, utils.data walked); matplotlib (its PSF-based licence); requests,
     sortedcontainers Apache-2.0; packaging Apache-2.0 OR BSD-2-Clause; PyYAML, pydantic, rich,
-    attrs, jsonschema, pyparsing MIT), each used only when its installed metadata
+    attrs, jsonschema, pyparsing MIT; transformers Apache-2.0), each used only when its installed metadata
     (License-Expression, License or classifiers) names that licence, otherwise skipped and said so
     (the run prints what each one's metadata says). Their modules are walked recursively, private
     and test modules left out.
+  - The AWS API reference that botocore carries (its data/*/service-2.json models, Apache-2.0 as
+    botocore's metadata says: checked): each operation's and structure member's documentation,
+    HTML stripped, the question naming the service, operation or member.
   Looked at and not used: /usr/share/doc on this machine holds changelogs, copyright files and a
   few API references (libxslt, zlib examples, python-policy), no prose or Q&A worth the checking;
   no Debian documentation package (python3.11-doc, perl-doc, debian-faq) is installed.
 
 Long answers are cut at paragraph or line boundaries into pieces of about CHUNK_CHARS characters
-(about 100-130 SmolLM2 tokens: prefill.sh keeps 128), each its own row ("... (part 2)"). Never anything about the held-out
+(about 100-130 SmolLM2 tokens: prefill.sh keeps 128), each its own row (later pieces asked
+for as "Show part N of the documentation of `NAME`."). Never anything about the held-out
 modules or topics (questions.py HELD_OUT_MODULES, HELD_OUT_TOPICS): those modules and topics are
 skipped, and so is any row whose question or answer names a held-out module or a held-out keyword
 (assert, lambda, yield, the with statement, context managers), the help topic 'context-managers'
@@ -36,8 +40,12 @@ an approximate token count (characters / 4). Deterministic for a given set of in
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import html
 import importlib
 import importlib.metadata
+import io
 import inspect
 import json
 import pkgutil
@@ -51,7 +59,8 @@ from questions import (HELD_OUT_MODULES, HELD_OUT_TOPICS, LARGE_PER_MODULE, LARG
                        LARGE_TOPICS, pick, public_objects)
 
 CHUNK_CHARS = 400
-MIN_CHARS = 40  # shorter answers teach little
+L = 128  # answer tokens a prefill row keeps (prefill.sh)
+MIN_CHARS = 150  # shorter answers teach little: a row costs P + L positions however short its answer
 PACKAGES = {  # import name -> (what its metadata's licence must name, the modules walked: "" all of them)
     "numpy": ("BSD-3-Clause", ""), "scipy": ("BSD", ""), "sympy": ("BSD", ""), "pandas": ("BSD-3-Clause", ""),
     "networkx": ("BSD-3-Clause", ""), "mpmath": ("BSD", ""), "matplotlib": ("Python Software Foundation", ""),
@@ -61,7 +70,7 @@ PACKAGES = {  # import name -> (what its metadata's licence must name, the modul
     "werkzeug": ("BSD-3-Clause", ""), "flask": ("BSD-3-Clause", ""), "requests": ("Apache", ""),
     "packaging": ("Apache-2.0 OR BSD-2-Clause", ""), "yaml": ("MIT", ""), "pydantic": ("MIT", ""),
     "rich": ("MIT", ""), "attr": ("MIT", ""), "jsonschema": ("MIT", ""), "pyparsing": ("MIT", ""),
-    "sortedcontainers": ("Apache", ""),
+    "sortedcontainers": ("Apache", ""), "transformers": ("Apache", ""),
 }
 DISTRIBUTIONS = {"yaml": "PyYAML", "attr": "attrs", "pygments": "Pygments"}  # import name -> distribution name
 HELD = re.compile(r"\b(" + "|".join(HELD_OUT_MODULES) + r"|assert|lambda|yield)\b|\bwith[- ]statement|"
@@ -71,8 +80,9 @@ QUESTIONS = [t for t in LARGE_TEMPLATES if "{text}" not in t]  # the answer is t
 
 
 def chunks(text: str) -> list[str]:
-    """Text -> pieces of about CHUNK_CHARS, cut between paragraphs, else between lines."""
-    lines = [line.rstrip() for line in text.strip().splitlines()]
+    """Text -> pieces of about CHUNK_CHARS, cut between paragraphs, else between lines, a line longer
+    than that between its sentences."""
+    lines = [piece for line in text.strip().splitlines() for piece in _sentences(line.rstrip())]
     out, piece = [], ""
     for line in lines:
         if piece and len(piece) + len(line) > CHUNK_CHARS and (not line or len(piece) > CHUNK_CHARS // 2):
@@ -84,11 +94,17 @@ def chunks(text: str) -> list[str]:
     return [c for c in out if len(c) >= MIN_CHARS]
 
 
+def _sentences(line: str) -> list[str]:
+    """A line, or a long one's sentences (each a line of its own piece: joined back by newlines)."""
+    return [line] if len(line) <= CHUNK_CHARS else re.split(r"(?<=[.!?])\s+", line)
+
+
 def rows_of(question: str, text: str, source: str) -> list[dict[str, str]]:
-    """One row per piece of the answer text; the question marks the later pieces."""
-    pieces = chunks(text)
-    return [{"prompt": question if i == 0 else f"{question} (part {i + 1})", "answer": piece, "source": source}
-            for i, piece in enumerate(pieces)]
+    """One row per piece of the answer text: the first answers `question`, the later ones a request
+    for that part of the documentation of what `source` names."""
+    subject = source.split(":", 1)[1]
+    return [{"prompt": question if i == 0 else f"Show part {i + 1} of the documentation of `{subject}`.",
+             "answer": piece, "source": source} for i, piece in enumerate(chunks(text))]
 
 
 def object_rows(package: str, module: str, mod: object) -> list[dict[str, str]]:
@@ -163,11 +179,46 @@ def package_rows() -> tuple[list[dict[str, str]], list[str]]:
         names = [package, *(m for root in roots.split() for m in submodules(root))] if roots else submodules(package)
         for module in dict.fromkeys(names):
             try:
-                out += object_rows(package, module, importlib.import_module(module))
+                with contextlib.redirect_stdout(io.StringIO()):  # some modules print on import
+                    out += object_rows(package, module, importlib.import_module(module))
             except Exception:
                 continue
         notes.append(f"{package}: {found}")
     return out, notes
+
+
+def _plain(doc: str) -> str:
+    """An AWS model's HTML documentation -> plain text, paragraphs kept."""
+    text = re.sub(r"</p>|<br\s*/?>|</li>", "\n\n", doc)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", text))
+    return "\n\n".join(re.sub(r"\s+", " ", p).strip() for p in text.split("\n\n") if p.strip())
+
+
+def botocore_rows() -> tuple[list[dict[str, str]], str]:
+    """The AWS API reference that botocore carries (data/SERVICE/VERSION/service-2.json, the newest
+    version of each service): each operation's and each structure member's documentation, asked about
+    by name; botocore's metadata must name Apache-2.0."""
+    try:
+        found = licence("botocore")
+        import botocore
+    except (importlib.metadata.PackageNotFoundError, ImportError):
+        return [], "botocore: not installed"
+    if "apache-2.0" not in found.lower():
+        return [], f"botocore: skipped, its metadata says {found!r}, not Apache-2.0"
+    models = sorted((Path(botocore.__file__).parent / "data").glob("*/*/service-2.json*"))
+    newest = {path.parts[-3]: path for path in models}  # sorted by version: the newest last
+    out: list[dict[str, str]] = []
+    for service, path in sorted(newest.items()):
+        model = json.loads((gzip.open(path) if path.suffix == ".gz" else path.open("rb")).read())
+        name = model.get("metadata", {}).get("serviceFullName", service)
+        for op, spec in sorted(model.get("operations", {}).items()):
+            out += rows_of(f"What does the {name} `{op}` operation do?", _plain(spec.get("documentation", "")),
+                           f"botocore:{service}.{op}")
+        for shape, spec in sorted(model.get("shapes", {}).items()):
+            for member, m in sorted(spec.get("members", {}).items()):
+                out += rows_of(f"In the {name} API, what is `{member}` of `{shape}`?",
+                               _plain(m.get("documentation", "")), f"botocore:{service}.{shape}.{member}")
+    return out, f"botocore: {found}"
 
 
 def main() -> None:
@@ -175,17 +226,19 @@ def main() -> None:
         sys.exit("usage: python scripts/smol/corpus.py OUT.jsonl")
     warnings.simplefilter("ignore")
     packages, notes = package_rows()
-    rows = stdlib_rows() + topic_rows() + packages
+    aws, note = botocore_rows()
+    rows = stdlib_rows() + topic_rows() + packages + aws
+    notes.append(note)
     kept = {r["answer"]: r for r in rows if not HELD.search(r["prompt"] + "\n" + r["answer"])}
     ordered = sorted(kept.values(), key=lambda r: pick(r["prompt"] + r["answer"], 1 << 30))
     Path(sys.argv[1]).write_text("".join(json.dumps(r) + "\n" for r in ordered), encoding="utf-8")
-    chars = sum(len(r["answer"]) for r in ordered)
+    chars = sum(min(len(r["answer"]), 4 * L) for r in ordered)
     by_source: dict[str, int] = {}
     for r in ordered:
         key = r["source"].split(":")[0]
-        by_source[key] = by_source.get(key, 0) + len(r["answer"])
+        by_source[key] = by_source.get(key, 0) + min(len(r["answer"]), 4 * L)
     print(f"{len(ordered)} pairs ({len(rows) - len(ordered)} held-out or duplicate left out), about "
-          f"{chars // 4:,} answer tokens (characters / 4) -> {sys.argv[1]}")
+          f"{chars // 4:,} answer tokens (characters / 4, at most {L} a row) -> {sys.argv[1]}")
     print("answer tokens by source: " + ", ".join(f"{k} {v // 4:,}" for k, v in sorted(by_source.items())))
     print("packages: " + "; ".join(notes))
 

@@ -2,7 +2,7 @@
 # The smol pair's prefill teacher corpus: the target reads given answers (one forward pass a batch,
 # about 3x cheaper a token than answering) for its soft labels and features.
 #
-#   scripts/smol/prefill.sh [WORK] [PARTS] [FIRST]   # default build/smol 32 0: parts FIRST .. PARTS - 1
+#   scripts/smol/prefill.sh [WORK] [PARTS] [FIRST]   # default build/smol 64 0: parts FIRST .. PARTS - 1
 #
 # WORK/corpus.jsonl: question / answer pairs from the docstrings and help topics of Python and of
 # permissively licensed installed packages (scripts/smol/corpus.py: licences checked and printed; no
@@ -14,14 +14,15 @@
 # smol-dflash and smol-eagle3 read (part-NN/features-1-14-27), all from the same pass; a part's
 # last 64 usable rows (a tenth of a shorter part) are held out, the rest train. The parts train
 # beside the generated answers (answers.sh) as `specdiff distill --more-data DIR,DIR,...` (same
-# target, P, L and soft labels). Resumable: a part's chunks are written as they are made and a finished part (its
-# val.safetensors, written last) is skipped; the loop stops where the corpus ends. Run it with
-# nothing else timing on the machine; a second run with another FIRST makes other parts meanwhile.
+# target, P, L and soft labels). Resumable: a part's chunks are written as they are made and a
+# finished part (its val.safetensors, written last) is skipped; the loop stops where the corpus
+# ends. Run it with nothing else timing on the machine; a second run with another FIRST makes other
+# parts meanwhile.
 # PREFILL_TARGET and PREFILL_ROWS override the target and ROWS (the tests run it on a tiny model).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=${1:-build/smol}
-parts=${2:-32}
+parts=${2:-64}
 first=${3:-0}
 target=${PREFILL_TARGET:-smollm2-135m-instruct}
 rows=${PREFILL_ROWS:-2112}
