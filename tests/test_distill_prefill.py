@@ -21,7 +21,8 @@ from transformers import AutoTokenizer
 from specdiff import load_target
 from specdiff.sampling import Sampling
 from specdiff.training.features import sequence_features
-from specdiff.training.teacher import continue_batch, prefill_batch, prefill_rows, read_sequences
+from specdiff.training.prefill import prefill_batch, prefill_rows
+from specdiff.training.teacher import continue_batch, read_sequences
 from specdiff_cli.main import cli
 from tiny import TEXT, make_gpt2
 

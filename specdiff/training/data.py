@@ -12,8 +12,9 @@ from ..drafters.diffusion import DiffusionDrafter
 from ..errors import UsageError
 from .batches import Batch, Pattern, make_batch, split_limits
 from .config import CHAT_PROMPT_TOKENS, RAW_FRACTION, DistillConfig, data_directory
-from .teacher import (DataSpec, Sequences, Teacher, build_sequences, more_sequences, prefill_rows, prefill_split,
-                      read_tokens)
+from .prefill import prefill_rows, prefill_split
+from .sequences import Sequences
+from .teacher import DataSpec, Teacher, build_sequences, more_sequences, read_tokens
 
 VAL_EXAMPLES = 256
 

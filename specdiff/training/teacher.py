@@ -46,13 +46,13 @@ from ..atomic import new_file
 from ..errors import UsageError
 from ..hf_cache import returned_cache, with_cache
 from ..nets.checkpoint import save_tensors
-from ..nets.dflash import context_features
 from ..sampling import Sampling
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
+from .prefill import PREFILL_ROWS, prefill_batch, prefill_rows
+from .sequences import Sequences, call_features, left_padded, templated
 
 CHUNK = 64  # prompts per generation batch and cache file
-PREFILL_ROWS = 16  # prefill rows through the target at once (their logits: rows * (L + 1) * V floats)
 HELD_OUT = 0.1  # share of the prompt file's tokens kept for held-out prompts
 Teacher = Union[CausalLMTarget, BlockDiffusionTarget]  # a loaded target: its model, tokenizer and sizes are read
 
@@ -81,32 +81,6 @@ class DataSpec:
         n = len(self.teacher_temperature)
         i = max(0, stream - 1) % n
         return Sampling(self.teacher_temperature[i], top_p=self.teacher_top_p[i % len(self.teacher_top_p)])
-
-
-@dataclass
-class Sequences:
-    """Prompts and the target's continuations, with its soft labels where kept."""
-
-    ids: torch.Tensor  # (M, P + L) int64
-    soft_ids: torch.Tensor | None = None  # (M, L, k) int32: the k most likely next ids at each position
-    soft_p: torch.Tensor | None = None  # (M, L, k) fp16: their probabilities under p
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        soft = {"soft_ids": self.soft_ids, "soft_p": self.soft_p}
-        return {"ids": self.ids, **{k: t for k, t in soft.items() if t is not None}}
-
-    def cpu(self) -> Sequences:
-        return Sequences(**{k: t.cpu() for k, t in self.tensors().items()})
-
-    @staticmethod
-    def cat(parts: list[Sequences]) -> Sequences:
-        soft = parts[0].soft_ids is not None
-        return Sequences(torch.cat([p.ids for p in parts]),
-                         torch.cat([p.soft_ids for p in parts]) if soft else None,  # type: ignore[misc]
-                         torch.cat([p.soft_p for p in parts]) if soft else None)  # type: ignore[misc]
 
 
 def read_tokens(path: str, tokenizer: Any, what: str) -> torch.Tensor:
@@ -145,7 +119,7 @@ def continue_batch(model: Any, prompts: torch.Tensor, length: int, vocab: int, t
     done = torch.zeros(B, dtype=torch.bool, device=prompts.device)
     out = model(input_ids=prompts, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
                 use_cache=True, output_hidden_states=bool(layer_ids))
-    ids, soft, feats = [prompts], [], [_features(out, layer_ids, mask)]
+    ids, soft, feats = [prompts], [], [call_features(out, layer_ids, mask)]
     for i in range(length):
         logits = out.logits[:, -1, :vocab].float()  # (B, V) real vocabulary only
         if banned_id is not None:
@@ -164,21 +138,13 @@ def continue_batch(model: Any, prompts: torch.Tensor, length: int, vocab: int, t
             mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
             out = model(input_ids=nxt, attention_mask=mask, position_ids=mask.sum(1, keepdim=True) - 1,
                         use_cache=True, output_hidden_states=bool(layer_ids), **with_cache(model, returned_cache(out)))
-            feats.append(_features(out, layer_ids))
+            feats.append(call_features(out, layer_ids))
         elif i + 1 < length and eos_id is not None:  # every row ended: the rest is eos
             return _finished(prompts, ids, soft, length, eos_id), _joined(feats, P + length)
     if not soft:
         return Sequences(torch.cat(ids, dim=1)), _joined(feats, P + length)
     return (Sequences(torch.cat(ids, dim=1), torch.stack([t.indices for t in soft], 1).int(),
                       torch.stack([t.values for t in soft], 1).half()), _joined(feats, P + length))
-
-
-def _features(out: Any, layer_ids: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A call's outputs of layers `layer_ids` (B, t, F) fp16 on the host, zero where mask (B, t) is 0."""
-    if not layer_ids:
-        return None
-    feats = context_features(out.hidden_states, layer_ids)
-    return (feats if mask is None else feats * mask[..., None]).half().cpu()
 
 
 def _joined(feats: list[Any], width: int) -> torch.Tensor | None:
@@ -205,19 +171,6 @@ def _finished(prompts: torch.Tensor, ids: list[Any], soft: list[Any], length: in
                      torch.cat([torch.stack([t.values for t in soft], 1).half().cpu(), tail_p], 1))
 
 
-def templated(tokenizer: Any, question: str) -> list[int]:
-    """A question through the chat template, up to the assistant's turn -> its ids."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False))
-
-
-def _left_padded(encoded: list[list[int]], tokenizer: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of at most `length` ids -> (ids (Q, length) left-padded with the pad id, pad (Q,))."""
-    fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[fill] * (length - len(e)) + e for e in encoded], dtype=torch.long)
-    return ids, torch.tensor([length - len(e) for e in encoded], dtype=torch.long)
-
-
 def chat_prompts(path: str, tokenizer: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The file's lines (one question each) through the chat template, left-padded to `length`
     -> (ids (Q, length), pad (Q,)); questions longer than that are left out."""
@@ -228,88 +181,7 @@ def chat_prompts(path: str, tokenizer: Any, length: int) -> tuple[torch.Tensor, 
     encoded = [e for e in (templated(tokenizer, q) for q in lines) if len(e) <= length]
     if not encoded:
         raise UsageError(f"no question in {path} fits {length} tokens through the chat template")
-    return _left_padded(encoded, tokenizer, length)
-
-
-def read_pairs(path: str) -> list[tuple[str, str]]:
-    """A JSONL file of {"prompt": question, "answer": text} lines (blank lines skipped) -> pairs."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read prefill file {path}: {e}") from e
-    pairs = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str)):
-            raise UsageError(f'{path} line {n}: not a JSON object with string "prompt" and "answer"')
-        pairs.append((row["prompt"], row["answer"]))
-    return pairs
-
-
-def prefill_rows(path: str, tokenizer: Any, prompt_tokens: int, length: int,
-                 eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pairs of a prefill file -> (ids (Q, P + L), pad (Q,)): each question through the chat
-    template, left-padded to P (longer ones left out), then its answer's first L tokens, followed
-    by eos to L tokens where it is shorter (a generated answer that ended)."""
-    pairs = read_pairs(path)
-    kept = [(q, a) for q, a in ((templated(tokenizer, q), a) for q, a in pairs) if len(q) <= prompt_tokens]
-    if not kept:
-        raise UsageError(f"no question in {path} fits {prompt_tokens} tokens through the chat template"
-                         if pairs else f"{path} holds no question / answer pair")
-    ids, pad = _left_padded([q for q, _ in kept], tokenizer, prompt_tokens)
-    fill = eos_id if eos_id is not None else 0
-    answers = [tokenizer.encode(a, add_special_tokens=False)[:length] for _, a in kept]
-    tails = torch.tensor([a + [fill] * (length - len(a)) for a in answers], dtype=torch.long)
-    return torch.cat([ids, tails], dim=1), pad
-
-
-def prefill_split(rows: int, num_prompts: int) -> tuple[int, int]:
-    """A prefill file's usable rows -> (training rows: its first, at most num_prompts; held-out
-    rows: its last, up to 64, a tenth of them)."""
-    val = max(1, min(64, rows // 10))
-    if rows - val < 1:
-        raise UsageError(f"a prefill file needs at least 2 usable question / answer pairs, it has {rows}")
-    return min(num_prompts, rows - val), val
-
-
-@torch.no_grad()
-def prefill_batch(model: Any, ids: torch.Tensor, pad: torch.Tensor, prompt_tokens: int, vocab: int,
-                  banned_id: int | None, soft_labels: int = 0, eos_id: int | None = None,
-                  layer_ids: Sequence[int] = ()) -> tuple[Sequences, torch.Tensor | None]:
-    """Rows (B, P + L) already answered, left-padded by pad (B,), read by the target in one
-    forward pass -> (Sequences of them with, where soft_labels = k, p's k most likely ids and
-    probabilities at each answer position (B, L, k), as continue_batch keeps them: temperature 1,
-    banned_id never, one-hot on eos_id after a row's first eos; the outputs of layers `layer_ids`
-    (B, P + L, len(layer_ids) * H) fp16, zeros on padding, else None)."""
-    B, W = ids.shape
-    L = W - prompt_tokens
-    mask = (torch.arange(W, device=ids.device) >= pad.to(ids.device)[:, None]).long()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
-                use_cache=False, output_hidden_states=bool(layer_ids), logits_to_keep=L + 1)
-    seqs = Sequences(ids.cpu())
-    if soft_labels:
-        logits = out.logits[:, :L, :vocab].float()  # (B, L, V): column P - 1 + j predicts answer token j
-        top = _answer_p(logits, ids[:, prompt_tokens:], banned_id, eos_id).topk(min(soft_labels, vocab), dim=-1)
-        seqs.soft_ids, seqs.soft_p = top.indices.int().cpu(), top.values.half().cpu()
-    return seqs, _features(out, layer_ids, mask)
-
-
-def _answer_p(logits: torch.Tensor, answers: torch.Tensor, banned_id: int | None, eos_id: int | None) -> torch.Tensor:
-    """logits (B, L, V) of the answers (B, L) -> p (B, L, V): banned_id never, one-hot on eos_id at
-    each position after the row's first eos (continue_batch's rule)."""
-    if banned_id is not None:
-        logits[..., banned_id] = float("-inf")
-    if eos_id is not None:
-        is_eos = (answers == eos_id).long()
-        ended = (is_eos.cumsum(1) - is_eos) > 0  # (B, L): an eos before this position
-        logits[ended] = float("-inf")
-        logits[..., eos_id] = torch.where(ended, 0.0, logits[..., eos_id])
-    return logits.softmax(-1)
+    return left_padded(encoded, tokenizer, length)
 
 
 def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
