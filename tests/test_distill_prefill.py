@@ -54,6 +54,7 @@ def pairs(tmp_path_factory):
     path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
     rows = [{"prompt": f"What comes after part {i}?",
              "answer": " ".join(SENTENCES[i % len(SENTENCES):][:1 if i % 2 else 6])} for i in range(24)]
+    rows[0]["answer"] = "Quoting <|endoftext|> does not end it. " + rows[0]["answer"]  # text, not the eos token
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -69,6 +70,7 @@ def test_soft_labels_are_the_targets_top_k_at_each_answer_position(chat_gpt2, pa
     eos, V = target.eos_token_id, target.vocab_size
     ids, pad = prefill_rows(str(pairs), target.tokenizer, P, L, eos)
     assert ids.shape == (24, P + L) and int(pad.min()) > 0
+    assert eos not in ids[0, P:].tolist()  # the quoted eos is text (and the long answer is cut at L)
     seqs, feats = prefill_batch(target.model, ids, pad, P, V, None, K, eos)
     assert feats is None and seqs.soft_ids.shape == seqs.soft_p.shape == (24, L, K)
     ended = 0

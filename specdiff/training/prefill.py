@@ -42,7 +42,8 @@ def prefill_rows(path: str, tokenizer: Any, prompt_tokens: int, length: int,
                  eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The pairs of a prefill file -> (ids (Q, P + L), pad (Q,)): each question through the chat
     template, left-padded to P (longer ones left out), then its answer's first L tokens, followed
-    by eos to L tokens where it is shorter (a generated answer that ended)."""
+    by eos to L tokens where it is shorter (a generated answer that ended); an answer's text is
+    never read as special tokens (a docstring quoting "<|im_end|>" does not end it)."""
     pairs = read_pairs(path)
     kept = [(q, a) for q, a in ((templated(tokenizer, q), a) for q, a in pairs) if len(q) <= prompt_tokens]
     if not kept:
@@ -50,7 +51,7 @@ def prefill_rows(path: str, tokenizer: Any, prompt_tokens: int, length: int,
                          if pairs else f"{path} holds no question / answer pair")
     ids, pad = left_padded([q for q, _ in kept], tokenizer, prompt_tokens)
     fill = eos_id if eos_id is not None else 0
-    answers = [tokenizer.encode(a, add_special_tokens=False)[:length] for _, a in kept]
+    answers = [tokenizer.encode(a, add_special_tokens=False, split_special_tokens=True)[:length] for _, a in kept]
     tails = torch.tensor([a + [fill] * (length - len(a)) for a in answers], dtype=torch.long)
     return torch.cat([ids, tails], dim=1), pad
 
