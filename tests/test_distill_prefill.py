@@ -210,3 +210,17 @@ def test_prefill_sh_makes_resumable_parts_until_the_corpus_ends(tiny, tmp_path):
     again = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (work / "prefill" / "part-00" / "val.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_prefill_cache_trains_a_diffusion_drafter(chat_gpt2, pairs, tmp_path):
+    """The diffusion drafter's path (data.prepare, the mask id banned from the soft labels) takes a
+    prefill too."""
+    out = tmp_path / "diffusion"
+    args = ["distill", "--target", str(chat_gpt2), "--out", str(out), "--chat", "--prefill", "--prompts", str(pairs),
+            "--prompt-tokens", str(P), "--continuation-tokens", str(L), "--soft-labels", str(K), "--loss", "ce+kl",
+            "--layers", "1", "--dim", "32", "--heads", "2", "--context", "16", "--gamma", "4", "--batch-size", "4",
+            "--max-steps", "2", "--val-every", "1", "--eval-prompts", "2", "--threads", "1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    train, _, spec = read_sequences(out / "data")
+    assert spec.prefill and spec.banned_id is None and len(train) == 22
