@@ -87,8 +87,8 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--chat", is_flag=True, help="--prompts holds one question a line; each goes through the target's "
               "chat template.")
 @click.option("--prefill", is_flag=True, help="With --chat: --prompts is a JSONL file of {\"prompt\": question, "
-              "\"answer\": text} lines; the target reads each answer (one forward pass, about 3x cheaper a token "
-              "than answering) for its soft labels and features instead of answering. Its first --num-prompts "
+              "\"answer\": text} lines; the target reads each answer (one forward pass a batch, no decoding loop) for "
+              "its soft labels and features instead of answering. Its first --num-prompts "
               "usable rows train, its last ones (a tenth, at most 64) are held out.")
 @click.option("--prompt-tokens", type=int, help="With --chat: prompts are left-padded to this many tokens "
               "(longer questions are left out) [default: 96].")
@@ -114,7 +114,7 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--gamma", type=int, help="Draft length trained for [default: with --resume the checkpoint's, with "
               "--method dflash --drafter the drafter's, else 8].")
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
-@click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
+@click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate (with --prefill: at most this many rows read).")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
 @click.option("--teacher-temperature", type=NumberList(float), default="0", show_default=True,
               help="Target sampling for the continuations, 0 = greedy; a list (1,0.8) alternates settings by chunk.")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The smol pair's prefill teacher corpus: the target reads given answers (one forward pass a batch,
-# about 3x cheaper a token than answering) for its soft labels and features.
+# no decoding loop) for its soft labels and features.
 #
 #   scripts/smol/prefill.sh [WORK] [PARTS] [FIRST]   # default build/smol 64 0: parts FIRST .. PARTS - 1
 #
