@@ -114,7 +114,8 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--gamma", type=int, help="Draft length trained for [default: with --resume the checkpoint's, with "
               "--method dflash --drafter the drafter's, else 8].")
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
-@click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate (with --prefill: at most this many rows read).")
+@click.option("--num-prompts", type=int, default=512, show_default=True,
+              help="Target continuations to generate (with --prefill: at most this many rows read).")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
 @click.option("--teacher-temperature", type=NumberList(float), default="0", show_default=True,
               help="Target sampling for the continuations, 0 = greedy; a list (1,0.8) alternates settings by chunk.")
