@@ -86,6 +86,10 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Text file; random windows of it are the prompts.")
 @click.option("--chat", is_flag=True, help="--prompts holds one question a line; each goes through the target's "
               "chat template.")
+@click.option("--prefill", is_flag=True, help="With --chat: --prompts is a JSONL file of {\"prompt\": question, "
+              "\"answer\": text} lines; the target reads each answer (one forward pass a batch, no decoding loop) for "
+              "its soft labels and features instead of answering. Its first --num-prompts "
+              "usable rows train, its last ones (a tenth, at most 64) are held out.")
 @click.option("--prompt-tokens", type=int, help="With --chat: prompts are left-padded to this many tokens "
               "(longer questions are left out) [default: 96].")
 @click.option("--data", metavar="DIR", help="Teacher data cache [default: OUT/data]; runs with the same data "
@@ -110,7 +114,8 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--gamma", type=int, help="Draft length trained for [default: with --resume the checkpoint's, with "
               "--method dflash --drafter the drafter's, else 8].")
 @click.option("--steps-per-draft", type=int, default=4, show_default=True, help="l2r denoising steps T trained for.")
-@click.option("--num-prompts", type=int, default=512, show_default=True, help="Target continuations to generate.")
+@click.option("--num-prompts", type=int, default=512, show_default=True,
+              help="Target continuations to generate (with --prefill: at most this many rows read).")
 @click.option("--continuation-tokens", type=int, default=64, show_default=True, help="Tokens per continuation (L).")
 @click.option("--teacher-temperature", type=NumberList(float), default="0", show_default=True,
               help="Target sampling for the continuations, 0 = greedy; a list (1,0.8) alternates settings by chunk.")
@@ -151,6 +156,8 @@ def distill(threads: int | None, **options: Any) -> None:
           --layers 2 --heads 9 --gamma 7 --loss ce+kl --soft-labels 32 --out smol-dflash   # scripts/smol/build.sh
       specdiff distill --method eagle3 --target smollm2-135m-instruct --chat --prompts prompts/smol-train.txt \\
           --target-layers 1,14,27 --draft-vocab 8192 --loss ce+kl --soft-labels 32 --out smol-eagle3
+      specdiff distill --method dflash --target smollm2-135m-instruct --chat --prefill --prompts pairs.jsonl \\
+          --target-layers 1,14,27 --soft-labels 32 --data part --out run --data-only   # scripts/smol/prefill.sh
     """
     import torch
 

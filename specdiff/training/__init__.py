@@ -11,7 +11,12 @@
     features.py     the target's hidden states of the teacher sequences, cached (dflash, eagle3)
     evaluation.py   evaluate_drafter: tau and alpha of a drafter on held-out prompts
     config.py       DistillConfig (one field per CLI option), its checks, what a run derives from it
-    teacher.py      the target's continuations of prompts (sampled, soft labels), cached resumably
+    teacher.py      the target's continuations of prompts (sampled, soft labels), or its reading of given
+                    answers (prefill.py), cached resumably
+    prefill.py      given answers (JSONL question / answer pairs) read by the target in one forward pass:
+                    soft labels and features as the teacher loop keeps them
+    sequences.py    Sequences (the teacher data's rows) and what generating and prefilling share: the
+                    chat template, left padding, a call's features
     batches.py      examples shaped like a drafting call: Pattern, Batch, make_batch
     data.py         a run's data assembled once: sequences, raw text, validation batches
     drafter.py      the drafter a run starts from: new, through the target's embeddings, or given

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.diffusion import block_sizes
-from .teacher import Sequences, windows
+from .sequences import Sequences
+from .teacher import windows
 
 SHORT_CONTEXT = 0.125  # share of batches with a shorter context (early in a generation)
 

@@ -39,6 +39,8 @@ class DistillConfig:
     method: str = "specdiff"  # the drafter trained: a masked-diffusion drafter (specdiff), a DFlash drafter
     # (dflash) or an EAGLE-3 head (eagle3)
     chat: bool = False  # prompts: one question a line, through the target's chat template
+    prefill: bool = False  # with chat, prompts: JSONL {"prompt", "answer"} pairs the target reads (one forward
+    # pass a batch) instead of answering: its soft labels and features of the given answers
     prompt_tokens: int | None = None  # chat: prompts left-padded to this length (default CHAT_PROMPT_TOKENS)
     data: str | None = None  # the teacher data cache (default OUT/data); runs with equal data settings may share it
     more_data: tuple[str, ...] = ()  # complete caches of the same target, P, L and k, trained on beside `data`
@@ -224,6 +226,10 @@ def _check_data(cfg: DistillConfig) -> None:
                          f"got {cfg.soft_labels}")
     if cfg.raw_fraction is not None and (cfg.raw_text is None or not 0 <= cfg.raw_fraction <= 1):
         raise UsageError("`raw_fraction` needs `raw_text` and must lie in [0, 1]")
+    if cfg.prefill and not cfg.chat:
+        raise UsageError("`prefill` needs `chat` (each row: the question through the chat template, then its answer)")
+    if cfg.prefill and cfg.samples_per_prompt != 1:
+        raise UsageError(f"`samples_per_prompt` {cfg.samples_per_prompt}: `prefill` reads the one answer given")
     if cfg.prompt_tokens is not None and (not cfg.chat or cfg.prompt_tokens < 1):
         raise UsageError(f"`prompt_tokens` needs `chat` and must be >= 1, got {cfg.prompt_tokens}")
     if cfg.continuation_tokens < cfg.draft_gamma:

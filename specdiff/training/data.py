@@ -12,7 +12,9 @@ from ..drafters.diffusion import DiffusionDrafter
 from ..errors import UsageError
 from .batches import Batch, Pattern, make_batch, split_limits
 from .config import CHAT_PROMPT_TOKENS, RAW_FRACTION, DistillConfig, data_directory
-from .teacher import DataSpec, Sequences, Teacher, build_sequences, more_sequences, read_tokens
+from .prefill import prefill_rows, prefill_split
+from .sequences import Sequences
+from .teacher import DataSpec, Teacher, build_sequences, more_sequences, read_tokens
 
 VAL_EXAMPLES = 256
 
@@ -37,13 +39,18 @@ class Data:
 
 
 def data_spec(cfg: DistillConfig, target: Teacher, P: int, banned: int | None) -> DataSpec:
-    """What the teacher data of a run with prompts of P tokens is (never generating `banned`)."""
+    """What the teacher data of a run with prompts of P tokens is (never generating `banned`); a
+    prefill's row counts are its file's (prefill_split)."""
     if P + cfg.continuation_tokens > target.max_length:
         raise UsageError(f"prompts of {P} tokens plus `continuation_tokens` {cfg.continuation_tokens} "
                          f"exceed the target's context window ({target.max_length})")
-    return DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, cfg.continuation_tokens, cfg.num_prompts,
-                    max(2, min(64, cfg.num_prompts // 8)), list(cfg.teacher_temperature),
-                    list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels, cfg.seed, banned, cfg.chat)
+    num, val = cfg.num_prompts, max(2, min(64, cfg.num_prompts // 8))
+    if cfg.prefill:
+        rows = prefill_rows(cfg.prompts, target.tokenizer, P, cfg.continuation_tokens, target.eos_token_id)[0]
+        num, val = prefill_split(len(rows), cfg.num_prompts)
+    return DataSpec(target.name, str(Path(cfg.prompts).resolve()), P, cfg.continuation_tokens, num, val,
+                    list(cfg.teacher_temperature), list(cfg.teacher_top_p), cfg.samples_per_prompt, cfg.soft_labels,
+                    cfg.seed, banned, cfg.chat, cfg.prefill)
 
 
 def prepare(cfg: DistillConfig, target: Teacher, drafter: DiffusionDrafter, progress: bool) -> Data:

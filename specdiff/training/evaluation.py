@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .config import DistillConfig
-from .teacher import Sequences, Teacher
+from .sequences import Sequences
+from .teacher import Teacher
 
 
 def evaluate_drafter(cfg: DistillConfig, target: Teacher, drafter: Any, val: Sequences, P: int,

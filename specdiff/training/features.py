@@ -31,7 +31,8 @@ from tqdm import tqdm
 from ..atomic import new_file
 from ..nets.checkpoint import save_tensors
 from ..nets.dflash import context_features
-from .teacher import CHUNK, Sequences
+from .sequences import Sequences
+from .teacher import CHUNK
 
 ROWS_PER_CALL = 16  # sequences through the target at once
 

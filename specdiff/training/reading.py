@@ -38,7 +38,8 @@ from .data import data_spec
 from .evaluation import evaluate_drafter
 from .features import MappedFeatures, cached_features, features_directory, padding
 from .loop import train
-from .teacher import Sequences, build_sequences, more_sequences
+from .sequences import Sequences
+from .teacher import build_sequences, more_sequences
 from .vocab import build_vocab
 
 

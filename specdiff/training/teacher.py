@@ -22,6 +22,12 @@ sampling at any temperature warps, see docs/lossless.md), top-k truncated: the k
 
 Chunks are written as they are generated, so an interrupted run resumes where it stopped.
 Batches shaped like drafting are drawn from these sequences by specdiff.training.batches.
+
+A prefill (`prefill`: prompts is a JSONL file of {"prompt": question, "answer": text}) writes
+the same cache without generating: each row is the question through the chat template, then the
+given answer (its eos, then eos to L tokens, as a generated answer that ended), and one forward
+pass of the target gives the soft labels and features of every position (prefill_batch); the
+file's rows in order, its last rows held out (prefill_split).
 """
 
 from __future__ import annotations
@@ -40,10 +46,11 @@ from ..atomic import new_file
 from ..errors import UsageError
 from ..hf_cache import returned_cache, with_cache
 from ..nets.checkpoint import save_tensors
-from ..nets.dflash import context_features
 from ..sampling import Sampling
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
+from .prefill import PREFILL_ROWS, prefill_batch, prefill_rows
+from .sequences import Sequences, call_features, left_padded, templated
 
 CHUNK = 64  # prompts per generation batch and cache file
 HELD_OUT = 0.1  # share of the prompt file's tokens kept for held-out prompts
@@ -67,38 +74,13 @@ class DataSpec:
     seed: int
     banned_id: int | None  # a mask id inside the vocabulary: never generated
     chat: bool = False  # prompts: the file's lines, one question each, through the chat template
+    prefill: bool = False  # prompts: JSONL question / answer pairs; the target reads the answers, none generated
 
     def teacher(self, stream: int) -> Sampling:
         """The teacher setting of a stream (0: validation, c + 1: training chunk c)."""
         n = len(self.teacher_temperature)
         i = max(0, stream - 1) % n
         return Sampling(self.teacher_temperature[i], top_p=self.teacher_top_p[i % len(self.teacher_top_p)])
-
-
-@dataclass
-class Sequences:
-    """Prompts and the target's continuations, with its soft labels where kept."""
-
-    ids: torch.Tensor  # (M, P + L) int64
-    soft_ids: torch.Tensor | None = None  # (M, L, k) int32: the k most likely next ids at each position
-    soft_p: torch.Tensor | None = None  # (M, L, k) fp16: their probabilities under p
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        soft = {"soft_ids": self.soft_ids, "soft_p": self.soft_p}
-        return {"ids": self.ids, **{k: t for k, t in soft.items() if t is not None}}
-
-    def cpu(self) -> Sequences:
-        return Sequences(**{k: t.cpu() for k, t in self.tensors().items()})
-
-    @staticmethod
-    def cat(parts: list[Sequences]) -> Sequences:
-        soft = parts[0].soft_ids is not None
-        return Sequences(torch.cat([p.ids for p in parts]),
-                         torch.cat([p.soft_ids for p in parts]) if soft else None,  # type: ignore[misc]
-                         torch.cat([p.soft_p for p in parts]) if soft else None)  # type: ignore[misc]
 
 
 def read_tokens(path: str, tokenizer: Any, what: str) -> torch.Tensor:
@@ -137,7 +119,7 @@ def continue_batch(model: Any, prompts: torch.Tensor, length: int, vocab: int, t
     done = torch.zeros(B, dtype=torch.bool, device=prompts.device)
     out = model(input_ids=prompts, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0),
                 use_cache=True, output_hidden_states=bool(layer_ids))
-    ids, soft, feats = [prompts], [], [_features(out, layer_ids, mask)]
+    ids, soft, feats = [prompts], [], [call_features(out, layer_ids, mask)]
     for i in range(length):
         logits = out.logits[:, -1, :vocab].float()  # (B, V) real vocabulary only
         if banned_id is not None:
@@ -156,21 +138,13 @@ def continue_batch(model: Any, prompts: torch.Tensor, length: int, vocab: int, t
             mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
             out = model(input_ids=nxt, attention_mask=mask, position_ids=mask.sum(1, keepdim=True) - 1,
                         use_cache=True, output_hidden_states=bool(layer_ids), **with_cache(model, returned_cache(out)))
-            feats.append(_features(out, layer_ids))
+            feats.append(call_features(out, layer_ids))
         elif i + 1 < length and eos_id is not None:  # every row ended: the rest is eos
             return _finished(prompts, ids, soft, length, eos_id), _joined(feats, P + length)
     if not soft:
         return Sequences(torch.cat(ids, dim=1)), _joined(feats, P + length)
     return (Sequences(torch.cat(ids, dim=1), torch.stack([t.indices for t in soft], 1).int(),
                       torch.stack([t.values for t in soft], 1).half()), _joined(feats, P + length))
-
-
-def _features(out: Any, layer_ids: Sequence[int], mask: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A call's outputs of layers `layer_ids` (B, t, F) fp16 on the host, zero where mask (B, t) is 0."""
-    if not layer_ids:
-        return None
-    feats = context_features(out.hidden_states, layer_ids)
-    return (feats if mask is None else feats * mask[..., None]).half().cpu()
 
 
 def _joined(feats: list[Any], width: int) -> torch.Tensor | None:
@@ -204,14 +178,10 @@ def chat_prompts(path: str, tokenizer: Any, length: int) -> tuple[torch.Tensor, 
         lines = [q.strip() for q in Path(path).read_text(encoding="utf-8").splitlines() if q.strip()]
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read prompts file {path}: {e}") from e
-    encoded = [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False)) for q in lines]
-    encoded = [e for e in encoded if len(e) <= length]
+    encoded = [e for e in (templated(tokenizer, q) for q in lines) if len(e) <= length]
     if not encoded:
         raise UsageError(f"no question in {path} fits {length} tokens through the chat template")
-    fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([[fill] * (length - len(e)) + e for e in encoded], dtype=torch.long)
-    return ids, torch.tensor([length - len(e) for e in encoded], dtype=torch.long)
+    return left_padded(encoded, tokenizer, length)
 
 
 def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
@@ -235,10 +205,27 @@ def _generate(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None]
     return seqs.cpu(), feats
 
 
+def _prefill(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None], count: int, spec: DataSpec,
+             stream: int, layer_ids: Sequence[int]) -> tuple[Sequences, torch.Tensor | None]:
+    """_generate's prefill twin: `count` answered rows (prompts = (ids (Q, P + L), pad (Q,)), the
+    chunk's in order: stream c + 1 reads rows c * CHUNK ..., stream 0 the first) through
+    prefill_batch, PREFILL_ROWS at a time -> (count, P + L) and their features."""
+    ids, pad = prompts
+    assert pad is not None
+    start = max(0, stream - 1) * CHUNK
+    ids, pad = ids[start:start + count], pad[start:start + count]
+    parts = [prefill_batch(target.model, ids[i:i + PREFILL_ROWS].to(target.device), pad[i:i + PREFILL_ROWS],
+                           spec.prompt_tokens, target.vocab_size, spec.banned_id, spec.soft_labels,
+                           target.eos_token_id if spec.chat else None, layer_ids)
+             for i in range(0, count, PREFILL_ROWS)]
+    feats = None if parts[0][1] is None else torch.cat([f for _, f in parts])  # type: ignore[misc]
+    return Sequences.cat([seqs for seqs, _ in parts]), feats
+
+
 def _check_meta(data: Path, spec: DataSpec) -> None:
     meta = data / "meta.json"
     if meta.is_file():
-        cached = json.loads(meta.read_text(encoding="utf-8"))
+        cached = {"prefill": False, **json.loads(meta.read_text(encoding="utf-8"))}  # older caches: generated
         differ = [k for k, v in asdict(spec).items() if cached.get(k) != v]
         if differ:
             raise UsageError(f"{data} was made with other settings ({', '.join(differ)}); use a new `out`")
@@ -307,8 +294,9 @@ def build_sequences(data: Path, target: Teacher, spec: DataSpec, progress: bool,
         _write_meta(data, spec)
         for k in tqdm(todo, disable=not progress, desc="target continuations", unit="chunk", leave=False):
             count = spec.val_prompts if k == 0 else min(CHUNK, spec.num_prompts - (k - 1) * CHUNK)
-            seqs, feats = _generate(target, val_prompts if k == 0 else train_prompts, count, spec, k,
-                                    features[1] if features else ())
+            make = _prefill if spec.prefill else _generate
+            seqs, feats = make(target, val_prompts if k == 0 else train_prompts, count, spec, k,
+                               features[1] if features else ())
             if features and feats is not None:
                 features[0].mkdir(parents=True, exist_ok=True)
                 with new_file(features[0] / files[k].name) as tmp:
@@ -324,7 +312,12 @@ Prompts = tuple[torch.Tensor, "torch.Tensor | None"]
 
 def _prompt_source(spec: DataSpec, target: Teacher) -> tuple[Prompts, Prompts]:
     """(training, held-out) prompt sources: the file's last HELD_OUT share (of its tokens, or of
-    its questions with `chat`) is held out."""
+    its questions with `chat`) is held out; with `prefill`, its answered rows: the first
+    num_prompts and the last val_prompts (prefill_split)."""
+    if spec.prefill:
+        ids, pad = prefill_rows(spec.prompts, target.tokenizer, spec.prompt_tokens, spec.continuation_tokens,
+                                target.eos_token_id)
+        return (ids[:spec.num_prompts], pad[:spec.num_prompts]), (ids[-spec.val_prompts:], pad[-spec.val_prompts:])
     if spec.chat:
         ids, pad = chat_prompts(spec.prompts, target.tokenizer, spec.prompt_tokens)
         cut = int(len(ids) * (1 - HELD_OUT))
