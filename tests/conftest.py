@@ -1,4 +1,17 @@
-"""Shared fixtures: tiny tokenizer, targets and drafters, built once per session in a temp dir."""
+"""Shared fixtures: tiny tokenizer, targets and drafters, built once per session in a temp dir, and
+the fixtures several test modules share.
+
+The layout of tests/ (tests/test_layout.py holds it): test modules (test_*.py) hold tests and are
+imported by none; what several of them share lives in the modules beside them:
+- helper modules, imported by name: tiny.py (the tiny models on disk), exactness.py (the chi-square
+  machinery over the V = 8 models, imported as `exact`), runs.py (the prompt sets and checks that
+  the method, tree and batching tests share with their runs on other runtimes), cli_errors.py
+  (invoking the CLI, one-line errors), gguf_files.py (GGUF files as llama.cpp writes them),
+  fake_tensorrt.py (a fake `tensorrt` module);
+- fixtures: here (conftest.py) those shared by several test modules; exported.py, a plugin module
+  that a test module loads with `pytest_plugins = ["exported"]`, the tiny models' ONNX exports.
+  A fixture returns what it builds and adds nothing to another's result, so no result depends on
+  which fixture ran first."""
 
 from __future__ import annotations
 
@@ -32,3 +45,27 @@ def tiny(tmp_path_factory) -> SimpleNamespace:
     ns.ar = make_gpt2(root / "ar", tok, seed=2, layers=1, scale=10)
     ns.drafter = as_trained(init_drafter(str(ns.gpt2), root / "drafter", layers=1, dim=32, heads=2, context=16))
     return ns
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The V = 8 target of the chi-square tests (exactness.py), a GPT-2 model."""
+    import exactness as exact
+
+    return exact.v8_gpt2(0, 60.0)
+
+
+@pytest.fixture(scope="module")
+def drafters() -> dict:
+    """The V = 8 drafters of the chi-square tests: diffusion, ar and a2d (exactness.v8_drafters)."""
+    import exactness as exact
+
+    return exact.v8_drafters()
+
+
+@pytest.fixture(scope="module")
+def v8_dflash() -> tuple:
+    """The V = 8 target (a CausalLMTarget) and a DFlash drafter over it (exactness.v8_dflash)."""
+    import exactness as exact
+
+    return exact.v8_dflash()

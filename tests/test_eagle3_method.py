@@ -28,7 +28,7 @@ from specdiff.methods.eagle3 import Eagle3Drafts
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
-import test_sampling_exact as exact
+import exactness as exact
 from tiny import TEXT, make_eagle3, target_paths
 
 WORDS = TEXT.split()
@@ -258,7 +258,7 @@ def small():
     from specdiff.nets.eagle3 import Eagle3Net, Eagle3Spec
     from specdiff.targets.causal import CausalLMTarget
 
-    target = CausalLMTarget(exact._gpt2(0, 60.0), exact._tokenizer(), "v8")
+    target = CausalLMTarget(exact.v8_gpt2(0, 60.0), exact.v8_tokenizer(), "v8")
     layer = LlamaConfig(vocab_size=exact.V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
     ids = torch.tensor([0, 1, 2, 4, 5, 7])
