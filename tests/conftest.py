@@ -1,17 +1,21 @@
 """Shared fixtures: tiny tokenizer, targets and drafters, built once per session in a temp dir, and
 the fixtures several test modules share.
 
-The layout of tests/ (tests/test_layout.py holds it): test modules (test_*.py) hold tests and are
-imported by none; what several of them share lives in the modules beside them:
-- helper modules, imported by name: tiny.py (the tiny models on disk), exactness.py (the chi-square
-  machinery over the V = 8 models, imported as `exact`), runs.py (the prompt sets and checks that
-  the method, tree and batching tests share with their runs on other runtimes), cli_errors.py
-  (invoking the CLI, one-line errors), gguf_files.py (GGUF files as llama.cpp writes them),
-  fake_tensorrt.py (a fake `tensorrt` module);
-- fixtures: here (conftest.py) those shared by several test modules; exported.py, a plugin module
-  that a test module loads with `pytest_plugins = ["exported"]`, the tiny models' ONNX exports.
-  A fixture returns what it builds and adds nothing to another's result, so no result depends on
-  which fixture ran first."""
+The layout of tests/ (tests/test_layout.py holds it): a test module (test_*.py) holds tests and
+is imported by no other module; what several test modules share lives beside them, in
+- helper modules, imported by name:
+  tiny.py: the tiny models on disk;
+  exactness.py: the chi-square machinery over the V = 8 models (imported as `exact`);
+  batching_runs.py, dflash_runs.py, eagle3_runs.py, tree_runs.py: the prompts and checks of
+    test_batching, test_dflash_method, test_eagle3_method and test_trees that other test modules
+    repeat (compiled, on ONNX Runtime, with tree sizes);
+  cli_checks.py: the CLI invoked in-process and its one-line errors;
+  gguf_files.py: GGUF files as llama.cpp writes them;
+  fake_tensorrt.py: a fake `tensorrt` module;
+- fixture modules: this one (conftest.py), for every test module; exported.py, a plugin module
+  that a test module loads with `pytest_plugins = ["exported"]`: the tiny models' ONNX exports.
+A fixture returns what it builds and adds nothing to another's result (`tiny` is the same
+whichever fixture ran first)."""
 
 from __future__ import annotations
 
@@ -69,3 +73,12 @@ def v8_dflash() -> tuple:
     import exactness as exact
 
     return exact.v8_dflash()
+
+
+@pytest.fixture(scope="module")
+def llama_gguf(tiny, tmp_path_factory):
+    """(GGUF file, the weights it holds, the HF directory of those weights): a tiny Llama as llama.cpp
+    writes it (gguf_files.py; a module asking for it skips first without the gguf package)."""
+    from gguf_files import llama_gguf_files
+
+    return llama_gguf_files(tiny, tmp_path_factory.mktemp("gguf"))

@@ -16,12 +16,9 @@ from specdiff.errors import UsageError
 from specdiff.generation import plan
 from specdiff.sampling import Sampling
 
-from tiny import TEXT, make_llama
+from batching_runs import MAX_NEW, PROMPTS
+from tiny import make_llama
 
-WORDS = TEXT.split()
-SIZES = [1, 12, 3, 20, 2, 7, 1, 16, 5, 36, 4, 2]  # words: 1 to 116 tokens; the longest reaches the window (128)
-PROMPTS = [" ".join((WORDS * 2)[i: i + n]) for i, n in zip(range(0, 200, 13), SIZES)]
-MAX_NEW = 24
 pytestmark = pytest.mark.filterwarnings("ignore::specdiff.errors.ContextWindowWarning")  # the longest prompt
 METHODS = {
     "ar": {"method": "ar"},

@@ -17,7 +17,8 @@ from specdiff.errors import IncompatibleModelsError, UsageError
 from specdiff.sampling import Sampling
 from specdiff.targets.static import StaticTarget
 
-from test_batching import MAX_NEW, PROMPTS, _cli
+from batching_runs import MAX_NEW, PROMPTS
+from cli_checks import invoke
 from tiny import make_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::specdiff.errors.ContextWindowWarning")
@@ -152,7 +153,7 @@ def test_models_the_static_cache_cannot_run_exactly_are_refused_in_one_line(tiny
         generate("x", target=str(tiny.neo), method="ar", compile=True)
     with pytest.raises(UsageError, match="`compile` must be True or False"):
         generate("x", target=models["gpt2"], method="ar", compile="yes")
-    result = _cli(["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--compile", "--runtime", "onnxruntime"])
+    result = invoke(["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--compile", "--runtime", "onnxruntime"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "--compile is for the torch runtime" in result.stderr
 
 

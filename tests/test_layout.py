@@ -260,3 +260,46 @@ def test_no_import_cycles_type_only_ones_included():
 
 def test_the_cycle_finder_sees_type_only_imports():
     assert "specdiff.contracts.Row" in module_imports(ROOT / "specdiff" / "adaptive.py")  # under TYPE_CHECKING
+
+
+
+TESTS = ROOT / "tests"
+
+
+def imported_test_modules(source: str) -> list[str]:
+    """The test modules (test_*) a file of tests/ imports, anywhere in it (inside functions too), or
+    loads as a pytest plugin (pytest_plugins). tests/ is no package: its imports are absolute."""
+    tree = ast.parse(source)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module or "")
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytest_plugins" for t in node.targets):
+            names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return sorted({name.split(".")[0] for name in names if name.split(".")[0].startswith("test_")})
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through helper modules and fixtures (conftest.py's docstring says which),
+    never through another test module's names or fixtures: a test module imported runs whatever
+    it does at import, and a fixture imported from one is a second copy of it."""
+    bad = {p.name: found for p in sorted(TESTS.glob("*.py"))
+           if (found := imported_test_modules(p.read_text(encoding="utf-8")))}
+    assert bad == {}
+
+
+def test_the_test_import_check_sees_imports_inside_functions_and_plugins():
+    source = ("import test_a as a\nfrom test_b import x\nimport exactness as exact\n\n\ndef f():\n"
+              "    from test_c.d import y\n\n\npytest_plugins = ['exported', 'test_e']\n")
+    assert imported_test_modules(source) == ["test_a", "test_b", "test_c", "test_e"]
+    assert imported_test_modules((TESTS / "test_selection.py").read_text(encoding="utf-8")) == []
+
+
+def test_conftest_names_every_shared_module_of_tests():
+    """conftest.py's docstring says the layout of tests/: a helper or plugin module it does not name
+    is one a test author cannot find."""
+    doc = ast.get_docstring(ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))) or ""
+    shared = sorted(p.name for p in TESTS.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py")
+    assert len(shared) > 5 and [name for name in shared if name not in doc] == []
