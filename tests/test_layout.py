@@ -173,6 +173,36 @@ def test_the_proposer_check_sees_qualified_and_tuple_classes():
     assert proposer_checks(source) == [(1, "SelfSelection"), (2, "ARProposer")]
 
 
+
+DRAFTERS = {"DiffusionDrafter": "specdiff/drafters/diffusion.py", "DFlashDrafter": "specdiff/drafters/dflash.py",
+            "Eagle3Drafter": "specdiff/drafters/eagle3.py", "ARDrafter": "specdiff/drafters/autoregressive.py",
+            "A2DDrafter": "specdiff/drafters/a2d.py"}
+
+
+def drafter_checks(source: str) -> list[tuple[int, str]]:
+    """(line, class) of each isinstance() whose classes name a drafter of DRAFTERS."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
+            hits += [(node.lineno, name) for name in sorted(named & set(DRAFTERS))]
+    return hits
+
+
+def test_drafter_kinds_are_told_apart_by_their_declarations_only():
+    """A drafter's kind is declared once (specdiff/kinds): outside its declaration and its own
+    module, code asks the kind (kind_of(drafter).converting, .compiling, .graph...), not isinstance."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}" for package in (*LIBRARY, "specdiff_cli")
+           for path in sorted((ROOT / package).rglob("*.py"))
+           for line, name in drafter_checks(path.read_text(encoding="utf-8"))
+           if str(path.relative_to(ROOT)) != DRAFTERS[name] and path.relative_to(ROOT).parts[:2] != ("specdiff", "kinds")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_drafter_check_sees_qualified_and_tuple_classes():
+    source = "isinstance(d, diffusion.DiffusionDrafter)\nisinstance(d, (ARDrafter, DFlashDrafter))\nisinstance(d, int)\n"
+    assert drafter_checks(source) == [(1, "DiffusionDrafter"), (2, "ARDrafter"), (2, "DFlashDrafter")]
+
 def packages() -> list[Path]:
     return sorted(p.parent for package in (*LIBRARY, "specdiff_cli") for p in (ROOT / package).rglob("__init__.py"))
 
