@@ -1,8 +1,10 @@
-"""The tiny models of the `tiny` fixture exported once per session, shared by the export, runtime
-and TensorRT tests. A test module loads these fixtures with
+"""The tiny models of the `tiny` fixture, and three drafters over them, exported once per session,
+shared by the export, runtime and TensorRT tests. A test module loads these fixtures with
 
     pytest_plugins = ["exported"]
-"""
+
+Each fixture returns the directory it builds (the drafters' too: tiny_dflash, tiny_eagle3) and adds
+nothing to `tiny`."""
 
 from __future__ import annotations
 
@@ -35,33 +37,46 @@ def onnx_neo(tiny) -> Path:
 
 
 @pytest.fixture(scope="session")
-def onnx_llama(tiny) -> Path:
-    """A tied-head GQA Llama (SmolLM2's shape, tiny) + tiny.drafter, fp32."""
+def tiny_llama_tied(tiny) -> Path:
+    """A tied-head GQA Llama (SmolLM2's shape, tiny) over tiny's tokenizer."""
     from tiny import make_llama
 
-    llama = make_llama(tiny.root / "llama-tied", tiny.tokenizer, scale=10, seed=3, tied=True)
-    tiny.llama = llama
-    return _export(tiny.root / "export-llama", ["--target", str(llama), "--drafter", str(tiny.drafter)])
+    return make_llama(tiny.root / "llama-tied", tiny.tokenizer, scale=10, seed=3, tied=True)
 
 
 @pytest.fixture(scope="session")
-def onnx_dflash(tiny) -> Path:
-    """tiny.gpt2 (a 320-row head for 300 tokens) + a random DFlash drafter over it (block 8, reading
-    layers 0 and 1), fp32, batch up to 3; the drafter's directory is tiny.dflash."""
+def onnx_llama(tiny, tiny_llama_tied) -> Path:
+    """tiny_llama_tied + tiny.drafter, fp32."""
+    return _export(tiny.root / "export-llama", ["--target", str(tiny_llama_tied), "--drafter", str(tiny.drafter)])
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash(tiny) -> Path:
+    """A random DFlash drafter over tiny.gpt2 (a 320-row head for 300 tokens): block 8, reading
+    layers 0 and 1."""
     from tiny import make_dflash
 
-    tiny.dflash = make_dflash(tiny.root / "export-dflash-drafter", tiny.gpt2, scale=10, seed=6)
-    return _export(tiny.root / "export-dflash", ["--target", str(tiny.gpt2), "--drafter", str(tiny.dflash),
+    return make_dflash(tiny.root / "export-dflash-drafter", tiny.gpt2, scale=10, seed=6)
+
+
+@pytest.fixture(scope="session")
+def onnx_dflash(tiny, tiny_dflash) -> Path:
+    """tiny.gpt2 + tiny_dflash, fp32, batch up to 3."""
+    return _export(tiny.root / "export-dflash", ["--target", str(tiny.gpt2), "--drafter", str(tiny_dflash),
                                                  "--max-batch", "3"])
 
 
 @pytest.fixture(scope="session")
-def onnx_eagle3(tiny) -> Path:
-    """tiny.gpt2 (a 320-row head for 300 tokens) + a random EAGLE-3 head over it (reading layers 0, 1
-    and 1, a draft vocabulary of 200 ids, its own embedding), fp32, batch up to 3; the head's
-    directory is tiny.eagle3."""
+def tiny_eagle3(tiny) -> Path:
+    """A random EAGLE-3 head over tiny.gpt2 (a 320-row head for 300 tokens): reading layers 0, 1
+    and 1, a draft vocabulary of 200 ids, its own embedding."""
     from tiny import make_eagle3
 
-    tiny.eagle3 = make_eagle3(tiny.root / "export-eagle3-head", tiny.gpt2, seed=6, scale=10)
-    return _export(tiny.root / "export-eagle3", ["--target", str(tiny.gpt2), "--drafter", str(tiny.eagle3),
+    return make_eagle3(tiny.root / "export-eagle3-head", tiny.gpt2, seed=6, scale=10)
+
+
+@pytest.fixture(scope="session")
+def onnx_eagle3(tiny, tiny_eagle3) -> Path:
+    """tiny.gpt2 + tiny_eagle3, fp32, batch up to 3."""
+    return _export(tiny.root / "export-eagle3", ["--target", str(tiny.gpt2), "--drafter", str(tiny_eagle3),
                                                  "--max-batch", "3"])

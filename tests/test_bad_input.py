@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 from transformers import AutoTokenizer
 
 import specdiff
 from specdiff.errors import ContextWindowWarning
 from specdiff.tools.drafter_init import init_drafter
 from specdiff_cli.main import cli
+from cli_checks import assert_one_line_error, invoke
 from tiny import make_dflash, with_defaults
 
 
@@ -76,20 +76,6 @@ def long_prompt(tokenizer, n_tokens: int) -> str:
     text = "The sea was calm and the sky was grey and blue. " * n_tokens
     assert len(tokenizer.encode(text)) > n_tokens
     return text
-
-
-def invoke(args: list[str], input=None):
-    return CliRunner().invoke(cli, args, input=input)
-
-
-def assert_one_line_error(result, code: int, *fragments: str) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stderr, result.exception)
-    assert isinstance(result.exception, SystemExit), result.exception  # not an uncaught error
-    assert result.stdout == ""
-    assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("specdiff: error: ") and "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
 
 
 def fail(tmp_path: Path, args: list[str], code: int, *fragments: str, input=None) -> str:

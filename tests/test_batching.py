@@ -16,12 +16,9 @@ from specdiff.errors import UsageError
 from specdiff.generation import plan
 from specdiff.sampling import Sampling
 
-from tiny import TEXT, make_llama
+from batching_runs import MAX_NEW, PROMPTS
+from tiny import make_llama
 
-WORDS = TEXT.split()
-SIZES = [1, 12, 3, 20, 2, 7, 1, 16, 5, 36, 4, 2]  # words: 1 to 116 tokens; the longest reaches the window (128)
-PROMPTS = [" ".join((WORDS * 2)[i: i + n]) for i, n in zip(range(0, 200, 13), SIZES)]
-MAX_NEW = 24
 pytestmark = pytest.mark.filterwarnings("ignore::specdiff.errors.ContextWindowWarning")  # the longest prompt
 METHODS = {
     "ar": {"method": "ar"},
@@ -209,40 +206,23 @@ class NaivePositions:
         return Broken(model, tokenizer)
 
 
-def _batched_cells(target, proposer, sampling, n, seed=0):
-    """The first DEPTH tokens after CONTEXT of n rows decoded by the real batched loop, batch 16,
-    each CONTEXT row beside a longer row (so it is padded) -> cells (n,)."""
-    from test_sampling_exact import CONTEXT, DEPTH, GAMMA, V
-
-    from specdiff.acceptance import standard
-    from specdiff.decoding import Row, decode_speculative
-
-    longer = [3, 0, 6, 1, 4, 2, 7]
-    rows = [Row(CONTEXT[0].tolist() if i % 2 == 0 else longer, GAMMA + 2, 16, None, torch.device("cpu"),
-                torch.Generator().manual_seed(seed + i)) for i in range(2 * n)]
-    for _ in decode_speculative(target, proposer, rows, sampling, standard, GAMMA, batch_size=16):
-        pass
-    firsts = torch.tensor([row.new_tokens[:DEPTH] for row in rows[::2]])  # (n, DEPTH)
-    return (firsts * V ** torch.arange(DEPTH - 1, -1, -1)).sum(1)
-
-
 @pytest.mark.parametrize("kind,n", [("diffusion", 400), pytest.param("diffusion", 6000, marks=pytest.mark.slow),
                                     pytest.param("ar", 6000, marks=pytest.mark.slow)])
 def test_batched_sampling_has_the_target_distribution_and_naive_positions_fail(kind, n):
     """The chi-square test of tests/test_sampling_exact.py through the batched loop, rows padded
     (n rows, few: each row is a prefill; the slow cases take more); the same loop over a target
     whose positions ignore padding fails it (by a wide margin: 150 rows suffice)."""
-    from test_sampling_exact import P_BROKEN, P_EXACT, _gpt2, _proposer, _tokenizer, chi_square_pvalue, exact_joint
-    import test_sampling_exact as exact
+    from exactness import (P_BROKEN, P_EXACT, batched_cells, chi_square_pvalue, exact_joint, make_proposer, v8_drafters,
+                           v8_gpt2, v8_tokenizer)
 
     from specdiff.targets.causal import CausalLMTarget
 
-    model, sampling = _gpt2(0, 60.0), Sampling(1.0)
-    proposer = _proposer(exact.drafters.__wrapped__(), kind, "l2r", 2)
+    model, sampling = v8_gpt2(0, 60.0), Sampling(1.0)
+    proposer = make_proposer(v8_drafters(), kind, "l2r", 2)
     joint = exact_joint(model, sampling)
-    cells = _batched_cells(CausalLMTarget(model, _tokenizer()), proposer, sampling, n)
+    cells = batched_cells(CausalLMTarget(model, v8_tokenizer()), proposer, sampling, n)
     assert chi_square_pvalue(cells, joint) > P_EXACT
-    broken = _batched_cells(NaivePositions(model, _tokenizer()), proposer, sampling, 150)
+    broken = batched_cells(NaivePositions(model, v8_tokenizer()), proposer, sampling, 150)
     assert chi_square_pvalue(broken, joint) < P_BROKEN
 
 

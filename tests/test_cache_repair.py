@@ -22,13 +22,12 @@ from specdiff.loading import load_target
 from specdiff.training.checkpoints import publish
 
 pytest.importorskip("gguf")
-from test_gguf import llama_gguf  # noqa: E402,F401  (the fixture: GGUF file, its weights, reference)
 
 REPAIRED = "is not usable"
 
 
 @pytest.fixture(scope="module")
-def converted(llama_gguf, tmp_path_factory) -> Path:  # noqa: F811
+def converted(llama_gguf, tmp_path_factory) -> Path:
     """A cache holding the GGUF file's conversion, made once; tests damage copies of it."""
     pristine = tmp_path_factory.mktemp("pristine")
     os.environ["SPECDIFF_CACHE"] = str(pristine)
@@ -84,7 +83,7 @@ DAMAGES = {"a zeroed v_proj": lambda out: overwrite_tensor(out / "model.safetens
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_a_damaged_entry_is_converted_again_once(damage, entry, llama_gguf, capsys):  # noqa: F811
+def test_a_damaged_entry_is_converted_again_once(damage, entry, llama_gguf, capsys):
     """Before, a zeroed tensor gave other text with exit 0, the rest failed on every run (or, with
     no config.json, reconverted for 20 s each time into `Directory not empty`)."""
     path, expected, _ = llama_gguf
@@ -101,7 +100,7 @@ def test_a_damaged_entry_is_converted_again_once(damage, entry, llama_gguf, caps
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no leftovers
 
 
-def test_a_sound_entry_is_not_hashed_whole(llama_gguf, entry, monkeypatch):  # noqa: F811
+def test_a_sound_entry_is_not_hashed_whole(llama_gguf, entry, monkeypatch):
     """Untouched since written (or since its last full check): sizes, stat and the first MiB only."""
     import specdiff.gguf
 
@@ -115,7 +114,7 @@ def test_a_sound_entry_is_not_hashed_whole(llama_gguf, entry, monkeypatch):  # n
     assert hashed == [llama_gguf[0].name]  # the GGUF file itself, as before
 
 
-def test_an_entry_that_cannot_be_rebuilt_is_one_line_naming_the_cache(entry, llama_gguf, tmp_path):  # noqa: F811
+def test_an_entry_that_cannot_be_rebuilt_is_one_line_naming_the_cache(entry, llama_gguf, tmp_path):
     """A file-size limit (as on a full disk) lets the damaged entry be removed, not rewritten."""
     limit = (entry / "model.safetensors").stat().st_size // 2
     (entry / "model.safetensors").unlink()
@@ -152,7 +151,7 @@ def killed_in(out: Path) -> Path:
     return tmp
 
 
-def test_a_killed_conversion_is_removed_by_the_next_run(entry, llama_gguf):  # noqa: F811
+def test_a_killed_conversion_is_removed_by_the_next_run(entry, llama_gguf):
     """Before, each killed conversion left a hidden 538 MB directory that no run removed."""
     left = killed_in(entry.parent / "0123456789abcdef")
     load_target(str(llama_gguf[0]))  # its entry is sound: nothing is converted, stale ones go anyway

@@ -17,7 +17,8 @@ from specdiff.errors import IncompatibleModelsError, UsageError
 from specdiff.sampling import Sampling
 from specdiff.targets.static import StaticTarget
 
-from test_batching import MAX_NEW, PROMPTS, _cli
+from batching_runs import MAX_NEW, PROMPTS
+from cli_checks import invoke
 from tiny import make_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::specdiff.errors.ContextWindowWarning")
@@ -98,8 +99,7 @@ def test_compiled_steps_give_the_eager_tokens_and_compile_before_decoding():
     at its shapes: batch 16, gamma 3, so that both tests share the compiled graphs): specdiff's
     greedy tokens equal eager on 20 prompts; every graph is built in the warm-up (no shape is new
     once decoding starts), and the warm-up is reported apart from decoding time."""
-    from test_sampling_exact import _gpt2, _tokenizer
-    import test_sampling_exact as exact
+    from exactness import v8_drafters, v8_gpt2, v8_tokenizer
 
     from specdiff.generation import GenerationResult, iter_generate, plan
     from specdiff.targets.causal import CausalLMTarget
@@ -107,7 +107,7 @@ def test_compiled_steps_give_the_eager_tokens_and_compile_before_decoding():
     g = torch.Generator().manual_seed(0)
     prompts = [" ".join(f"t{int(i)}" for i in torch.randint(0, 8, (int(n),), generator=g))
                for n in torch.randint(1, 8, (20,), generator=g)]
-    target, drafter = CausalLMTarget(_gpt2(0, 60.0), _tokenizer()), exact.drafters.__wrapped__()["diffusion"]
+    target, drafter = CausalLMTarget(v8_gpt2(0, 60.0), v8_tokenizer()), v8_drafters()["diffusion"]
     settings = {"method": "specdiff", "gamma": 3, "steps": 2, "max_new_tokens": 8, "batch_size": 16}
     eager = generate(prompts, target=target, drafter=drafter, **settings)
     p = plan(target=target, drafter=drafter, compile=True, **settings)
@@ -134,19 +134,18 @@ def test_compiled_sampling_has_the_target_distribution_and_a_cache_that_keeps_re
     """The chi-square test of tests/test_sampling_exact.py through the batched loop on the
     compiled static cache (rows padded, batch 16); the same loop over a cache that does not roll
     back fails it."""
-    from test_batching import _batched_cells
-    from test_sampling_exact import P_BROKEN, P_EXACT, _gpt2, _proposer, _tokenizer, chi_square_pvalue, exact_joint
-    import test_sampling_exact as exact
+    from exactness import (P_BROKEN, P_EXACT, batched_cells, chi_square_pvalue, exact_joint, make_proposer, v8_drafters,
+                           v8_gpt2, v8_tokenizer)
 
     from specdiff.targets.causal import CausalLMTarget
 
-    model, sampling = _gpt2(0, 60.0), Sampling(1.0)
-    target, drafter = compile_models(CausalLMTarget(model, _tokenizer()), exact.drafters.__wrapped__()["diffusion"])
-    proposer = _proposer({"diffusion": drafter}, "diffusion", "l2r", 2)
+    model, sampling = v8_gpt2(0, 60.0), Sampling(1.0)
+    target, drafter = compile_models(CausalLMTarget(model, v8_tokenizer()), v8_drafters()["diffusion"])
+    proposer = make_proposer({"diffusion": drafter}, "diffusion", "l2r", 2)
     joint = exact_joint(model, sampling)
-    assert chi_square_pvalue(_batched_cells(target, proposer, sampling, n), joint) > P_EXACT
-    broken = KeepsRejected(model, _tokenizer(), compile=False)
-    assert chi_square_pvalue(_batched_cells(broken, proposer, sampling, 150), joint) < P_BROKEN
+    assert chi_square_pvalue(batched_cells(target, proposer, sampling, n), joint) > P_EXACT
+    broken = KeepsRejected(model, v8_tokenizer(), compile=False)
+    assert chi_square_pvalue(batched_cells(broken, proposer, sampling, 150), joint) < P_BROKEN
 
 
 def test_models_the_static_cache_cannot_run_exactly_are_refused_in_one_line(tiny, models):
@@ -154,7 +153,7 @@ def test_models_the_static_cache_cannot_run_exactly_are_refused_in_one_line(tiny
         generate("x", target=str(tiny.neo), method="ar", compile=True)
     with pytest.raises(UsageError, match="`compile` must be True or False"):
         generate("x", target=models["gpt2"], method="ar", compile="yes")
-    result = _cli(["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--compile", "--runtime", "onnxruntime"])
+    result = invoke(["generate", "--target", str(tiny.gpt2), "--prompt", "x", "--compile", "--runtime", "onnxruntime"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "--compile is for the torch runtime" in result.stderr
 
 

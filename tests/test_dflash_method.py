@@ -21,22 +21,18 @@ from specdiff import generate, load_drafter, selection
 from specdiff.acceptance import match, standard
 from specdiff.contracts import Draft
 from specdiff.decoding import Row
-from specdiff.drafters.dflash import DFlashDrafter
 from specdiff.errors import UsageError
 from specdiff.generation import iter_generate, plan
 from specdiff.loading import pair_models
 from specdiff.methods import dflash as dflash_method
 from specdiff.methods.dflash import DFlashDrafts, RowContexts
-from specdiff.sampling import Sampling
-from specdiff.targets.causal import CausalLMTarget
+from specdiff.sampling import Sampling, sample
 from specdiff_cli.main import cli
 
-import test_sampling_exact as exact
-from tiny import TEXT, dflash_pairs, small_dflash_net, target_paths
+import exactness as exact
+from dflash_runs import MAX_NEW, PROMPTS, Recording, SkipsOne, checked_against
+from tiny import dflash_pairs, target_paths
 
-WORDS = TEXT.split()
-PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 60, 2)]  # 30 prompts, 2-7 words
-MAX_NEW = 24
 # the methods whose output the tests here hold to ar's (tests/test_methods.py)
 IDENTITY_TESTED = ("dflash",)
 TARGETS = ("gpt2", "llama", "qwen3")
@@ -175,45 +171,6 @@ def test_a_draft_reads_the_features_of_every_position_before_the_anchor(models, 
     assert gaps[0] <= 1e-5 and gaps[1] > 1e-2, gaps
 
 
-class Recording(RowContexts):
-    """RowContexts that records the most positions a row had cached when it drafted."""
-
-    most = 0
-
-    def read(self, rows, batch):
-        cache, counts = super().read(rows, batch)
-        Recording.most = max(Recording.most, int(counts.max()))
-        return cache, counts
-
-
-class SkipsOne(Recording):
-    """A context cache that reports one position more than it holds: that verified position's
-    features never reach the drafter."""
-
-    def read(self, rows, batch):
-        cache, counts = super().read(rows, batch)
-        return cache, counts + (counts > 0).long()
-
-
-def checked_against(target, drafter, gaps: list[float]):
-    """DFlashDrafts.__call__ that also appends to `gaps`, for each draft, max |q - the torch
-    `drafter` called alone on the torch `target`'s hidden states of positions 0 .. start - 1
-    computed from scratch| (q warped at temperature 1)."""
-    original, sampling = DFlashDrafts.__call__, Sampling(1.0)
-
-    def checked(self, batch, g):
-        drafts = original(self, batch, g)
-        for row, d, g_b in zip(batch, drafts, g):
-            if g_b:
-                ids = row.tensor()
-                hidden = target.model(ids[:, :-1], output_hidden_states=True).hidden_states
-                alone = drafter(ids[:, -1], drafter.features(hidden), ids.shape[1] - 1)[..., :target.vocab_size]
-                gaps.append(float((d.q - sampling.probs(alone)[:, :g_b]).abs().max()))
-        return drafts
-
-    return checked
-
-
 @pytest.mark.parametrize("name", TARGETS)
 @torch.no_grad()
 def test_the_drafters_context_cache_equals_reading_every_position_each_step(models, name, monkeypatch):
@@ -287,42 +244,13 @@ def test_output_does_not_depend_on_the_batch_size(models, target, options):
 
 # --- the target's distribution -----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small():
-    """The V = 8 target of test_sampling_exact and a DFlash drafter (block of 4: gamma 3) over it."""
-    from specdiff.nets.dflash import DFlashSpec
-
-    model = exact._gpt2(0, 60.0)
-    target = CausalLMTarget(model, exact._tokenizer(), "v8")
-    net = small_dflash_net(exact.V)
-    drafter = DFlashDrafter(net.eval(), DFlashSpec(exact.GAMMA + 1, exact.V - 1, (0,), 1))
-    pair_models(target, drafter)
-    return target, drafter
-
-
-def drafted_once(target, step, g):
-    """N rows of exact.CONTEXT, drafted by `step` (a DFlashDrafts) in one batched call over the
-    prefilled target, every row drawing from g -> (context (N, L), tokens (N, [K,] gamma),
-    q (N, gamma, V))."""
-    ctx = exact.CONTEXT.repeat(exact.N, 1)
-    prompt, device = exact.CONTEXT[0].tolist(), target.device  # read once: a device lookup walks the model
-    rows = [Row(prompt, 8, target.max_length, None, device, g) for _ in range(exact.N)]
-    target.capture(step.layers)
-    try:
-        target.prefill(ctx[:, :-1])
-        drafts = step(rows, [exact.GAMMA] * exact.N)
-    finally:
-        target.capture(())
-    return ctx, torch.cat([d.tokens for d in drafts]), torch.cat([d.q for d in drafts])
-
-
 @torch.no_grad()
 def dflash_samples(target, drafts_of, rule, sampling, seed):
     """N samples of the first DEPTH tokens after exact.CONTEXT through one batched dflash step:
     the draft step under test, then the verify call and the rule over all rows at once
     -> (cell ids (N,), accepted draft tokens per row (N,))."""
     g = torch.Generator().manual_seed(seed)
-    ctx, tokens, q = drafted_once(target, drafts_of(target, sampling), g)
+    ctx, tokens, q = exact.drafted_once(target, drafts_of(target, sampling), g)
     logits = target.model(torch.cat([ctx, tokens], 1)).logits[:, exact.CONTEXT.shape[1] - 1:]
     p = sampling.target_probs(logits, ctx, tokens)
     n, y = rule(tokens, q, p, g)
@@ -346,15 +274,15 @@ def ignores_q(draft, q, p, generator=None):
     B, g = draft.shape
     p_x = p[:, :g].gather(-1, draft[..., None])[..., 0]
     n = (torch.rand(B, g, generator=generator) < p_x).long().cumprod(1).sum(1)
-    return n, exact.sample(p[torch.arange(B), n], generator)
+    return n, sample(p[torch.arange(B), n], generator)
 
 
 CASES = [("t1", standard), ("t0.7-top3", standard), ("t1", match)]
 
 
 @pytest.mark.parametrize("sampling,rule", CASES, ids=[f"{s}-{r.__name__}" for s, r in CASES])
-def test_a_dflash_step_has_the_target_distribution(small, sampling, rule):
-    target, drafter = small
+def test_a_dflash_step_has_the_target_distribution(v8_dflash, sampling, rule):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS[sampling]
     cells, n = dflash_samples(target, lambda t, s_: DFlashDrafts(t, drafter, s_), rule, s, seed=11)
     pvalue = exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s))
@@ -367,8 +295,8 @@ def test_a_dflash_step_has_the_target_distribution(small, sampling, rule):
     pytest.param("wrong-temperature", "t1", marks=pytest.mark.slow), ("ignores-q", "t1"),
     pytest.param("wrong-temperature", "t0.7-top3", marks=pytest.mark.slow),
     pytest.param("ignores-q", "t0.7-top3", marks=pytest.mark.slow)])
-def test_a_broken_draft_or_rule_fails_the_same_test(small, broken, sampling):
-    target, drafter = small
+def test_a_broken_draft_or_rule_fails_the_same_test(v8_dflash, broken, sampling):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS[sampling]
     drafts_of = WrongTemperature if broken == "wrong-temperature" else DFlashDrafts
     cells, _ = dflash_samples(target, lambda t, s_: drafts_of(t, drafter, s_),
@@ -421,7 +349,7 @@ def dflash_selected_samples(target, drafter, K, iid, rule, sampling, seed):
     """As dflash_samples, over K candidate blocks per row, verified as decoding._verify_selected
     does (K rows of p, each from its candidate's own prefix) -> (cell ids (N,), accepted (N,))."""
     g = torch.Generator().manual_seed(seed)
-    ctx, tokens, q = drafted_once(target, DFlashDrafts(target, drafter, sampling, K, iid=iid), g)  # (N, K, g)
+    ctx, tokens, q = exact.drafted_once(target, DFlashDrafts(target, drafter, sampling, K, iid=iid), g)  # (N, K, g)
     rows_ctx, flat = ctx.repeat_interleave(K, 0), tokens.reshape(exact.N * K, exact.GAMMA)
     seqs, inverse = torch.cat([rows_ctx, flat], 1).unique(dim=0, return_inverse=True)
     logits = target.model(seqs).logits[inverse, exact.CONTEXT.shape[1] - 1:]
@@ -436,8 +364,8 @@ SELECTED = [pytest.param("select", False, "t1", id="select-t1"),
 
 
 @pytest.mark.parametrize("rule,iid,sampling", SELECTED)
-def test_a_dflash_step_over_candidate_blocks_has_the_target_distribution(small, rule, iid, sampling):
-    target, drafter = small
+def test_a_dflash_step_over_candidate_blocks_has_the_target_distribution(v8_dflash, rule, iid, sampling):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS[sampling]
     cells, n = dflash_selected_samples(target, drafter, 3, iid, selection.RULES[rule], s, seed=11)
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) > exact.P_EXACT
@@ -445,10 +373,10 @@ def test_a_dflash_step_over_candidate_blocks_has_the_target_distribution(small, 
 
 
 @pytest.mark.slow  # CI's slow step
-def test_multi_over_the_argmax_block_fails_the_same_test(small):
+def test_multi_over_the_argmax_block_fails_the_same_test(v8_dflash):
     """Recursive rejection assumes every candidate is a draw from q: with the argmax block as
     candidate 1 (what select uses) it is biased, and the same test says so."""
-    target, drafter = small
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS["t1"]
     cells, _ = dflash_selected_samples(target, drafter, 3, False, selection.multi, s, seed=11)
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) < exact.P_BROKEN

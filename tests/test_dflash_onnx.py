@@ -27,7 +27,7 @@ from specdiff.runtimes import load_models
 from specdiff.runtimes.models import GraphDFlashDrafter, GraphTarget
 from specdiff_cli.main import cli
 
-from test_dflash_method import MAX_NEW, PROMPTS, Recording, SkipsOne, checked_against
+from dflash_runs import MAX_NEW, PROMPTS, Recording, SkipsOne, checked_against
 
 pytest_plugins = ["exported"]
 
@@ -38,8 +38,8 @@ def graphs(onnx_dflash):
 
 
 @pytest.fixture(scope="module")
-def torch_models(tiny, onnx_dflash):
-    return load_target(str(tiny.gpt2)), load_drafter(str(tiny.dflash))
+def torch_models(tiny, tiny_dflash):
+    return load_target(str(tiny.gpt2)), load_drafter(str(tiny_dflash))
 
 
 def test_the_export_records_the_features_and_validates_both_graphs(onnx_dflash):
@@ -112,9 +112,9 @@ def test_a_target_graph_without_the_drafters_layers_is_refused(onnx_pair, graphs
         plan(target=plain, drafter=graphs["drafter"], method="dflash")
 
 
-def test_a_dflash_drafter_alone_is_not_exported(tiny, onnx_dflash, tmp_path):
+def test_a_dflash_drafter_alone_is_not_exported(tiny_dflash, tmp_path):
     with pytest.raises(UsageError, match="export it together with its `target`"):
-        export(tmp_path / "out", drafter=str(tiny.dflash))
+        export(tmp_path / "out", drafter=str(tiny_dflash))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -148,11 +148,11 @@ def test_cli_generates_with_dflash_on_onnxruntime(onnx_dflash):
     assert (stats["method"], stats["exact"], stats["settings"]["gamma"]) == ("dflash", True, {"value": 7, "from": "drafter"})
 
 
-def test_bench_runs_dflash_on_the_exported_graphs_beside_eager(tiny, onnx_dflash, tmp_path):
+def test_bench_runs_dflash_on_the_exported_graphs_beside_eager(tiny, tiny_dflash, onnx_dflash, tmp_path):
     """`bench --artifacts` with a DFlash export: an onnxruntime dflash row, its greedy tokens checked
     against eager ar, its acceptance the eager row's."""
     result = CliRunner().invoke(cli, [
-        "bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.dflash), "--methods", "ar,dflash",
+        "bench", "--target", str(tiny.gpt2), "--drafter", str(tiny_dflash), "--methods", "ar,dflash",
         "--artifacts", str(onnx_dflash), "--gamma", "3", "--max-new-tokens", "8", "--num-prompts", "3",
         "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots", "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output

@@ -27,8 +27,7 @@ from specdiff.methods.dflash import DFlashDrafts
 from specdiff.targets.causal import CausalLMTarget
 from specdiff.vocab import DraftVocab, fingerprint, from_counts, load_draft_vocab, read_map
 
-import test_sampling_exact as exact
-from test_dflash_method import drafted_once
+import exactness as exact
 from tiny import make_dflash, small_dflash_net, target_paths
 
 TARGETS = ("gpt2", "llama", "qwen3")
@@ -200,15 +199,15 @@ def test_diffusion_and_ar_steps_with_a_draft_vocabulary_have_the_target_distribu
     from specdiff.drafters.diffusion import DiffusionDrafter, DiffusionProposer
     from specdiff.nets.dit import DDiT, DiTConfig
 
-    model = exact._gpt2(0, 60.0)
-    vocab = vocab_of(likeliest_left_out(model), exact._tokenizer(), exact.V)
+    model = exact.v8_gpt2(0, 60.0)
+    vocab = vocab_of(likeliest_left_out(model), exact.v8_tokenizer(), exact.V)
     if kind == "diffusion":
         backbone = DDiT(DiTConfig(vocab_size=exact.V + 1, hidden_size=16, n_heads=2, n_blocks=1, cond_dim=8,
                                   time_conditioning=False)).init_random(torch.Generator().manual_seed(3), std=0.3)
         proposer = DiffusionProposer(DiffusionDrafter(backbone, vocab_size=exact.V, mask_id=exact.V, context_length=8,
                                                       draft_vocab=vocab).eval(), "l2r", 2)
     else:
-        proposer = ARProposer(ARDrafter(exact._gpt2(9, 10.0), exact._tokenizer(), draft_vocab=vocab))
+        proposer = ARProposer(ARDrafter(exact.v8_gpt2(9, 10.0), exact.v8_tokenizer(), draft_vocab=vocab))
     s = exact.SAMPLINGS[sampling]
     draft = proposer.propose(exact.CONTEXT.repeat(500, 1), exact.GAMMA, s, torch.Generator().manual_seed(0))
     assert bool(vocab.inside[draft.tokens].all()) and not bool(draft.q[..., ~vocab.inside].any())  # q = 0 outside
@@ -224,7 +223,7 @@ def small():
     with a map that leaves out the target's likeliest first token, and with that map one id off."""
     from specdiff.nets.dflash import DFlashSpec
 
-    target = CausalLMTarget(exact._gpt2(0, 60.0), exact._tokenizer(), "v8")
+    target = CausalLMTarget(exact.v8_gpt2(0, 60.0), exact.v8_tokenizer(), "v8")
     net = small_dflash_net(exact.V)
     ids = likeliest_left_out(target.model)  # also leaves out V - 1: room to shift the map by one
     drafters = {}
@@ -254,7 +253,7 @@ class Coupled:
 @torch.no_grad()
 def samples(target, step, sampling, seed, rule=standard):
     g = torch.Generator().manual_seed(seed)
-    ctx, tokens, q = drafted_once(target, step, g)
+    ctx, tokens, q = exact.drafted_once(target, step, g)
     logits = target.model(torch.cat([ctx, tokens], 1)).logits[:, exact.CONTEXT.shape[1] - 1:]
     n, y = rule(tokens, q, sampling.target_probs(logits, ctx, tokens), g)
     return exact.first_tokens(target.model, tokens, n, y, sampling, g), n, tokens
@@ -386,7 +385,7 @@ def test_candidate_blocks_with_a_draft_vocabulary_have_the_target_distribution(s
     target, drafters = small
     s = exact.SAMPLINGS["t1"]
     g = torch.Generator().manual_seed(11)
-    _, tokens, q = drafted_once(target, DFlashDrafts(target, drafters["map"], s, 3, iid=iid), g)  # (N, 3, gamma)
+    _, tokens, q = exact.drafted_once(target, DFlashDrafts(target, drafters["map"], s, 3, iid=iid), g)  # (N, 3, gamma)
     assert not bool((q[..., ~drafters["map"].draft_vocab.inside] > 0).any())
     ctx = exact.CONTEXT.repeat_interleave(3, 0).repeat(exact.N, 1)
     flat = tokens.reshape(exact.N * 3, exact.GAMMA)

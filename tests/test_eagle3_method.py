@@ -28,12 +28,10 @@ from specdiff.methods.eagle3 import Eagle3Drafts
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
-import test_sampling_exact as exact
-from tiny import TEXT, make_eagle3, target_paths
+import exactness as exact
+from eagle3_runs import MAX_NEW, PROMPTS, checked_against
+from tiny import make_eagle3, target_paths
 
-WORDS = TEXT.split()
-PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 40, 2)]  # 20 prompts, 2-7 words
-MAX_NEW = 20
 # the methods whose output the tests here hold to ar's (tests/test_methods.py)
 IDENTITY_TESTED = ("eagle3",)
 TARGETS = ("gpt2", "llama", "qwen3")
@@ -62,37 +60,6 @@ def _differing(result, ref) -> list[int]:
 
 
 # --- what a draft reads ------------------------------------------------------------------------
-
-@torch.no_grad()
-def from_scratch(target, drafter, ids: list[int], drafted: list[int], sampling: Sampling, shift: int = 0) -> torch.Tensor:
-    """The q EAGLE-3 defines for each token of `drafted` after `ids`, with no cache: the target's
-    hidden states of positions 0..start - 1 (start = len(ids) - 1), context row p = (features p,
-    token p + 1 + shift) at position p, then each drafted token with the previous row's output,
-    the whole sequence recomputed at each step -> (g, V) over the target's ids."""
-    start = len(ids) - 1
-    x = torch.tensor([ids])
-    hidden = drafter.net.project(drafter.features(target.model(x[:, :start], output_hidden_states=True).hidden_states))
-    tokens = x[:, 1 + shift:start + 1 + shift]
-    qs = []
-    for d in drafted:
-        out = drafter.net(drafter.embed(tokens), hidden, torch.arange(tokens.shape[1])[None])
-        qs.append(drafter.draft_vocab.widen_probs(sampling.probs(drafter.logits(out[:, -1]))))  # (1, V)
-        tokens, hidden = torch.cat([tokens, torch.tensor([[d]])], 1), torch.cat([hidden, out[:, -1:]], 1)
-    return torch.cat(qs)
-
-
-def checked_against(target, drafter, sampling, gaps: list[float], shift: int):
-    original = Eagle3Drafts.__call__
-
-    def call(self, batch, g):
-        drafts = original(self, batch, g)
-        for row, d, g_b in zip(batch, drafts, g):
-            if g_b and len(row.ids) > 1:
-                want = from_scratch(target, drafter, row.ids, d.tokens[0].tolist(), sampling, shift)
-                gaps.append(float((d.q[0] - want).abs().max()))
-        return drafts
-    return call
-
 
 @pytest.mark.parametrize("name", ["gpt2", "qwen3"])
 def test_a_draft_is_the_chain_computed_from_scratch(models, name, monkeypatch):
@@ -258,7 +225,7 @@ def small():
     from specdiff.nets.eagle3 import Eagle3Net, Eagle3Spec
     from specdiff.targets.causal import CausalLMTarget
 
-    target = CausalLMTarget(exact._gpt2(0, 60.0), exact._tokenizer(), "v8")
+    target = CausalLMTarget(exact.v8_gpt2(0, 60.0), exact.v8_tokenizer(), "v8")
     layer = LlamaConfig(vocab_size=exact.V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
     ids = torch.tensor([0, 1, 2, 4, 5, 7])

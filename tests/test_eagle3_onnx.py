@@ -28,8 +28,8 @@ from specdiff.runtimes.models import GraphEagle3Drafter, GraphTarget
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 
-from test_eagle3_method import MAX_NEW, PROMPTS, checked_against
-from test_tensorrt_logic import with_fake_engines
+from eagle3_runs import MAX_NEW, PROMPTS, checked_against
+from fake_tensorrt import with_fake_engines
 
 pytest_plugins = ["exported"]
 
@@ -40,8 +40,8 @@ def graphs(onnx_eagle3):
 
 
 @pytest.fixture(scope="module")
-def torch_models(tiny, onnx_eagle3):
-    target, drafter = load_target(str(tiny.gpt2)), load_drafter(str(tiny.eagle3))
+def torch_models(tiny, tiny_eagle3):
+    target, drafter = load_target(str(tiny.gpt2)), load_drafter(str(tiny_eagle3))
     generate(["warm"], target=target, drafter=drafter, method="eagle3", max_new_tokens=2)  # pairs (binds) the head
     return target, drafter
 
@@ -133,10 +133,10 @@ def test_a_target_graph_without_the_heads_layers_is_refused(onnx_pair, graphs):
         plan(target=plain, drafter=graphs["drafter"], method="eagle3")
 
 
-def test_an_eagle3_head_alone_is_not_exported(tiny, onnx_eagle3, tmp_path):
+def test_an_eagle3_head_alone_is_not_exported(tiny_eagle3, tmp_path):
     with pytest.raises(UsageError, match="EAGLE-3 drafter .* drafts from its target's hidden states: export it "
                                          "together with its `target`"):
-        export(tmp_path / "out", drafter=str(tiny.eagle3))
+        export(tmp_path / "out", drafter=str(tiny_eagle3))
     assert list(tmp_path.iterdir()) == []
 
 

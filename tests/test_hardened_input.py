@@ -1,7 +1,7 @@
 """Input values that used to pass validation and then crash: extreme sampling values, a model that
 produces NaN, seeds outside torch's range, prompts and JSONL that cannot be encoded or written back
 as JSON, malformed models.yaml and export manifests, the meta device. Each is either a defined
-result or one line on stderr (see test_bad_input.assert_one_line_error)."""
+result or one line on stderr (see cli_checks.assert_one_line_error)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from specdiff.registry import load_registry
 from specdiff.sampling import Sampling
 from specdiff_cli.main import cli
 from specdiff_cli.prompts import PromptRecord, format_record
-from test_bad_input import assert_one_line_error, invoke
+from cli_checks import assert_one_line_error, invoke
 
 NEG_INF = float("-inf")
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, NEG_INF], [0.0, 3.0, 1.0, 3.0 - 1e-3, -2.0]])  # (2, 5)

@@ -173,6 +173,36 @@ def test_the_proposer_check_sees_qualified_and_tuple_classes():
     assert proposer_checks(source) == [(1, "SelfSelection"), (2, "ARProposer")]
 
 
+
+DRAFTERS = {"DiffusionDrafter": "specdiff/drafters/diffusion.py", "DFlashDrafter": "specdiff/drafters/dflash.py",
+            "Eagle3Drafter": "specdiff/drafters/eagle3.py", "ARDrafter": "specdiff/drafters/autoregressive.py",
+            "A2DDrafter": "specdiff/drafters/a2d.py"}
+
+
+def drafter_checks(source: str) -> list[tuple[int, str]]:
+    """(line, class) of each isinstance() whose classes name a drafter of DRAFTERS."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
+            hits += [(node.lineno, name) for name in sorted(named & set(DRAFTERS))]
+    return hits
+
+
+def test_drafter_kinds_are_told_apart_by_their_declarations_only():
+    """A drafter's kind is declared once (specdiff/kinds): outside its declaration and its own
+    module, code asks the kind (kind_of(drafter).converting, .compiling, .graph...), not isinstance."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: {name}" for package in (*LIBRARY, "specdiff_cli")
+           for path in sorted((ROOT / package).rglob("*.py"))
+           for line, name in drafter_checks(path.read_text(encoding="utf-8"))
+           if str(path.relative_to(ROOT)) != DRAFTERS[name] and path.relative_to(ROOT).parts[:2] != ("specdiff", "kinds")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_drafter_check_sees_qualified_and_tuple_classes():
+    source = "isinstance(d, diffusion.DiffusionDrafter)\nisinstance(d, (ARDrafter, DFlashDrafter))\nisinstance(d, int)\n"
+    assert drafter_checks(source) == [(1, "DiffusionDrafter"), (2, "ARDrafter"), (2, "DFlashDrafter")]
+
 def packages() -> list[Path]:
     return sorted(p.parent for package in (*LIBRARY, "specdiff_cli") for p in (ROOT / package).rglob("__init__.py"))
 
@@ -260,3 +290,46 @@ def test_no_import_cycles_type_only_ones_included():
 
 def test_the_cycle_finder_sees_type_only_imports():
     assert "specdiff.contracts.Row" in module_imports(ROOT / "specdiff" / "adaptive.py")  # under TYPE_CHECKING
+
+
+
+TESTS = ROOT / "tests"
+
+
+def imported_test_modules(source: str) -> list[str]:
+    """The test modules (test_*) a file of tests/ imports, anywhere in it (inside functions too), or
+    loads as a pytest plugin (pytest_plugins). tests/ is no package: its imports are absolute."""
+    tree = ast.parse(source)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module or "")
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytest_plugins" for t in node.targets):
+            names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return sorted({name.split(".")[0] for name in names if name.split(".")[0].startswith("test_")})
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through helper modules and fixtures (conftest.py's docstring says which),
+    never through another test module's names or fixtures: a test module imported runs whatever
+    it does at import, and a fixture imported from one is a second copy of it."""
+    bad = {p.name: found for p in sorted(TESTS.glob("*.py"))
+           if (found := imported_test_modules(p.read_text(encoding="utf-8")))}
+    assert bad == {}
+
+
+def test_the_test_import_check_sees_imports_inside_functions_and_plugins():
+    source = ("import test_a as a\nfrom test_b import x\nimport exactness as exact\n\n\ndef f():\n"
+              "    from test_c.d import y\n\n\npytest_plugins = ['exported', 'test_e']\n")
+    assert imported_test_modules(source) == ["test_a", "test_b", "test_c", "test_e"]
+    assert imported_test_modules((TESTS / "test_selection.py").read_text(encoding="utf-8")) == []
+
+
+def test_conftest_names_every_shared_module_of_tests():
+    """conftest.py's docstring says the layout of tests/: a helper or plugin module it does not name
+    is one a test author cannot find."""
+    doc = ast.get_docstring(ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))) or ""
+    shared = sorted(p.name for p in TESTS.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py")
+    assert len(shared) > 5 and [name for name in shared if name not in doc] == []

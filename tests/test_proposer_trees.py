@@ -29,9 +29,7 @@ from specdiff.settings import TREE_MAX
 from specdiff.tree_sizes import reach
 from specdiff.trees import ancestry, best_first, grown, multi, walk
 
-import test_sampling_exact as exact
-from test_sampling_exact import drafters, target  # noqa: F401  (the V = 8 target and its drafters)
-from test_trees_exact import samples_over
+import exactness as exact
 from tiny import TEXT, target_paths
 
 PROMPTS = [" ".join(TEXT.split()[i: i + 2 + i % 5]) for i in range(0, 8, 2)]  # 4 prompts, 2-5 words
@@ -218,26 +216,26 @@ CASES = [("ar", "match", "t1"), pytest.param("ar", "match", "t0.7-top3", marks=S
 
 
 @pytest.mark.parametrize("kind,rule,sampling", CASES)
-def test_a_proposer_tree_step_has_the_target_distribution(target, drafters, kind, rule, sampling):  # noqa: F811
+def test_a_proposer_tree_step_has_the_target_distribution(target, drafters, kind, rule, sampling):
     """match over the tree grown (spec-ar) or best-first (specdiff) from q; multi over specdiff's
     children drawn from q (its shape's)."""
     s = exact.SAMPLINGS[sampling]
     tree, g = drafted(drafters[kind], s, seed=21)
-    cells, depth = samples_over(target, tree, s, walk if rule == "match" else multi, g, sampled=rule == "multi")
+    cells, depth = exact.samples_over(target, tree, s, walk if rule == "match" else multi, g, sampled=rule == "multi")
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target, s)) > exact.P_EXACT
     assert 0.05 < (depth > 0).float().mean() < 0.95  # sensitive: trees neither always rejected nor always taken
 
 
 @pytest.mark.parametrize("kind", ["ar", pytest.param("diffusion", marks=SLOW)])
-def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(target, drafters, kind):  # noqa: F811
+def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(target, drafters, kind):
     s = exact.SAMPLINGS["t1"]
     tree, g = drafted(drafters[kind], s, seed=21)
-    cells, _ = samples_over(target, tree, s, on_the_top_chain, g, sampled=False)
+    cells, _ = exact.samples_over(target, tree, s, on_the_top_chain, g, sampled=False)
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target, s)) < exact.P_BROKEN
 
 
 @torch.no_grad()
-def test_a_grown_trees_q_is_the_drafters_own_after_each_nodes_parent(drafters):  # noqa: F811
+def test_a_grown_trees_q_is_the_drafters_own_after_each_nodes_parent(drafters):
     """spec-ar's tree (ARPaths: one cache row per path, selected and extended each depth): node i's
     q is the drafter's warped distribution after the context and i's parent's path, decoded alone."""
     s = exact.SAMPLINGS["t0.7-top3"]

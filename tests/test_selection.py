@@ -12,10 +12,7 @@ from specdiff.drafters.diffusion import DiffusionProposer
 from specdiff.sampling import Sampling, sample
 from specdiff.selection import SelfSelection
 
-from test_sampling_exact import (CONTEXT, GAMMA, N, P_BROKEN, P_EXACT, SAMPLINGS, V, chi_square_pvalue,
-                                 drafters, exact_joint, first_tokens, target)
-
-__all__ = ["drafters", "target"]  # module fixtures shared with test_sampling_exact
+from exactness import CONTEXT, GAMMA, N, P_BROKEN, P_EXACT, SAMPLINGS, V, chi_square_pvalue, exact_joint, first_tokens
 
 
 @torch.no_grad()

@@ -20,8 +20,8 @@ from specdiff.settings import TREE_MAX
 from specdiff.tree_sizes import SizeController
 from specdiff.trees import best_first, first
 
-from test_trees import MAX_NEW, PROMPTS, _differing
 from tiny import dflash_pairs, make_dflash
+from tree_runs import MAX_NEW, PROMPTS, differing
 
 TARGETS = ("gpt2", "llama", "qwen3")
 
@@ -157,7 +157,7 @@ def test_tree_auto_greedy_equals_ar(models, reference, target, batch_size, monke
     assert counted[1:] == [nodes.count(n) for n in range(1, TREE_MAX + 1)], (counted, nodes)
     timed = generate(PROMPTS, target=models[target], drafter=models[f"{target}-dflash"], method="dflash", gamma=4,
                      tree="auto", batch_size=batch_size, max_new_tokens=MAX_NEW)
-    assert _differing(timed, reference[target]) == []
+    assert differing(timed, reference[target]) == []
     assert len(timed.outputs[0].metrics.costs.verify[0]) == TREE_MAX + 1  # widths timed up to the largest tree
 
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from specdiff import generate, load_drafter, load_target
 from specdiff import trees
@@ -23,30 +22,13 @@ from specdiff.sampling import Sampling
 from specdiff.targets.causal import CausalLMTarget
 from specdiff.trees import Tree, ancestry, best_first, walk_greedy
 
-from tiny import TEXT, dflash_pairs, make_dflash, target_paths
-
-WORDS = TEXT.split()
-PROMPTS = [" ".join(WORDS[i: i + 2 + i % 6]) for i in range(0, 24, 2)]  # 12 prompts, 2-7 words
-MAX_NEW = 24
-TARGETS = ("gpt2", "llama", "qwen3", "qwen3-window")
-
-
-def _windowed_qwen3(directory, tokenizer):
-    """A random Qwen3 whose second and third layers attend a sliding window of 6 positions."""
-    torch.manual_seed(7)
-    eos = tokenizer.eos_token_id
-    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                      bos_token_id=eos, eos_token_id=eos, initializer_range=0.2, tie_word_embeddings=False,
-                      use_sliding_window=True, sliding_window=6, max_window_layers=1)
-    Qwen3ForCausalLM(cfg).save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    return directory
+from tiny import dflash_pairs, make_dflash, target_paths
+from tree_runs import MAX_NEW, PROMPTS, TARGETS, differing, windowed_qwen3
 
 
 @pytest.fixture(scope="module")
 def models(tiny):
-    paths = {**target_paths(tiny, "tr"), "qwen3-window": _windowed_qwen3(tiny.root / "tr-qwen3w", tiny.tokenizer)}
+    paths = {**target_paths(tiny, "tr"), "qwen3-window": windowed_qwen3(tiny.root / "tr-qwen3w", tiny.tokenizer)}
     found = dflash_pairs(tiny, "tr", paths)
     assert "sliding_attention" in found["qwen3-window"].model.config.layer_types
     return found
@@ -146,10 +128,6 @@ def test_a_model_whose_windows_count_columns_cannot_verify_trees(tiny):
 
 # --- greedy identity ---------------------------------------------------------------------------
 
-def _differing(result, ref) -> list[int]:
-    return [i for i, (got, want) in enumerate(zip(result.outputs, ref.outputs)) if got.tokens != want.tokens]
-
-
 SLOW = pytest.mark.slow  # 6-9 s each here: CI's slow step
 
 
@@ -158,7 +136,7 @@ SLOW = pytest.mark.slow  # 6-9 s each here: CI's slow step
 def test_tree_greedy_equals_ar(models, reference, target, batch_size):
     result = generate(PROMPTS, target=models[target], drafter=models[f"{target}-dflash"], method="dflash",
                       max_new_tokens=MAX_NEW, gamma=4, tree=8, batch_size=batch_size)
-    assert _differing(result, reference[target]) == []
+    assert differing(result, reference[target]) == []
     assert result.metrics.new_tokens == reference[target].metrics.new_tokens
     assert models[target].captured == ()
     sizes = result.metrics.tree_sizes  # nodes verified per row and step: a size for every iteration
@@ -172,7 +150,7 @@ def test_a_repetition_penalty_reads_each_nodes_own_path(models):
     ref = generate(PROMPTS[:6], target=models["llama"], method="ar", **options)
     got = generate(PROMPTS[:6], target=models["llama"], drafter=models["llama-dflash"], method="dflash", gamma=4,
                    tree=16, batch_size=3, **options)
-    assert _differing(got, ref) == []
+    assert differing(got, ref) == []
     def whole_tree(sampling, logits, context, tokens, parent):
         prefix = torch.cat([context, tokens[None, 1:].to(context.device)], 1)  # every node's token, not the path's
         return torch.cat([sampling.target_probs(logits[:, i:i + 1], prefix, prefix[:, :0])
@@ -182,7 +160,7 @@ def test_a_repetition_penalty_reads_each_nodes_own_path(models):
         m.setattr(trees, "tree_probs", whole_tree)
         broken = generate(PROMPTS[:6], target=models["llama"], drafter=models["llama-dflash"], method="dflash", gamma=4,
                           tree=16, batch_size=3, **options)
-    assert _differing(broken, ref) != []
+    assert differing(broken, ref) != []
 
 
 class Oracle:

@@ -11,8 +11,6 @@ nothing after seeing that the rule would reject it (the step's p and coins) fail
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -21,12 +19,10 @@ from specdiff.acceptance import leading_true, standard
 from specdiff.decoding import Row
 from specdiff.metrics import Costs
 from specdiff.methods.dflash import DFlashDrafts
-from specdiff.sampling import sample
 from specdiff.tree_sizes import SizeController
-from specdiff.trees import ancestry, multi, node_q, tree_probs, walk
+from specdiff.trees import ancestry, multi, tree_probs, walk
 
-import test_sampling_exact as exact
-from test_dflash_method import small  # noqa: F401  (the V = 8 target and its DFlash drafter)
+import exactness as exact
 
 SLOW = pytest.mark.slow
 
@@ -53,7 +49,7 @@ def tree_samples(target, drafter, sampling, rule, seed, nodes=6, sizes=None):
         target.capture(())
     p = tree_probs(sampling, logits, exact.CONTEXT, tokens[0], parent[0])
     n_rows = exact.N
-    rows_parent = parent.expand(n_rows, -1) if sizes is None else cut(parent.expand(n_rows, -1), sizes(tree))
+    rows_parent = parent.expand(n_rows, -1) if sizes is None else exact.cut(parent.expand(n_rows, -1), sizes(tree))
     node, y = rule(tokens.expand(n_rows, -1), rows_parent, p.expand(n_rows, -1, -1), None, g, tree=tree)
     paths = [ancestry(parent[0].tolist(), i)[1:] for i in range(tokens.shape[1])]  # per node: its path's nodes
     table = torch.zeros(tokens.shape[1], exact.GAMMA, dtype=torch.long)
@@ -86,9 +82,9 @@ SAMPLINGS = ["t1", "t0.7-top3"]
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("children", ["deterministic", "sampled"])
-def test_a_tree_step_has_the_target_distribution(small, children, sampling):  # noqa: F811
+def test_a_tree_step_has_the_target_distribution(v8_dflash, children, sampling):
     """match over a best-first tree (tree_samples); multi over children drawn from q (multi_samples)."""
-    target, drafter = small
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS[sampling]
     if children == "deterministic":
         cells, depth = tree_samples(target, drafter, s, tree_walk, seed=11)
@@ -100,8 +96,8 @@ def test_a_tree_step_has_the_target_distribution(small, children, sampling):  # 
 
 
 @pytest.mark.parametrize("sampling", ["t1", pytest.param("t0.7-top3", marks=SLOW)])
-def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(small, sampling):  # noqa: F811
-    target, drafter = small
+def test_a_deterministic_child_accepted_by_p_over_q_fails_the_same_test(v8_dflash, sampling):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS[sampling]
     cells, _ = tree_samples(target, drafter, s, standard_on_the_top_chain, seed=11)
     assert exact.chi_square_pvalue(cells, exact.exact_joint(target.model, s)) < exact.P_BROKEN
@@ -120,40 +116,7 @@ def multi_samples(target, drafter, sampling, rule, seed, sampled=True, nodes=6, 
         shape = step([Row(exact.CONTEXT[0].tolist(), 8, target.max_length, None, target.device, g)], [exact.GAMMA])[0]
     finally:
         target.capture(())
-    return samples_over(target.model, shape, sampling, rule, g, sampled, sizes, peek)
-
-
-@torch.no_grad()
-def samples_over(model, shape, sampling, rule, g, sampled=True, sizes=None, peek=None):
-    """exact.N samples of the first exact.DEPTH tokens after exact.CONTEXT through one tree step
-    over a drafted tree `shape` (any drafter's: trees.Tree, q per node), its tokens, or every
-    row's children drawn i.i.d. from their q with `g` (sampled: what trees.sampled_children does
-    per row, here for all rows in one draw), verified by `rule` (tokens, parent, p, q, generator);
-    p after every path looked up from the target's p after all V + V^2 + V^3 paths (model: the
-    HF model). sizes(shape) -> (N,): row b's tree cut to its first sizes[b] nodes; peek(tokens,
-    parent, p, q, sizes, generator) -> sizes: a broken controller that changes them after seeing
-    the step. -> (cell ids (N,), accepted depth (N,))."""
-    R, V, G = exact.N, exact.V, exact.GAMMA
-    q = node_q([shape], len(shape.tokens) + 1)  # (1, S, V)
-    drawn = sample(q[0, 1:].expand(R, -1, -1), g) if sampled else shape.tokens.expand(R, -1)  # (R, S - 1)
-    tokens = torch.cat([exact.CONTEXT[0, -1:].expand(R, 1), drawn], 1)  # (R, S)
-    parent = torch.cat([torch.tensor([-1]), shape.parent + 1])[None].expand(R, -1)
-    prefixes = [torch.zeros(1, 0, dtype=torch.long)] + [torch.tensor(list(itertools.product(range(V), repeat=d)))
-                                                        for d in range(1, G + 1)]
-    table = torch.cat([exact._p(model, torch.cat([exact.CONTEXT.expand(len(x), -1), x], 1), sampling)[:, -1]
-                       for x in prefixes])  # p after every path, by (offset of its length) + its base-V code
-    offset = [sum(V ** e for e in range(d)) for d in range(G + 1)]
-    paths = [ancestry(parent[0].tolist(), i)[1:] for i in range(tokens.shape[1])]
-    codes = torch.stack([offset[len(path)] + sum(tokens[:, j] * V ** (len(path) - 1 - k) for k, j in enumerate(path))
-                         if path else torch.zeros(R, dtype=torch.long) for path in paths], 1)  # (R, S)
-    p, q = table[codes], q.expand(R, -1, -1)
-    if sizes is not None:
-        chosen = sizes(shape)
-        parent = cut(parent, chosen if peek is None else peek(tokens, parent, p, q, chosen, g))
-    node, y = rule(tokens, parent, p, q, g)
-    at = torch.tensor([path + [0] * (G - len(path)) for path in paths])[node]  # (R, G) each row's path, padded
-    depth = torch.tensor([len(path) for path in paths])[node]
-    return exact.first_tokens(model, tokens.gather(1, at), depth, y, sampling, g), depth
+    return exact.samples_over(target.model, shape, sampling, rule, g, sampled, sizes, peek)
 
 
 def multi_without_residual(tokens, parent, p, q, generator=None):
@@ -164,8 +127,8 @@ def multi_without_residual(tokens, parent, p, q, generator=None):
 
 
 @pytest.mark.parametrize("broken", ["no-residual", "deterministic-children"])
-def test_multi_without_the_residual_or_over_deterministic_children_fails_the_same_test(small, broken):  # noqa: F811
-    target, drafter = small
+def test_multi_without_the_residual_or_over_deterministic_children_fails_the_same_test(v8_dflash, broken):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS["t1"]
     rule = multi_without_residual if broken == "no-residual" else multi
     cells, _ = multi_samples(target, drafter, s, rule, seed=13, sampled=broken == "no-residual")
@@ -197,18 +160,12 @@ def sizes_from_the_past(shape, seed: int = 5, pasts: int = 64) -> torch.Tensor:
     return torch.tensor(sizes).repeat(exact.N // pasts + 1)[:exact.N]
 
 
-def cut(parent: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    """parent (R, S) in verify numbering, each row's tree cut to its first sizes[b] nodes: the
-    others get parent -2, which no rule reaches (trees._fed's padding)."""
-    return torch.where(torch.arange(parent.shape[1])[None] > sizes[:, None], torch.full_like(parent, -2), parent)
-
-
 def plain_where_rejected(tokens, parent, p, q, sizes, generator):
     """Broken: a plain step (size 0) for the rows whose tree the rule would reject at the root,
     found by running it first on the step's p with the rule's own coins (a copy of the generator),
     as if the controller had known which trees would fail."""
     look = torch.Generator().set_state(generator.get_state())
-    node, _ = multi(tokens, cut(parent, sizes), p, q, look)
+    node, _ = multi(tokens, exact.cut(parent, sizes), p, q, look)
     return torch.where(node == 0, torch.zeros_like(sizes), sizes)
 
 
@@ -223,8 +180,8 @@ def pvalues(cells: torch.Tensor, joint: torch.Tensor) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("rule", ["match", "multi"])
-def test_tree_sizes_chosen_from_the_past_keep_the_target_distribution(small, rule):  # noqa: F811
-    target, drafter = small
+def test_tree_sizes_chosen_from_the_past_keep_the_target_distribution(v8_dflash, rule):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS["t1"]
     seen = []
 
@@ -241,8 +198,8 @@ def test_tree_sizes_chosen_from_the_past_keep_the_target_distribution(small, rul
     assert 0.05 < (depth > 0).float().mean() < 0.95
 
 
-def test_a_size_controller_that_peeks_at_the_step_fails_the_same_test(small):  # noqa: F811
-    target, drafter = small
+def test_a_size_controller_that_peeks_at_the_step_fails_the_same_test(v8_dflash):
+    target, drafter = v8_dflash
     s = exact.SAMPLINGS["t1"]
     cells, _ = multi_samples(target, drafter, s, multi, seed=13, sizes=sizes_from_the_past,
                              peek=plain_where_rejected)

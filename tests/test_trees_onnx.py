@@ -22,8 +22,8 @@ from specdiff.runtimes.models import GraphTarget
 from specdiff.trees import ancestry
 from specdiff_cli.main import cli
 
-from test_trees import MAX_NEW, PROMPTS, TARGETS, _windowed_qwen3
 from tiny import make_dflash, make_llama, make_qwen3
+from tree_runs import MAX_NEW, PROMPTS, TARGETS, windowed_qwen3
 
 pytest_plugins = ["exported"]
 SLOW = pytest.mark.slow  # an export of its own and greedy runs: CI's slow step
@@ -36,7 +36,7 @@ def exported(tiny, onnx_dflash):
     use (gpt2: the session's DFlash export, batch up to 3)."""
     makers = {"llama": lambda d: make_llama(d, tiny.tokenizer, scale=10, seed=4),
               "qwen3": lambda d: make_qwen3(d, tiny.tokenizer, scale=10, seed=5),
-              "qwen3-window": lambda d: _windowed_qwen3(d, tiny.tokenizer)}
+              "qwen3-window": lambda d: windowed_qwen3(d, tiny.tokenizer)}
     found: dict = {}
 
     def get(name):
@@ -171,11 +171,11 @@ def test_cli_generates_a_tree_on_onnxruntime(onnx_dflash):
     assert (stats["method"], stats["exact"]) == ("dflash", True)
 
 
-def test_bench_runs_tree_rows_on_the_exported_graphs(tiny, onnx_dflash, tmp_path):
+def test_bench_runs_tree_rows_on_the_exported_graphs(tiny, tiny_dflash, onnx_dflash, tmp_path):
     """`bench --artifacts --tree 0,4`: an onnxruntime tree row, its greedy tokens checked against
     eager ar, its acceptance the eager tree row's."""
     result = CliRunner().invoke(cli, [
-        "bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.dflash), "--methods", "ar,dflash",
+        "bench", "--target", str(tiny.gpt2), "--drafter", str(tiny_dflash), "--methods", "ar,dflash",
         "--artifacts", str(onnx_dflash), "--gamma", "3", "--tree", "0,4", "--max-new-tokens", "8",
         "--num-prompts", "3", "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots",
         "--out", str(tmp_path / "b")])

@@ -225,9 +225,9 @@ def assert_terminated(result, root: Path) -> None:
 
 
 def test_sigterm_during_drafter_convert_leaves_nothing(tiny, tmp_path, monkeypatch):
-    from specdiff.tools import convert
+    from specdiff.kinds import diffusion  # the diffusion kind's converting.save writes the files
 
-    kill_after(monkeypatch, convert, "save_own")
+    kill_after(monkeypatch, diffusion, "save_own")
     assert_terminated(invoke(["drafter", "convert", str(tiny.drafter), "--out", str(tmp_path / "d")]), tmp_path)
     assert list(tmp_path.iterdir()) == []
 

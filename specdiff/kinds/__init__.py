@@ -8,10 +8,11 @@
     autoregressive.py  any causal LM (spec-ar): what no other kind detects
 
 Loading (detect, load), pairing (check, tokens, bind), the method registry (Method.needs names a
-kind), `--compile`, the manifest and `specdiff export` and the runtimes (the graph: its contract
-here, and one entry keyed by its name in exporters.drafters.EXPORTERS and runtimes.models.GRAPHS)
-and bench (the slot) read these declarations. A new kind is its net, its module
-here and one line of KINDS; a drafter given as an object is of the first kind that holds it.
+kind), `--compile`, `drafter convert` (converting), the manifest and `specdiff export` and the
+runtimes (the graph: its contract here, and one entry keyed by its name in
+exporters.drafters.EXPORTERS and runtimes.models.GRAPHS) and bench (the slot) read these
+declarations. A new kind is its net, its module here and one line of KINDS; a drafter given as an
+object is of the first kind that holds it.
 
 May import: sources, the drafters, nets and targets, vocab, hub, graphs, artifacts, errors; not
 loading, the methods, generation or compiled (which read this).
@@ -23,11 +24,12 @@ from ..errors import UsageError
 from ..graphs import DrafterGraph
 from ..sources import Source
 from . import a2d, autoregressive, block, dflash, diffusion, eagle3
-from .kind import Compiling, DrafterKind
+from .kind import Compiling, Converting, DrafterKind
 
 KINDS: tuple[DrafterKind, ...] = (block.KIND, dflash.KIND, eagle3.KIND, a2d.KIND, diffusion.KIND,
                                   autoregressive.KIND)
-__all__ = ["KINDS", "Compiling", "DrafterKind", "detected", "drafter_graph", "drafter_graphs", "get_kind", "kind_of"]
+__all__ = ["KINDS", "Compiling", "Converting", "DrafterKind", "detected", "drafter_graph", "drafter_graphs", "get_kind",
+           "kind_of"]
 
 
 def get_kind(name: str) -> DrafterKind:

@@ -4,7 +4,10 @@ target's embedding and head; exported as the "dflash" graph, together with its t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..artifacts import Maybe
 from ..drafters.dflash import DFlashDrafter, is_dflash_drafter
@@ -13,9 +16,10 @@ from ..graphs import DrafterGraph, dflash_spec
 from ..hub import fetch
 from ..nets.dflash import MASK_OVERRIDE, WEIGHTS, is_dflash
 from ..nets.dflash import load_dflash as read_dflash
+from ..nets.dflash import save_dflash
 from ..sources import TOKENIZER_FILES, Source, drafter_tokenizer, resolve_dtype
 from ..vocab import VOCAB_FILE, load_draft_vocab
-from .kind import DrafterKind, target_model
+from .kind import Converting, DrafterKind, save_tokenizer, target_model
 
 
 def load_dflash(source: Source, device: str, dtype: str) -> DFlashDrafter:
@@ -48,6 +52,12 @@ def check_block(model: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}.block_size must be >= 2, got {model['block_size']}")
 
 
+def save_rewritten(drafter: Any, out: Path, dtype: torch.dtype, context: int | None) -> None:
+    """As published (nets/dflash.py), in `dtype`, with its tokenizer if it carries one."""
+    save_dflash(out, drafter.net, drafter.spec, dtype)
+    save_tokenizer(drafter, out)
+
+
 # a step over the context K/V, with the target's embedding and head inside (graphs.dflash_spec)
 GRAPH = DrafterGraph(
     "dflash", lambda model: dflash_spec(model["layers"], model["kv_heads"], model["head_dim"], model["block_size"],
@@ -61,5 +71,5 @@ GRAPH = DrafterGraph(
     target_axes=True, features="a DFlash drafter")
 KIND = DrafterKind(
     "dflash", "a DFlash drafter", detect=is_dflash, load=load_dflash, holds=is_dflash_drafter,
-    check=check_head_rows, bind=bind_dflash, graph=GRAPH,
+    check=check_head_rows, bind=bind_dflash, graph=GRAPH, converting=Converting(save_rewritten),
     not_a_target="a DFlash draft (config.json architectures DFlashDraftModel)")

@@ -6,6 +6,7 @@ methods."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -16,12 +17,13 @@ from ..artifacts import Maybe
 from ..drafters.diffusion import DiffusionDrafter, context_window
 from ..graphs import DrafterGraph, drafter_spec
 from ..hub import fetch
+from ..nets.checkpoint import save_own
 from ..nets.dit import DDiT
 from ..nets.formats import Format, detect, get_format, load_checkpoint
 from ..sources import TOKENIZER_FILES, Source, drafter_tokenizer, resolve_dtype
 from ..targets.static import CompiledStep
 from ..vocab import VOCAB_FILE, load_draft_vocab
-from .kind import Compiling, DrafterKind, target_model
+from .kind import Compiling, Converting, DrafterKind, target_model
 
 
 def drafter_format(source: Source) -> Format | None:
@@ -104,6 +106,21 @@ def denoiser_seconds(drafter: Any) -> float:
     return denoiser.step.warmup_s if isinstance(denoiser, StaticDenoiser) else 0.0
 
 
+def save_diffusion(drafter: Any, out: Path, dtype: torch.dtype, context: int | None) -> None:
+    """In the project's own format (nets/checkpoint.py): the same tensors in `dtype`, the
+    parameterisation, mask id, real vocabulary, context length (`context`, else its own), tokenizer
+    and the draft settings it records."""
+    save_own(out, drafter.backbone.to(dtype), vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
+             context_length=context or drafter.context_length, parameterization=drafter.parameterization,
+             tokenizer=drafter.tokenizer, defaults=drafter.defaults, untrained=drafter.untrained,
+             target_embeddings=drafter.target_embeddings)
+
+
+def mask_id(drafter: Any) -> int | None:
+    """Its mask id, which it never drafts: no draft vocabulary holds it."""
+    return int(drafter.mask_id)
+
+
 # a denoiser: input_ids [, sigma] -> logits (graphs.drafter_spec)
 GRAPH = DrafterGraph(
     "drafter", lambda model: drafter_spec(model["head_rows"], model["time_conditioning"]),
@@ -115,4 +132,4 @@ GRAPH = DrafterGraph(
 KIND = DrafterKind(
     "diffusion", "a diffusion drafter", detect=lambda config: detect(config) is not None, load=load_diffusion,
     holds=is_diffusion, bind=bind_embeddings, compiling=Compiling(static_twin, warm_denoiser, denoiser_seconds),
-    graph=GRAPH)
+    graph=GRAPH, converting=Converting(save_diffusion, context=True, reserved=mask_id))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 from ..errors import IncompatibleModelsError, UsageError
 from ..graphs import DrafterGraph
@@ -18,6 +21,27 @@ class Compiling:
     twin: Callable[[Any, bool], Any]  # (drafter, compile) -> its twin; compile=False: fixed shapes, eager
     warm_up: Callable[[Any, int, int, Any], None]  # (twin, rows, gamma, device): compile those shapes
     seconds: Callable[[Any], float]  # (twin) -> seconds its compiling took
+
+
+def no_reserved_id(drafter: Any) -> int | None:
+    """A drafter whose head scores every id it may draft."""
+    return None
+
+
+@dataclass(frozen=True)
+class Converting:
+    """How `specdiff drafter convert` rewrites a kind's drafter (tools/convert.py): its files in
+    another dtype, and a draft vocabulary for its head."""
+
+    save: Callable[[Any, Path, torch.dtype, int | None], None]  # (drafter, directory, dtype, context)
+    context: bool = False  # whether it drafts from a context window of its own (`context` sets its length)
+    reserved: Callable[[Any], int | None] = no_reserved_id  # drafter -> an id no draft vocabulary may hold
+
+
+def save_tokenizer(drafter: Any, directory: Path) -> None:
+    """A converted drafter's tokenizer beside it, when it carries one."""
+    if drafter.tokenizer is not None:
+        drafter.tokenizer.save_pretrained(str(directory))
 
 
 def same_vocabulary(target: Any, drafter: Any) -> None:
@@ -63,4 +87,5 @@ class DrafterKind:
     no_graph: str = ""  # why it has none, when it has none
     not_a_target: str = ""  # what its config.json is, when named as a target (refused); "": loads as one
     slot: str = "drafter"  # the field of bench's Models it loads into
+    converting: Converting | None = None  # None: `specdiff drafter convert` does not rewrite it
 

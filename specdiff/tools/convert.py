@@ -22,13 +22,9 @@ from typing import Any
 import torch
 
 from ..atomic import check_new_directory, new_directory
-from ..drafters.autoregressive import ARDrafter
-from ..drafters.dflash import DFlashDrafter
-from ..drafters.diffusion import DiffusionDrafter
 from ..errors import LoadError, UsageError
+from ..kinds import Converting, kind_of
 from ..loading import load_diffusion_drafter, load_drafter, load_target
-from ..nets.checkpoint import save_own
-from ..nets.dflash import save_dflash
 from ..registry import Registry, as_registry
 from ..vocab import DraftVocab, read_map
 from ..training.vocab import build_vocab
@@ -56,32 +52,33 @@ def convert_drafter(source: str, out: str | Path, *, dtype: str = "fp32", contex
     if vocab_map is not None and draft_vocab is not None:
         raise UsageError("`vocab_map` is a map already: give it, or `draft_vocab` with `frequencies`")
     registry = as_registry(registry)
-    drafter = _load(source, draft_vocab is not None or vocab_map is not None, registry)
-    if context is not None and not isinstance(drafter, DiffusionDrafter):
+    drafter, converting = _load(source, draft_vocab is not None or vocab_map is not None, registry)
+    if context is not None and not converting.context:
         raise UsageError("`context` sets a diffusion drafter's context length; this drafter has none")
     vocab = None
     if draft_vocab is not None and frequencies is not None or vocab_map is not None:
-        vocab = _vocab(drafter, draft_vocab, frequencies, vocab_map, target, registry)
+        vocab = _vocab(drafter, converting, draft_vocab, frequencies, vocab_map, target, registry)
     with new_directory(out) as tmp:
-        _save(drafter, tmp, CONVERT_DTYPES[dtype], context)
+        converting.save(drafter, tmp, CONVERT_DTYPES[dtype], context)
         if vocab is not None:
             vocab.save(tmp)
     return out
 
 
-def _load(source: str, any_kind: bool, registry: Registry) -> Any:
-    """A diffusion drafter exactly as stored; with a draft vocabulary to add, any drafter kind."""
-    if not any_kind:
-        return load_diffusion_drafter(source, registry=registry)
-    drafter = load_drafter(source, dtype="fp32", registry=registry)
-    if not isinstance(drafter, (DiffusionDrafter, DFlashDrafter, ARDrafter)):
+def _load(source: str, any_kind: bool, registry: Registry) -> tuple[Any, Converting]:
+    """A diffusion drafter exactly as stored; with a draft vocabulary to add, a drafter of any kind
+    that converts (its kind's `converting`). -> (drafter, how its kind converts)."""
+    drafter: Any = load_diffusion_drafter(source, registry=registry) if not any_kind else \
+        load_drafter(source, dtype="fp32", registry=registry)
+    kind = kind_of(drafter)
+    if kind is None or kind.converting is None:
         raise UsageError(f"'{source}' is a {type(drafter).__name__}: a draft vocabulary is for diffusion, DFlash "
                          "and AR drafters")
-    return drafter
+    return drafter, kind.converting
 
 
-def _vocab(drafter: Any, n: int | None, frequencies: str | Path | None, vocab_map: str | Path | None,
-           target: str | None, registry: Registry) -> DraftVocab:
+def _vocab(drafter: Any, converting: Converting, n: int | None, frequencies: str | Path | None,
+           vocab_map: str | Path | None, target: str | None, registry: Registry) -> DraftVocab:
     """The map for `drafter`'s tokenizer, else the target's (a DFlash draft ships none)."""
     tokenizer = drafter.tokenizer
     if target is not None:
@@ -94,20 +91,7 @@ def _vocab(drafter: Any, n: int | None, frequencies: str | Path | None, vocab_ma
         except LoadError as e:
             raise UsageError(str(e)) from e
     assert n is not None and frequencies is not None  # convert_drafter: both, or vocab_map
-    banned = drafter.mask_id if isinstance(drafter, DiffusionDrafter) and drafter.mask_id < len(tokenizer) else None
+    reserved = converting.reserved(drafter)
+    banned = reserved if reserved is not None and reserved < len(tokenizer) else None
     return build_vocab(Path(frequencies), n, tokenizer, banned=banned)
 
-
-def _save(drafter: Any, out: Path, dtype: torch.dtype, context: int | None) -> None:
-    if isinstance(drafter, DFlashDrafter):
-        save_dflash(out, drafter.net, drafter.spec, dtype)
-    elif isinstance(drafter, ARDrafter):
-        drafter.model.to(dtype).save_pretrained(str(out))
-    else:
-        save_own(out, drafter.backbone.to(dtype), vocab_size=drafter.vocab_size, mask_id=drafter.mask_id,
-                 context_length=context or drafter.context_length, parameterization=drafter.parameterization,
-                 tokenizer=drafter.tokenizer, defaults=drafter.defaults, untrained=drafter.untrained,
-                 target_embeddings=drafter.target_embeddings)
-        return
-    if drafter.tokenizer is not None:
-        drafter.tokenizer.save_pretrained(str(out))
