@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from transformers import AutoTokenizer
 
 from specdiff import load_target
 from specdiff.sampling import Sampling
@@ -24,10 +22,8 @@ from specdiff.training.features import sequence_features
 from specdiff.training.prefill import prefill_batch, prefill_rows
 from specdiff.training.teacher import continue_batch, read_sequences
 from specdiff_cli.main import cli
-from tiny import TEXT, make_gpt2
+from tiny import TEXT, make_gpt2, with_chat
 
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 P, L, K = 48, 24, 8
 SENTENCES = [s.strip() + "." for s in TEXT.replace("\n", " ").split(".") if s.strip()]
 RUN = ["--method", "dflash", "--chat", "--prompt-tokens", str(P), "--continuation-tokens", str(L),
@@ -39,13 +35,7 @@ RUN = ["--method", "dflash", "--chat", "--prompt-tokens", str(P), "--continuatio
 @pytest.fixture(scope="module")
 def chat_gpt2(tiny, tmp_path_factory):
     """The tiny GPT-2 with a chat template, its eos also its pad token (as the smol target pads)."""
-    directory = tmp_path_factory.mktemp("chat") / "gpt2-chat"
-    shutil.copytree(tiny.gpt2, directory)
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    tok.chat_template = CHAT
-    tok.pad_token = tok.eos_token
-    tok.save_pretrained(str(directory))
-    return directory
+    return with_chat(tiny.gpt2, tmp_path_factory.mktemp("chat") / "gpt2-chat", eos_pad=True)
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +169,8 @@ def test_prefill_sh_makes_resumable_parts_until_the_corpus_ends(tiny, tmp_path):
     heads) on a tiny 28-layer GPT-2 with a chat template: parts of PREFILL_ROWS rows, the last one
     shorter, then it stops; a second run skips the finished parts."""
     root = Path(__file__).resolve().parents[1]
-    model = make_gpt2(tmp_path / "gpt2-28", tiny.tokenizer, layers=28, dim=36, n_positions=256, scale=10)
-    tok = AutoTokenizer.from_pretrained(str(model))
-    tok.chat_template, tok.pad_token = CHAT, tok.eos_token
-    tok.save_pretrained(str(model))
+    model = with_chat(make_gpt2(tmp_path / "gpt2-28-plain", tiny.tokenizer, layers=28, dim=36, n_positions=256,
+                                scale=10), tmp_path / "gpt2-28", eos_pad=True)
     work = tmp_path / "work"
     work.mkdir()
     rows = [{"prompt": f"Part {i}?", "answer": " ".join(SENTENCES[i % len(SENTENCES):][:1 + i % 4])} for i in range(30)]

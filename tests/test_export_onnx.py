@@ -161,7 +161,7 @@ def test_failed_validation_leaves_no_directory(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args, code, message", [
     (["--out", "{tmp}/x"], 2, "nothing to export"),
-    (["--drafter", "{ar}", "--out", "{tmp}/x"], 2, "not a diffusion drafter"),
+    (["--drafter", "{ar}", "--out", "{tmp}/x"], 2, "a causal LM is exported as a --target"),
     (["--target", "{gpt2}", "--format", "all", "--opset", "21", "--out", "{tmp}/x"], 2, "--opset must be an integer in 18..20"),
     (["--target", "{gpt2}", "--max-seq", "100", "--out", "{tmp}/x"], 2, "leaves no room"),
     # a TensorRT profile's dimensions are 32-bit: larger limits were recorded, then overflowed (issue 25, fault 13)

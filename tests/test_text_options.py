@@ -5,12 +5,11 @@ test_sampling_exact.py."""
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
 from click.testing import CliRunner
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from specdiff import generate, load_drafter, load_target
@@ -19,10 +18,10 @@ from specdiff.generation import encode_prompts, plan
 from specdiff.sampling import penalize, seen_tokens
 from specdiff_cli.main import cli
 
+from tiny import with_chat
+
 PROMPTS = ["The quick brown fox", "To be, or not to be", "def main():", "It was the best of times"]
 IDENTITY_TESTED = ("ar",)  # ar, the reference, equals transformers' own greedy generate (tests/test_methods.py)
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +97,7 @@ def test_cli_stop_streams_the_same_text(tiny):
 
 @pytest.fixture(scope="module")
 def chat_target(tiny, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("chat") / "gpt2-chat"
-    shutil.copytree(tiny.gpt2, directory)
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    tok.chat_template = CHAT
-    tok.save_pretrained(str(directory))
-    return load_target(str(directory))
+    return load_target(str(with_chat(tiny.gpt2, tmp_path_factory.mktemp("chat") / "gpt2-chat")))
 
 
 def test_chat_prompts_go_through_the_template(chat_target, models):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoConfig, GPTNeoForCausalLM, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+from transformers import (AutoTokenizer, GPT2Config, GPT2LMHeadModel, GPTNeoConfig, GPTNeoForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedTokenizerFast)
 
 EOS = "<|endoftext|>"
 TEXT = """\
@@ -134,6 +134,22 @@ def make_dflash(directory: Path, target: Path, *, block_size: int = 8, layers: i
                 p.normal_(0, 0.02 * scale)
     directory.mkdir(parents=True)
     save_dflash(directory, net, DFlashSpec(block_size, rows - 1, target_layer_ids, config.num_hidden_layers))
+    return directory
+
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # a minimal chat template
+
+
+def with_chat(model: Path, directory: Path, *, eos_pad: bool = False) -> Path:
+    """A copy of `model` in `directory` whose tokenizer has CHAT as its chat template (eos_pad: its
+    eos also its pad token, as SmolLM2 pads)."""
+    shutil.copytree(model, directory)
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    tok.chat_template = CHAT
+    if eos_pad:
+        tok.pad_token = tok.eos_token
+    tok.save_pretrained(str(directory))
     return directory
 
 
