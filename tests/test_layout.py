@@ -7,6 +7,7 @@ graphs it wrote on ONNX Runtime."""
 
 import ast
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -147,14 +148,20 @@ PROPOSERS = {"SelfSelection": "specdiff/selection.py", "DiffusionProposer": "spe
              "ARProposer": "specdiff/drafters/autoregressive.py"}
 
 
-def proposer_checks(source: str) -> list[tuple[int, str]]:
-    """(line, class) of each isinstance() whose classes name a proposer of PROPOSERS."""
+def isinstance_checks(source: str, classes: Iterable[str]) -> list[tuple[int, str]]:
+    """(line, class) of each isinstance() whose classes (plain, qualified or in a tuple) name one of
+    `classes`."""
     hits = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
             named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
-            hits += [(node.lineno, name) for name in sorted(named & set(PROPOSERS))]
+            hits += [(node.lineno, name) for name in sorted(named & set(classes))]
     return hits
+
+
+def proposer_checks(source: str) -> list[tuple[int, str]]:
+    """(line, class) of each isinstance() whose classes name a proposer of PROPOSERS."""
+    return isinstance_checks(source, PROPOSERS)
 
 
 def test_no_isinstance_on_proposers_outside_their_own_module():
@@ -181,12 +188,7 @@ DRAFTERS = {"DiffusionDrafter": "specdiff/drafters/diffusion.py", "DFlashDrafter
 
 def drafter_checks(source: str) -> list[tuple[int, str]]:
     """(line, class) of each isinstance() whose classes name a drafter of DRAFTERS."""
-    hits = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
-            named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
-            hits += [(node.lineno, name) for name in sorted(named & set(DRAFTERS))]
-    return hits
+    return isinstance_checks(source, DRAFTERS)
 
 
 def test_drafter_kinds_are_told_apart_by_their_declarations_only():

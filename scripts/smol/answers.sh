@@ -14,6 +14,7 @@
 # FIRST (say PARTS / 2) makes other parts at the same time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/smol/scale_lib.sh
 work=${1:-build/smol}
 parts=${2:-16}
 first=${3:-0}
@@ -22,7 +23,7 @@ mkdir -p "$work/answers"
 [ -f "$work/questions-large.txt" ] || python scripts/smol/questions.py --large "$work/questions-large.txt"
 for ((i = first; i < parts; i++)); do
   part=$(printf '%s/answers/part-%02d' "$work" "$i")
-  [ -f "$part/val.safetensors" ] && [ -f "$part/train-00031.safetensors" ] && continue
+  finished "$part" && continue
   specdiff distill --target "$target" --chat --prompts "$work/questions-large.txt" --data "$part" \
     --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 --teacher-temperature 0,0.7,1 \
     --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed "$i" --threads 1 \

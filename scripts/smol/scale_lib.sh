@@ -1,5 +1,5 @@
-# Sourced by dflash_scale.sh and eagle3_scale.sh (after they cd to the repository): what their runs
-# on the teacher data at scale share.
+# Sourced by answers.sh, dflash_scale.sh and eagle3_scale.sh (after they cd to the repository): what
+# the teacher data at scale and the runs on it share.
 
 # newest_run OUT: the newest checkpoint under OUT/checkpoints, or OUT itself when its finished run
 # (report.json) is at least as new; nothing when OUT holds no checkpoint.
