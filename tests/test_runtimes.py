@@ -39,7 +39,12 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 SLOW_EXPORTS = [pytest.param("onnx_neo", "neo", marks=pytest.mark.slow),  # an export each (12-16 s): CI's slow step
-                pytest.param("onnx_llama", "llama", marks=pytest.mark.slow)]
+                pytest.param("onnx_llama", "tiny_llama_tied", marks=pytest.mark.slow)]
+
+
+def model_dir(tiny, request, model: str):
+    """The torch model a graph was exported from: an attribute of `tiny`, or a fixture's name."""
+    return getattr(tiny, model) if hasattr(tiny, model) else request.getfixturevalue(model)
 
 
 @pytest.mark.parametrize("which, model", [("onnx_pair", "gpt2"), *SLOW_EXPORTS])
@@ -47,7 +52,7 @@ def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
     """prefill / extend (verify 5, single steps) / rollback / length, batch 1 and 3, against
     specdiff.contracts.Target."""
     ours = load_models("onnxruntime", request.getfixturevalue(which))["target"]
-    ref = load_target(str(getattr(tiny, model)))
+    ref = load_target(str(model_dir(tiny, request, model)))
     assert (ours.vocab_size, ours.max_length, ours.eos_token_id) == (ref.vocab_size, ref.max_length, ref.eos_token_id)
     ids = torch.randint(0, 300, (3, 40), generator=torch.Generator().manual_seed(0))
     for batch in (1, 3):
@@ -64,7 +69,7 @@ def test_graph_target_keeps_the_target_contract(tiny, request, which, model):
 def test_graph_target_forks_rows_as_the_pytorch_target(tiny, request, which, model):
     """keep with repeats (self-selection's K rows) and back to one row, against CausalLMTarget."""
     ours = load_models("onnxruntime", request.getfixturevalue(which))["target"]
-    ref = load_target(str(getattr(tiny, model)))
+    ref = load_target(str(model_dir(tiny, request, model)))
     ids = torch.randint(0, 300, (3, 30), generator=torch.Generator().manual_seed(0))
     assert close(ours.prefill(ids[:1, :12]), ref.prefill(ids[:1, :12]))
     for t in (ours, ref):
@@ -103,7 +108,7 @@ def test_generate_on_onnxruntime_is_token_identical_to_torch(tiny, request, meth
     common = ["generate", "--method", *method.split(), "--max-new-tokens", "24", "--jsonl",
               *[a for p in PROMPTS for a in ("--prompt", p)]]
     drafter = [] if which != "onnx_neo" else ["--drafter", str(tiny.drafter)]  # neo: ORT target + torch drafter
-    torch_run = run_cli([*common, "--target", str(getattr(tiny, model)), "--drafter", str(tiny.drafter)])
+    torch_run = run_cli([*common, "--target", str(model_dir(tiny, request, model)), "--drafter", str(tiny.drafter)])
     ort_run = run_cli([*common, "--runtime", "onnxruntime", "--artifacts", str(artifacts), *drafter])
     assert torch_run.exit_code == 0 and ort_run.exit_code == 0, (torch_run.output, ort_run.output)
     ours, want = ([json.loads(line) for line in r.stdout.splitlines()] for r in (ort_run, torch_run))
@@ -326,7 +331,7 @@ def test_batched_decoding_on_onnxruntime_equals_torch_batch_1(tiny, request, whi
     prompts = ["x", "The quick brown fox jumps over the lazy dog. A journey of a thousand miles", "To be", "def",
                "Call me Ishmael. The sea was calm"]
     drafter = ort.get("drafter") or load_drafter(str(tiny.drafter))
-    torch_target = load_target(str(getattr(tiny, model)))
+    torch_target = load_target(str(model_dir(tiny, request, model)))
     for method in ("ar", "specdiff"):
         options = {"method": method, "max_new_tokens": 20, **({"gamma": 5, "steps": 2} if method == "specdiff" else {})}
         want = generate(prompts, target=torch_target, drafter=load_drafter(str(tiny.drafter)), batch_size=1, **options)
