@@ -22,16 +22,21 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _graphs(runtime: str, artifacts: str, models: Models, device: str, threads: int) -> dict[str, Any]:
-    """The export's target / drafter on `runtime`, its sessions opened with the bench's threads;
-    refused unless exported from the bench's own target and drafter (graphs of another model with
-    the same tokenizer were timed against it, and their speed-up reported)."""
+def _graphs(runtime: str, exports: Sequence[str], models: Models, device: str, threads: int) -> dict[str, Any]:
+    """The first export's target / drafter on `runtime` and each later export's drafter (`others`:
+    those of --also-drafter, in order, drafting over the first's target graph), their sessions
+    opened with the bench's threads; refused unless exported from the bench's own target and
+    drafters (graphs of another model with the same tokenizer were timed against it, and their
+    speed-up reported)."""
     from specdiff.runtimes import load_models
     from specdiff.generation import torch_threads
 
-    sources = {"target": models.target.name, "drafter": getattr(models.drafter, "source", None)}
+    loaded = []
     with torch_threads(threads):
-        return load_models(runtime, artifacts, device, sources=sources)
+        for path, drafter in zip(exports, [models.drafter, *models.others]):
+            sources = {"target": models.target.name, "drafter": getattr(drafter, "source", None)}
+            loaded.append(load_models(runtime, path, device, sources=sources))
+    return {**loaded[0], "others": [graphs["drafter"] for graphs in loaded[1:]]}
 
 
 def _list(kind: Callable[[str], T], what: str = "", choices: Sequence[T] = (), setting: str = "") -> Callable[
@@ -82,6 +87,9 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--target", help="Target model: models.yaml name, directory or hub id.")
 @click.option("--drafter", help="Diffusion drafter (or a causal LM, used as the AR drafter).")
 @click.option("--ar-drafter", help="Causal-LM drafter for spec-ar and hf-assisted [default: the pair's ar_drafter].")
+@click.option("--also-drafter", "others", multiple=True, metavar="NAME",
+              help="Another drafter, of another kind (an EAGLE-3 head beside a DFlash drafter): the rows of its "
+                   "methods draft with it, in the same run (repeatable).")
 @click.option("--methods", callback=_list(str, "method", (*names.METHODS, *names.PEERS)), metavar="LIST",
               help=f"Comma-separated, from {', '.join((*names.METHODS, *names.PEERS))} "
                    "[default: every one the models allow]. ar always runs: it is the reference.")
@@ -141,7 +149,7 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--chat/--no-chat", default=None,
               help="Put each prompt through the target's chat template [default: the pair's, else no].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
-def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter: str | None,
+def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter: str | None, others: tuple[str, ...],
           methods: tuple[str, ...] | None, prompt_file: str | None, input_format: str, num_prompts: int | None,
           max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int | str, ...] | None,
           steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
@@ -174,10 +182,13 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     from specdiff.errors import UsageError
 
     lib.check_rules(rules or ())
+    if artifacts and others:
+        raise UsageError("--also-drafter with --artifacts: an export holds one drafter; use --runtime onnxruntime "
+                         "without --artifacts (each drafter exported with the target into the user cache)")
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
     records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target)), sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
-    models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter,
+    models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter, others=others,
                                        methods=methods or (), device=device, dtype=dtype)
     pick = values(choose({}, defaults, models.drafter))  # the pair's, the drafter's, then the global ones
     settings = lib.Settings(
@@ -205,13 +216,18 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
         _bench_block(lib, models, prompts, methods, settings, steps or (pick["steps"],),
                      cast(tuple[int, ...], gammas or (pick["gamma"],)), pick, out, check)
         return
+    exports = [artifacts] if artifacts else []
     if runtime is not None and artifacts is None:
         if runtime != "onnxruntime":
             raise UsageError(f"--runtime {runtime} needs --artifacts (engines are built by `specdiff export`)")
-        from specdiff.exporters.cache import export_for
+        from specdiff.exporters.cache import cached_export, export_for
         from specdiff.registry import as_registry
 
-        artifacts = str(export_for(pair, target, drafter, None, as_registry(None)))
+        registry = as_registry(None)
+        exports = [str(export_for(pair, target, drafter, None, registry))]  # the target named, or refused
+        named = cast(str, registry.resolve(pair, target, None)[0])
+        exports += [str(cached_export(named, name, registry)) for name in others]
+        artifacts = exports[0]
     runtime = runtime or "onnxruntime"
     rows = lib.variants(methods or lib.available_methods(models), swept,
                         steps or (pick["steps"],), schedules or (pick["schedule"],), drafts or (None,),
@@ -219,7 +235,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
                         batch_sizes or (1,), ("torch",) + ("compiled",) * compiled + (runtime,) * bool(artifacts),
                         trees or (None,))
     if artifacts:
-        models.graphs[runtime] = _graphs(runtime, artifacts, models, device, settings.threads or default_threads())
+        models.graphs[runtime] = _graphs(runtime, exports, models, device, settings.threads or default_threads())
     report = lib.run(models, prompts, rows, settings, log=lambda msg: click.echo(msg, err=True))
     write_report(report, out, plots=plots)
     click.echo(format_table(report))

@@ -514,6 +514,28 @@ def test_the_table_shows_a_spread_only_over_several_rounds(tiny, tmp_path):
     assert low <= float(rows[0].split()[1]) <= high
 
 
+def test_drafters_of_two_kinds_in_one_run_each_draft_their_own_rows(tiny, tmp_path):
+    """--also-drafter: a DFlash drafter and an EAGLE-3 head over one target, each method's rows
+    drafted by the drafter of its kind (tau as in a run with that drafter alone), both checked
+    against ar; a second drafter of a kind already loaded, or an AR drafter, is one UsageError."""
+    from tiny import make_dflash, make_eagle3
+
+    dflash, eagle3 = make_dflash(tmp_path / "dflash", tiny.gpt2), make_eagle3(tmp_path / "eagle3", tiny.gpt2, scale=10)
+    models, _ = load_models(target=str(tiny.gpt2), drafter=str(dflash), others=[str(eagle3)])
+    assert {"dflash", "eagle3"} <= set(available_methods(models))
+    settings = Settings(max_new_tokens=8, repeats=1, warmup=0, threads=1)
+    both = run(models, PROMPTS[:2], variants(["dflash", "eagle3"], gammas=(3,)), settings)
+    assert [r["label"] for r in both["rows"]] == ["ar", "dflash g=3", "eagle3 g=3"] and both["check"]["passed"]
+    assert both["config"]["models"]["others"] == [models.others[0].source]
+    alone, _ = load_models(target=str(tiny.gpt2), drafter=str(eagle3))
+    head = run(alone, PROMPTS[:2], variants(["eagle3"], gammas=(3,)), settings)["rows"][1]
+    assert head["tau"] == both["rows"][2]["tau"] and head["alpha"] == both["rows"][2]["alpha"]
+    for other, said in ((dflash, "a DFlash drafter, a kind already loaded"), (tiny.ar, r"an autoregressive .* drafter: "
+                                                                            "that one is the `ar_drafter`")):
+        with pytest.raises(UsageError, match=f"also-drafter '.*' is {said}"):
+            load_models(target=str(tiny.gpt2), drafter=str(dflash), others=[str(other)])
+
+
 def test_dflash_is_benched_with_a_dflash_drafter_and_refused_with_another(tiny, tmp_path):
     """One drafter slot: dflash runs where it holds a DFlash drafter (greedy, checked against ar),
     and a dflash row beside a diffusion drafter is one UsageError naming the kind it needs."""

@@ -175,3 +175,27 @@ def test_cli_generates_with_eagle3_on_onnxruntime(onnx_eagle3):
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stderr.strip().splitlines()[-1])
     assert (stats["method"], stats["exact"]) == ("eagle3", True)
+
+
+@pytest.mark.slow  # two tiny exports: CI's slow step
+def test_bench_runs_dflash_and_eagle3_in_one_run_on_their_own_exports(tiny, tiny_eagle3, tmp_path, monkeypatch):
+    """`bench --runtime onnxruntime --also-drafter`: each drafter exported with the target into the
+    user cache, each method's graph rows drafting with its own drafter over the first export's
+    target graph: greedy checked against ar, tau as eager's; with --artifacts (one drafter's
+    export) --also-drafter is one line."""
+    from tiny import make_dflash
+
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    dflash = make_dflash(tmp_path / "dflash", tiny.gpt2, target_layer_ids=(0, 1, 1), scale=10)
+    common = ["bench", "--target", str(tiny.gpt2), "--drafter", str(dflash), "--also-drafter", str(tiny_eagle3),
+              "--methods", "ar,dflash,eagle3", "--gamma", "3", "--max-new-tokens", "8", "--num-prompts", "3",
+              "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots"]
+    result = CliRunner().invoke(cli, [*common, "--runtime", "onnxruntime", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]}
+    for method in ("dflash", "eagle3"):
+        on_graphs = rows[f"{method} g=3 onnxruntime"]
+        assert on_graphs["matches_ar"] and on_graphs["tau"] == rows[f"{method} g=3"]["tau"]
+    assert len(list((tmp_path / "cache" / "onnx").iterdir())) == 2
+    refused = CliRunner().invoke(cli, [*common, "--artifacts", str(tmp_path / "b"), "--out", str(tmp_path / "c")])
+    assert refused.exit_code != 0 and "--also-drafter with --artifacts" in refused.output

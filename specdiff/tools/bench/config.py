@@ -15,6 +15,7 @@ from ...drafters.autoregressive import ARDrafter
 from ...kinds import DrafterKind, get_kind, kind_of
 from ...drafters.dflash import DFlashDrafter
 from ...drafters.diffusion import DiffusionDrafter
+from ...contracts import Drafter
 from ...errors import UsageError
 from ...loading import load_drafter, load_target
 from ...methods import METHODS as REGISTRY
@@ -35,25 +36,37 @@ class Models:
     target: CausalLMTarget | BlockDiffusionTarget  # the HF peers call its model
     drafter: DiffusionDrafter | DFlashDrafter | BlockDiffusionTarget | None = None
     ar_drafter: ARDrafter | None = None
-    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)  # runtime -> its {"target", "drafter"} (exports)
+    others: list[Drafter] = field(default_factory=list)  # drafters of other kinds (--also-drafter): their methods' rows
+    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)  # runtime -> its {"target", "drafter", "others"}
+
+    def drafter_for(self, method: str, runtime: str = "torch") -> Any:
+        """The drafter `method` drafts with on `runtime` (None: it drafts with none): the
+        ar_drafter, or the first of the drafter and the others whose kind it drafts with (the
+        drafter when none is: the method then refuses it in its own words). A graph runtime's
+        come from its exports (`graphs`), torch's and compiled's are these models."""
+        slot = NEEDS.get(method)
+        if slot is None:
+            return None
+        held: dict[str, Any] = self.graphs.get(runtime, {}) if runtime not in ("torch", "compiled") else \
+            {"drafter": self.drafter, "ar_drafter": self.ar_drafter, "others": self.others}
+        candidates = [held.get(slot), *(held.get("others", []) if slot == "drafter" else [])]
+        fit = (d for d in candidates if d is not None and (method not in REGISTRY or REGISTRY[method].accepts(d)))
+        return next(fit, candidates[0])
 
     def drafter_module(self, method: str) -> nn.Module | BlockDiffusionTarget | None:
         """The module whose forward calls are drafter calls for `method` (None: no drafter)."""
-        if NEEDS.get(method) == "drafter":
-            return self.drafter
-        return self.ar_drafter.model if NEEDS.get(method) == "ar_drafter" and self.ar_drafter else None
+        drafter = self.drafter_for(method)
+        module = drafter.model if NEEDS.get(method) == "ar_drafter" and drafter is not None else drafter
+        return cast(nn.Module | BlockDiffusionTarget | None, module)
 
     def draft_vocab(self, v: Variant) -> DraftVocab | None:
         """The draft vocabulary of the drafter `v` drafts with (specdiff.vocab; None: a full head)."""
-        slot = NEEDS.get(v.method)
-        if slot is None:
-            return None
-        drafter = self.graphs[v.runtime].get(slot) if v.on_graphs else getattr(self, slot)
-        return getattr(drafter, "draft_vocab", None)
+        return getattr(self.drafter_for(v.method, v.runtime), "draft_vocab", None)
 
     def names(self) -> dict[str, Any]:
-        return {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
-                "ar_drafter": getattr(self.ar_drafter, "source", None)}
+        names = {"target": self.target.name, "drafter": getattr(self.drafter, "source", None),
+                 "ar_drafter": getattr(self.ar_drafter, "source", None)}
+        return names | ({"others": [getattr(d, "source", None) for d in self.others]} if self.others else {})
 
 
 @dataclass(frozen=True)
@@ -119,11 +132,12 @@ def default_prompts(pair: str | None, target: Any, registry: Registry | None = N
 
 
 def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = None, ar_drafter: Any = None,
-                methods: Sequence[str] = (), device: str = "cpu", dtype: str = "auto",
+                others: Sequence[str] = (), methods: Sequence[str] = (), device: str = "cpu", dtype: str = "auto",
                 registry: Registry | None = None) -> tuple[Models, dict[str, Any]]:
     """Load each model once. -> (models, the pair's defaults). With neither pair nor target, the
     `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
-    pair's `ar_drafter:` is loaded."""
+    pair's `ar_drafter:` is loaded. `others`: drafters of other kinds than the drafter's (an
+    EAGLE-3 head beside a DFlash drafter), each drafting its own methods' rows."""
     registry = registry or load_registry()
     if ar_drafter is None and any(NEEDS.get(m) == "ar_drafter" for m in methods):
         ar_drafter = getattr(registry.chosen_pair(pair, target), "ar_drafter", None)
@@ -137,4 +151,20 @@ def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = N
         if must_be_ar and slot != "ar_drafter":
             raise UsageError(f"ar_drafter '{name}' is not a causal LM")
         setattr(models, slot, loaded)
+    for name in others:
+        models.others.append(_other(name, models, device, dtype, registry))
     return models, defaults
+
+
+def _other(name: str, models: Models, device: str, dtype: str, registry: Registry) -> Drafter:
+    """Another drafter, of a kind no loaded drafter has (rows are told apart by method, so two of
+    one kind would draft the same rows)."""
+    loaded = load_drafter(name, device=device, dtype=dtype, registry=registry)
+    kind = cast(DrafterKind, kind_of(loaded))
+    held = [kind_of(d) for d in (models.drafter, models.ar_drafter, *models.others) if d is not None]
+    if kind.slot != "drafter":
+        raise UsageError(f"also-drafter '{name}' is {kind.what}: that one is the `ar_drafter`")
+    if kind in held:
+        raise UsageError(f"also-drafter '{name}' is {kind.what}, a kind already loaded: each drafter beside the "
+                         "first must be of its own kind")
+    return loaded

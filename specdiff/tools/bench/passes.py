@@ -18,7 +18,7 @@ from ...metrics import Metrics
 from ...names import PEERS
 from ...settings import AUTO
 from ...methods import METHODS as REGISTRY
-from .config import NEEDS, Models, Settings, Variant
+from .config import Models, Settings, Variant
 from .sweep import fits
 
 # one prompt's new tokens, its decoding seconds and the loop's own metrics (peers: None)
@@ -49,9 +49,8 @@ class Pass:
 
 
 def _loop_pass(models: Models, v: Variant, s: Settings) -> Pass:
-    target, drafter = models.target, getattr(models, NEEDS[v.method]) if v.method in NEEDS else None
-    if v.on_graphs:
-        target, drafter = models.graphs[v.runtime]["target"], models.graphs[v.runtime].get("drafter")
+    target = models.graphs[v.runtime]["target"] if v.on_graphs else models.target
+    drafter = models.drafter_for(v.method, v.runtime)
     k, temperature = v.drafts or 1, _temperature(v, s)
     default = s.acceptance if s.acceptance and fits(s.acceptance, k, temperature) else None  # e.g. a pair's
     auto = v.gamma == AUTO  # the pair's or drafter's gamma is its cap, not an option that would fix it

@@ -149,7 +149,7 @@ def _settings(method: str) -> tuple[str, ...]:
 
 def available_methods(models: Models) -> list[str]:
     """The methods these models can run: each needing no drafter, or one of the kind it drafts with."""
-    return [m for m in METHODS if NEEDS.get(m) is None or _drafts_with(m, getattr(models, NEEDS[m]))]
+    return [m for m in METHODS if NEEDS.get(m) is None or _drafts_with(m, models.drafter_for(m))]
 
 
 def _drafts_with(method: str, drafter: Drafter | None) -> bool:
@@ -162,7 +162,7 @@ def check_models(models: Models, rows: list[Variant]) -> None:
     for v in rows:
         if v.on_graphs:
             graphs = models.graphs.get(v.runtime, {})
-            drafter = graphs.get("drafter")
+            drafter = models.drafter_for(v.method, v.runtime)
             needs = REGISTRY[v.method].needs
             if "target" not in graphs or (needs is not None and not REGISTRY[v.method].accepts(drafter)):
                 held = "a target" if needs is None else f"a target and {get_kind(needs).what}"
@@ -170,7 +170,7 @@ def check_models(models: Models, rows: list[Variant]) -> None:
             if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
                 raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
                                               "its rows would not be the same model's")
-        if v.method in NEEDS and getattr(models, NEEDS[v.method]) is None:
+        if v.method in NEEDS and models.drafter_for(v.method) is None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
         if v.method in REGISTRY and v.method in NEEDS:  # a drafter of the kind it drafts with
-            REGISTRY[v.method].check_drafter(getattr(models, NEEDS[v.method]))
+            REGISTRY[v.method].check_drafter(models.drafter_for(v.method))
