@@ -61,6 +61,27 @@ def step_ms(session: ort.InferenceSession, width: int, context: int, calls: int,
     return round(statistics.median(times), 2)
 
 
+def openvino_ms(export: Path, widths: list[int], args: argparse.Namespace, rng: np.random.Generator) -> dict[int, float]:
+    """The same steps on OpenVINO's CPU plugin (`pip install openvino`), fp32, latency hint."""
+    import openvino
+
+    config = {"INFERENCE_NUM_THREADS": args.threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    compiled = openvino.Core().compile_model(str(export / "target.onnx"), "CPU", config)
+    request = compiled.create_infer_request()
+    session = open_session(export, args.threads)  # the inputs' names and shapes
+    out = {}
+    for width in widths:
+        inputs = feeds(session, width, args.context, rng)
+        request.infer(inputs)
+        times = []
+        for _ in range(args.calls):
+            start = time.perf_counter()
+            request.infer(inputs)
+            times.append(1e3 * (time.perf_counter() - start))
+        out[width] = round(statistics.median(times), 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("export", type=Path)
@@ -68,12 +89,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--calls", type=int, default=12)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--openvino", action="store_true", help="also time the same graph on OpenVINO's CPU plugin (fp32)")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     rng = np.random.default_rng(0)
     timed = open_session(args.export, args.threads)  # without the profiler, whose per-node timing costs time
     ms = {width: step_ms(timed, width, args.context, args.calls, rng) for width in widths}
     del timed
+    other = {"openvino_ms": openvino_ms(args.export, widths, args, rng)} if args.openvino else {}
     torch.set_num_threads(args.threads)
     peaks = measure_peaks("cpu")
     weights = json.loads((args.export / "manifest.json").read_text())["components"]["target"]["bytes"]
@@ -96,7 +119,7 @@ def main() -> None:
     print(json.dumps({"export": str(args.export), "context": args.context, "threads": args.threads,
                       "read_gb_s": peaks.read_gb_s, "gflop_s": peaks.gflop_s, "step_ms": ms, "floor_ms": floor,
                       "x_floor": {w: round(ms[w] / floor[w], 2) for w in widths},
-                      "x_decode": {w: round(ms[w] / ms[widths[0]], 2) for w in widths}, "op_share": shares}))
+                      "x_decode": {w: round(ms[w] / ms[widths[0]], 2) for w in widths}, "op_share": shares, **other}))
 
 
 if __name__ == "__main__":
