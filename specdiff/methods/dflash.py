@@ -125,7 +125,10 @@ def cached_rows(target: CapturingTarget, members: list[int], rows: list[Row]) ->
 
 
 def _left_padded(parts: list[torch.Tensor | None], N: int) -> torch.Tensor:
-    """Per row (heads, n_b, D) or None (nothing) -> (B', heads, N, D), each row's at the end."""
+    """Per row (heads, n_b, D) or None (nothing) -> (B', heads, N, D), each row's at the end (one
+    full row: that row's tensor itself, a view)."""
+    if len(parts) == 1 and parts[0] is not None and parts[0].shape[1] == N:
+        return parts[0][None]
     first = next(p for p in parts if p is not None)
     out = first.new_zeros(len(parts), first.shape[0], N, first.shape[2])
     for b, part in enumerate(parts):

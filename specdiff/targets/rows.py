@@ -224,18 +224,23 @@ class CapturingRows(RowCache):
                  newest: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The captured features of each cached token of the cache rows `rows` (of row b only its
         last newest[b] (B',), if given), left-padded -> (features (B', C, F), valid (B', C) bool: False on
-        padding, whose features are 0). Aligns the cache first (as the next extend would): every
-        row then ends in the last column."""
+        padding, whose features are 0). Read where the rows are: re-aligning the cache is the next
+        extend's (here it cost a drafter call a copy, or a slice, of every KV tensor)."""
         if not self.captured:
             raise RuntimeError("features() needs capture(layers) first")
         index = torch.as_tensor(rows, dtype=torch.long)
         if not self.kv:
             return torch.zeros(len(index), 0, 0, device=self.device), torch.zeros(len(index), 0, dtype=torch.bool)
-        lengths = self._align()[index]
+        lengths, end = self.lengths[index], (self.start + self.lengths)[index]  # end: the column after the row's last
         if newest is not None:
             lengths = torch.minimum(lengths, newest.to(lengths.device))
         C = int(lengths.max()) if len(index) else 0
-        stored = self.kv[-1][index.to(self.kv[-1].device), 0, self.width - C:]  # (B', C, F)
+        held = self.kv[-1]  # (B, 1, W, F)
+        if len(index) and bool((end == end[0]).all()):
+            stored = held[index.to(held.device), 0, int(end[0]) - C:int(end[0])]  # (B', C, F)
+        else:  # rows end in different columns: a column before a row's first is padding, masked below
+            cols = (end[:, None] - C + torch.arange(C)).clamp_min(0)  # (B', C)
+            stored = held[index.to(held.device)[:, None], 0, cols.to(held.device)]
         valid = (torch.arange(C) >= C - lengths[:, None]).to(stored.device)
         return stored.masked_fill(~valid[..., None], 0), valid
 
