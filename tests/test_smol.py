@@ -45,3 +45,15 @@ def test_greedy_dflash_is_plain_decoding_on_the_smol_dflash_pair(questions):
                        batch_size=batch_size, gamma=4)  # fixed (auto mostly takes plain steps here); chat
         assert [o.tokens for o in out.outputs] == [o.tokens for o in ar.outputs]
         assert out.metrics.tau > 1.3  # the trained drafter is accepted (measured: 1.59 at gamma 4, its card)
+
+
+def test_greedy_eagle3_is_plain_decoding_on_the_smol_eagle3_pair(questions):
+    """The shipped EAGLE-3 head (published format, d2t / t2d), bound to the real target's embedding:
+    its answers are plain decoding's, batched too."""
+    p = plan(pair="smol-eagle3", max_new_tokens=48)
+    ar = generate(questions, target=p.target, method="ar", max_new_tokens=48, chat=True, batch_size=1)
+    for batch_size in (1, 3):
+        out = generate(questions, target=p.target, drafter=p.drafter, pair="smol-eagle3", max_new_tokens=48,
+                       batch_size=batch_size, gamma=4)
+        assert [o.tokens for o in out.outputs] == [o.tokens for o in ar.outputs]
+        assert out.metrics.tau > 1.2  # the trained head is accepted (measured: its card)
