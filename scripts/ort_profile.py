@@ -19,7 +19,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -44,21 +44,30 @@ def feeds(session: ort.InferenceSession, width: int, context: int, rng: np.rando
     return out
 
 
-def open_session(export: Path, threads: int) -> ort.InferenceSession:
-    return ort.InferenceSession(str(export / "target.onnx"), session_options(ort, threads),
-                                providers=["CPUExecutionProvider"])
+def open_session(export: Path, threads: int, profile: bool = False) -> ort.InferenceSession:
+    """The target graph's session as specdiff's runtime opens it (profile: with ONNX Runtime's profiler on)."""
+    options = session_options(ort, threads)
+    if profile:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    return ort.InferenceSession(str(export / "target.onnx"), options, providers=["CPUExecutionProvider"])
 
 
-def step_ms(session: ort.InferenceSession, width: int, context: int, calls: int, rng: np.random.Generator) -> float:
-    """The median ms of `calls` steps of `width` tokens after `context` (a first, untimed call)."""
-    inputs = feeds(session, width, context, rng)
-    session.run(None, inputs)
+def median_ms(call: Callable[[], object], calls: int) -> float:
+    """The median ms of `calls` calls after a first, untimed one."""
+    call()
     times = []
     for _ in range(calls):
         start = time.perf_counter()
-        session.run(None, inputs)
+        call()
         times.append(1e3 * (time.perf_counter() - start))
     return round(statistics.median(times), 2)
+
+
+def step_ms(session: ort.InferenceSession, width: int, context: int, calls: int, rng: np.random.Generator) -> float:
+    """The median ms of `calls` steps of `width` tokens after `context`."""
+    inputs = feeds(session, width, context, rng)
+    return median_ms(lambda: session.run(None, inputs), calls)
 
 
 def openvino_ms(export: Path, widths: list[int], args: argparse.Namespace, rng: np.random.Generator) -> dict[int, float]:
@@ -69,17 +78,8 @@ def openvino_ms(export: Path, widths: list[int], args: argparse.Namespace, rng: 
     compiled = openvino.Core().compile_model(str(export / "target.onnx"), "CPU", config)
     request = compiled.create_infer_request()
     session = open_session(export, args.threads)  # the inputs' names and shapes
-    out = {}
-    for width in widths:
-        inputs = feeds(session, width, args.context, rng)
-        request.infer(inputs)
-        times = []
-        for _ in range(args.calls):
-            start = time.perf_counter()
-            request.infer(inputs)
-            times.append(1e3 * (time.perf_counter() - start))
-        out[width] = round(statistics.median(times), 2)
-    return out
+    inputs = {width: feeds(session, width, args.context, rng) for width in widths}
+    return {width: median_ms(lambda: request.infer(inputs[width]), args.calls) for width in widths}
 
 
 def main() -> None:
@@ -102,10 +102,7 @@ def main() -> None:
     weights = json.loads((args.export / "manifest.json").read_text())["components"]["target"]["bytes"]
     floor = {width: round(1e3 * max(weights / (peaks.read_gb_s * 1e9), width * 2 * weights / 4 / (peaks.gflop_s * 1e9)), 2)
              for width in widths}  # fp32 weights read once; 2 FLOP per weight per token
-    options = session_options(ort, args.threads)
-    options.enable_profiling = True
-    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
-    session = ort.InferenceSession(str(args.export / "target.onnx"), options, providers=["CPUExecutionProvider"])
+    session = open_session(args.export, args.threads, profile=True)
     for width in widths:
         step_ms(session, width, args.context, 2, rng)
     profile = Path(session.end_profiling())

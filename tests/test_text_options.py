@@ -5,7 +5,6 @@ test_sampling_exact.py."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from click.testing import CliRunner

@@ -236,11 +236,8 @@ class CapturingRows(RowCache):
             lengths = torch.minimum(lengths, newest.to(lengths.device))
         C = int(lengths.max()) if len(index) else 0
         held = self.kv[-1]  # (B, 1, W, F)
-        if len(index) and bool((end == end[0]).all()):
-            stored = held[index.to(held.device), 0, int(end[0]) - C:int(end[0])]  # (B', C, F)
-        else:  # rows end in different columns: a column before a row's first is padding, masked below
-            cols = (end[:, None] - C + torch.arange(C)).clamp_min(0)  # (B', C)
-            stored = held[index.to(held.device)[:, None], 0, cols.to(held.device)]
+        cols = (end[:, None] - C + torch.arange(C)).clamp_min(0)  # (B', C): a column before a row's first is padding
+        stored = held[index.to(held.device)[:, None], 0, cols.to(held.device)]  # (B', C, F), masked below
         valid = (torch.arange(C) >= C - lengths[:, None]).to(stored.device)
         return stored.masked_fill(~valid[..., None], 0), valid
 

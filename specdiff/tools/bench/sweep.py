@@ -170,7 +170,10 @@ def check_models(models: Models, rows: list[Variant]) -> None:
             if graphs["target"].tokenizer.get_vocab() != models.target.tokenizer.get_vocab():
                 raise IncompatibleModelsError(f"the exported target's tokenizer differs from {models.target.name}'s: "
                                               "its rows would not be the same model's")
-        if v.method in NEEDS and models.drafter_for(v.method) is None:
+        if v.method not in NEEDS:
+            continue
+        drafter = models.drafter_for(v.method)
+        if drafter is None:
             raise UsageError(f"method '{v.method}' needs {what[NEEDS[v.method]]}")
-        if v.method in REGISTRY and v.method in NEEDS:  # a drafter of the kind it drafts with
-            REGISTRY[v.method].check_drafter(models.drafter_for(v.method))
+        if v.method in REGISTRY:  # a drafter of the kind it drafts with
+            REGISTRY[v.method].check_drafter(drafter)
