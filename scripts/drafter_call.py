@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdiff import generate
+from specdiff.generation import generate
 from specdiff.methods import dflash
 from specdiff.resources import data_path
 from specdiff.runtimes import load_models
@@ -42,12 +42,13 @@ def main() -> None:
     graphs = load_models("onnxruntime", args.export, "cpu")
     lines = data_path("prompts", "smol-heldout.jsonl").read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines[:args.prompts]]
-    options = dict(target=graphs["target"], drafter=graphs["drafter"], method="dflash", gamma=4, chat=True)
+    options: dict[str, Any] = dict(target=graphs["target"], drafter=graphs["drafter"], method="dflash", gamma=4,
+                                   chat=True)
     generate(prompts[:1], max_new_tokens=8, **options)  # warm-up
     call: list[float] = []
     graph: list[float] = []
     runtime = graphs["drafter"].runtime
-    runtime.run = timed(runtime.run, graph)
+    runtime.run = timed(runtime.run, graph)  # type: ignore[method-assign]
     dflash.DFlashDrafts.__call__ = timed(dflash.DFlashDrafts.__call__, call)  # type: ignore[method-assign]
     start = time.perf_counter()
     generate(prompts, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, **options)
