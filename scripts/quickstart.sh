@@ -6,7 +6,10 @@
 #    found, or made in the checkout's .venv; a second run installs nothing.
 # 2. One `specdiff bench --check` run on the smol pair (its diffusion drafter ships in
 #    specdiff/data/models/smol): three held-out questions (48 new tokens each), greedy, decoded by
-#    plain decoding (`ar`, the reference) and by specdiff, each with torch and with ONNX Runtime (the
+#    plain decoding (`ar`, the reference), by specdiff and, where models.yaml pairs the same target
+#    with a DFlash drafter (smol: smol-dflash), by dflash with that drafter: the fastest exact
+#    configuration measured on SmolLM2 (README, "Measured results"); the drafting rows draft a tree
+#    sized each step from measured costs (`--tree auto`), each with torch and with ONNX Runtime (the
 #    models exported once into the user cache: minutes the first time, reused after), one untimed
 #    round then three timed rounds, the rows alternating within each round. Every greedy answer is
 #    checked token by token against plain decoding's (exit 1 if one differs).
@@ -32,20 +35,33 @@ else
   out=$(mktemp -d "${TMPDIR:-/tmp}/specdiff-quickstart.XXXXXX")
   trap 'rm -rf "$out"' EXIT
 fi
-read -r gamma missing < <(python -c "from specdiff.registry import load_registry
+# gamma: the pair's; dflash: the drafter of a pair with the same target whose method is dflash
+# (nothing when none is, as for demo), then missing: what the pair and that drafter still need
+IFS=$'\t' read -r gamma dflash missing < <(python -c "from specdiff.registry import load_registry
 registry = load_registry()
-print(registry.pair('$pair').defaults.get('gamma', 4), '; '.join(registry.missing('$pair')))")
-if [ -n "$missing" ]; then
+pair = registry.pair('$pair')
+dflash = next((p for p in map(registry.pair, registry.names('pair'))
+               if p.target == pair.target and p.defaults.get('method') == 'dflash'), None)
+missing = dict.fromkeys(registry.missing('$pair') + (registry.missing(dflash.name) if dflash else []))
+print(pair.defaults.get('gamma', 4), dflash.drafter if dflash else '-', '; '.join(missing) or '-', sep='\t')")
+if [ "$missing" != - ]; then
   say "the $pair pair needs: $missing"
   exit 1
 fi
-say "[1/2] timing plain decoding (ar) and specdiff (gamma $gamma) on the $pair pair, with torch and ONNX Runtime:"
+methods=ar,specdiff
+also=()
+if [ "$dflash" != - ]; then
+  methods=ar,specdiff,dflash
+  also=(--also-drafter "$dflash")
+fi
+say "[1/2] timing plain decoding (ar) and ${methods#ar,} (gamma $gamma, tree auto) on the $pair pair, with torch and ONNX Runtime:"
 say "      3 held-out questions, 48 new tokens each, greedy; 1 untimed round, then 3 timed rounds"
-say "      (a first run exports both models for ONNX Runtime into the user cache first: minutes, once)"
+say "      (a first run exports the models for ONNX Runtime into the user cache first: minutes, once)"
 rm -f "$out/bench.json"
 status=0
-specdiff bench --pair "$pair" --methods ar,specdiff --gamma "$gamma" --runtime onnxruntime --num-prompts 3 \
-  --max-new-tokens 48 --warmup 1 --repeats 3 --check --no-plots --out "$out" > "$out/table.txt" || status=$?
+specdiff bench --pair "$pair" "${also[@]}" --methods "$methods" --gamma "$gamma" --tree auto --runtime onnxruntime \
+  --num-prompts 3 --max-new-tokens 48 --warmup 1 --repeats 3 --check --no-plots --out "$out" > "$out/table.txt" ||
+  status=$?
 if [ ! -s "$out/bench.json" ]; then
   echo "The benchmark did not finish (see the error above)."
   [ "$status" -ne 0 ] || status=1

@@ -1,5 +1,6 @@
 """What scripts/quickstart.sh prints after its `specdiff bench` run: each question with plain
-decoding's answer and specdiff's beside it, bench's table, and a last line in words.
+decoding's answer and the fastest exact drafting row's beside it, bench's table, and a last line
+in words.
 
     python scripts/quickstart_report.py BENCH_JSON TABLE_TXT
 
@@ -22,17 +23,28 @@ RUNTIMES = {"torch": "torch", "onnxruntime": "ONNX Runtime"}
 
 
 def describe(row: Row) -> str:
-    """'specdiff g=4 T=1 l2r onnxruntime' -> 'specdiff (gamma 4, T=1) on ONNX Runtime'."""
+    """'specdiff g=4 T=1 l2r onnxruntime' -> 'specdiff (gamma 4, T=1) on ONNX Runtime'; a tree row
+    'dflash (gamma 4, tree auto) on ONNX Runtime'."""
     runtime = RUNTIMES.get(row["runtime"], row["runtime"])
     if row["method"] == "ar":
         return f"plain decoding (ar) on {runtime}"
-    return f"{row['method']} (gamma {row['gamma']}, T={row['steps']}) on {runtime}"
+    what = [f"gamma {row['gamma']}"]
+    if row.get("steps") is not None:
+        what.append(f"T={row['steps']}")
+    if row.get("tree"):
+        what.append(f"tree {row['tree']}")
+    return f"{row['method']} ({', '.join(what)}) on {runtime}"
+
+
+def fastest(rows: list[Row]) -> Row | None:
+    """The drafting row with the highest speed-up whose greedy answers were plain decoding's."""
+    return max((r for r in rows if r["method"] != "ar" and r["matches_ar"]), key=lambda r: r["speedup"], default=None)
 
 
 def answers(rows: list[Row], questions: list[str]) -> list[str]:
-    """Each question, plain decoding's answer (torch) and the first specdiff row's (torch)."""
+    """Each question, plain decoding's answer (torch) and the fastest exact drafting row's."""
     ar = rows[0]
-    other = next((r for r in rows if r["method"] != "ar" and r["runtime"] == "torch"), None)
+    other = fastest(rows)
     lines = []
     for i, question in enumerate(questions):
         lines.append(textwrap.shorten(f">>> {question}", 100, placeholder=" ..."))
@@ -52,17 +64,17 @@ def ratio(row: Row, over: Row) -> tuple[float, float, float]:
 
 
 def drafter_note(rows: list[Row]) -> str:
-    """What the drafter did beside plain decoding on its own runtime, in words."""
+    """What each drafting row did beside plain decoding on its own runtime, in words."""
     parts = []
     for row in rows:
         ar = next((r for r in rows if r["method"] == "ar" and r["runtime"] == row["runtime"]), None)
         if row["method"] != "ar" and ar is not None:
             mid, low, high = ratio(row, ar)
-            parts.append(f"{mid:.2f}x ({low:.2f}-{high:.2f}) on {RUNTIMES.get(row['runtime'], row['runtime'])}")
-    return "; the drafter alone (specdiff over ar on the same runtime): " + ", ".join(parts) if parts else ""
+            parts.append(f"{describe(row)} {mid:.2f}x ({low:.2f}-{high:.2f})")
+    return "; the drafters alone (over ar on the same runtime): " + ", ".join(parts) if parts else ""
 
 
-def verdict(report: dict) -> str:
+def verdict(report: dict[str, Any]) -> str:
     rows, check = report["rows"], report["check"]["passed"]
     exact = [r for r in rows[1:] if r["matches_ar"]]
     rounds = len(rows[0]["speedup_runs"])

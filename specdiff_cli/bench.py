@@ -23,11 +23,12 @@ T = TypeVar("T")
 
 
 def _graphs(runtime: str, exports: Sequence[str], models: Models, device: str, threads: int) -> dict[str, Any]:
-    """The first export's target / drafter on `runtime` and each later export's drafter (`others`:
-    those of --also-drafter, in order, drafting over the first's target graph), their sessions
-    opened with the bench's threads; refused unless exported from the bench's own target and
-    drafters (graphs of another model with the same tokenizer were timed against it, and their
-    speed-up reported)."""
+    """The first export's drafter on `runtime` and each later export's drafter (`others`: those of
+    --also-drafter, in order), all drafting over one target graph: the first export's that outputs
+    hidden states (a DFlash drafter or an EAGLE-3 head reads them; a diffusion drafter reads none,
+    so the pair's own export may not have them), else the first's; their sessions opened with the
+    bench's threads; refused unless exported from the bench's own target and drafters (graphs of
+    another model with the same tokenizer were timed against it, and their speed-up reported)."""
     from specdiff.runtimes import load_models
     from specdiff.generation import torch_threads
 
@@ -36,7 +37,8 @@ def _graphs(runtime: str, exports: Sequence[str], models: Models, device: str, t
         for path, drafter in zip(exports, [models.drafter, *models.others]):
             sources = {"target": models.target.name, "drafter": getattr(drafter, "source", None)}
             loaded.append(load_models(runtime, path, device, sources=sources))
-    return {**loaded[0], "others": [graphs["drafter"] for graphs in loaded[1:]]}
+    target = next((g["target"] for g in loaded if getattr(g["target"], "feature_layers", ())), loaded[0]["target"])
+    return {**loaded[0], "target": target, "others": [graphs["drafter"] for graphs in loaded[1:]]}
 
 
 def _list(kind: Callable[[str], T], what: str = "", choices: Sequence[T] = (), setting: str = "") -> Callable[

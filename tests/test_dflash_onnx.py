@@ -185,3 +185,25 @@ def test_an_fp16_export_validates_and_drafts(tiny, tmp_path):
     logits = target.extend_tree(torch.full((2, 5), 7), torch.tensor([[-1, 0, 0, 1, 1]] * 2), torch.tensor([5, 3]))
     target.keep_path([[0, 1, 3], [0]])
     assert logits.isfinite().all() and target.extend(torch.tensor([[8], [9]])).isfinite().all()
+
+
+@pytest.mark.slow  # two tiny exports: CI's slow step
+def test_bench_drafts_a_dflash_also_drafter_over_a_target_graph_with_features(tiny, tmp_path, monkeypatch):
+    """`bench --drafter DDIT --also-drafter DFLASH --runtime onnxruntime` (the default job's rows): the
+    pair's export (a diffusion drafter: no hidden states) comes first, yet the rows run over the
+    export whose target outputs the features the DFlash drafter reads: greedy checked against ar
+    on each row, dflash's tau as eager's. Without that choice dflash is refused after exporting."""
+    from tiny import make_dflash
+
+    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    dflash = make_dflash(tmp_path / "dflash", tiny.gpt2, target_layer_ids=(0, 1, 1), scale=10)
+    result = CliRunner().invoke(cli, [
+        "bench", "--target", str(tiny.gpt2), "--drafter", str(tiny.drafter), "--also-drafter", str(dflash),
+        "--methods", "ar,specdiff,dflash", "--gamma", "3", "--max-new-tokens", "8", "--num-prompts", "3",
+        "--truncate-prompt", "--repeats", "1", "--warmup", "0", "--check", "--no-plots", "--runtime", "onnxruntime",
+        "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    rows = {r["label"]: r for r in json.loads((tmp_path / "b" / "bench.json").read_text())["rows"]}
+    assert rows["dflash g=3 onnxruntime"]["tau"] == rows["dflash g=3"]["tau"]
+    assert all(r["matches_ar"] for r in rows.values() if r["method"] != "ar")
+    assert {r["runtime"] for r in rows.values() if r["method"] == "specdiff"} == {"torch", "onnxruntime"}

@@ -40,13 +40,26 @@ def bench_report(ort_ar: list[float], check: bool | None = True) -> dict:
 def test_the_last_line_says_what_was_faster_by_how_much_and_whether_greedy_was_identical():
     faster = report_module.verdict(bench_report([1.6, 1.75, 1.9]))
     assert faster.startswith("Result: faster than plain decoding with torch by 1.75x (1.60-1.90x over 3 rounds) "
-                             "with plain decoding (ar) on ONNX Runtime; the drafter alone (specdiff over ar on the "
-                             "same runtime): 0.70x (0.60-0.72) on torch, 0.70x (0.70-0.70) on ONNX Runtime")
+                             "with plain decoding (ar) on ONNX Runtime; the drafters alone (over ar on the same "
+                             "runtime): specdiff (gamma 4, T=1) on torch 0.70x (0.60-0.72), specdiff (gamma 4, T=1) "
+                             "on ONNX Runtime 0.70x (0.70-0.70)")
     assert faster.endswith("; greedy identical.")
     mixed = report_module.verdict(bench_report([0.9, 1.2, 1.3]))  # slower in one round: not faster
     assert "not faster here" in mixed and "faster than plain decoding with torch by" not in mixed
     differs = report_module.verdict(bench_report([1.6, 1.75, 1.9], check=False))
     assert "greedy answers DIFFER from plain decoding" in differs
+
+
+def test_a_tree_row_is_named_by_its_tree_and_the_fastest_exact_row_is_the_one_shown():
+    report = bench_report([1.6, 1.75, 1.9])
+    tree = {**row("dflash tree", "dflash", "onnxruntime", [2.4, 2.5, 2.6]), "steps": None, "tree": "auto"}
+    report["rows"].append(tree)
+    assert report_module.describe(tree) == "dflash (gamma 4, tree auto) on ONNX Runtime"
+    assert report_module.fastest(report["rows"]) is tree
+    assert report_module.answers(report["rows"], ["Why?"])[2] == \
+        "dflash (gamma 4, tree auto) on ONNX Runtime (identical, token for token): answer of dflash tree"
+    tree["matches_ar"] = False  # not exact: never the one shown, nor the fastest
+    assert report_module.fastest(report["rows"])["label"] == "specdiff g=4 T=1 l2r onnxruntime"
 
 
 def test_rows_whose_greedy_answers_differ_do_not_count_as_faster():
@@ -135,8 +148,8 @@ def test_quickstart_prints_answers_the_table_and_a_last_line_and_removes_its_tem
                          timeout=120)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
-    assert lines[:3] == [">>> Why?", "plain decoding: answer of ar", "specdiff (gamma 4, T=1) on torch (identical, "
-                         "token for token): answer of specdiff g=4 T=1 l2r"]
+    assert lines[:3] == [">>> Why?", "plain decoding: answer of ar", "specdiff (gamma 4, T=1) on ONNX Runtime "
+                         "(identical, token for token): answer of specdiff g=4 T=1 l2r"]  # wrapped at 100
     assert "method  tok/s" in lines and '{"check": true}' not in lines
     assert lines[-1].startswith("Result: faster than plain decoding with torch by 1.75x")
     assert [line.split(":")[0] for line in run.stderr.splitlines()] == ["quickstart"] * 3 + ["bench", "quickstart"]
