@@ -13,7 +13,8 @@
 # is read once), ce + kl per slot, lr 5e-4 (or $LR) on a cosine over STEPS. FRESH=1: a new drafter
 # of the shipped shape (2 layers, the 8,192 most frequent answer tokens as its head) in
 # WORK/dflash-fresh instead, the same data and steps as eagle3_scale.sh's new head (issue 33's
-# same-budget comparison).
+# same-budget comparison). PREFILL=1: the finished parts of the prefill corpus (prefill.sh) train
+# beside the answers. RUN=NAME: the run in WORK/NAME (an experiment beside the main run).
 # Checkpoints every 25 steps (about 3 minutes) and --resume: a rerun continues, with the parts
 # finished since (on a new machine, without WORK: from MODELS/dflash-drafter, the schedule anew).
 # `publish` writes the newest checkpoint (or the finished run, if no checkpoint is newer) to MODELS/dflash-drafter in fp16 with
@@ -24,8 +25,8 @@ cd "$(dirname "$0")/../.."
 if [ "${1:-}" = publish ]; then
   work=${2:-build/smol}
   models=${3:-specdiff/data/models/smol}
-  newest=$(newest_run "$work/dflash-scale")
-  [ -n "$newest" ] || { echo "dflash_scale.sh: no checkpoint in $work/dflash-scale" >&2; exit 1; }
+  newest=$(newest_run "$work/${RUN:-dflash-scale}")
+  [ -n "$newest" ] || { echo "dflash_scale.sh: no checkpoint in $work/${RUN:-dflash-scale}" >&2; exit 1; }
   python -c "import shutil, sys, tempfile, torch; from pathlib import Path
 from specdiff.nets.dflash import load_dflash, save_dflash
 net, spec = load_dflash(Path(sys.argv[1])); out = Path(sys.argv[2])
@@ -38,7 +39,7 @@ fi
 work=${1:-build/smol}
 models=${2:-specdiff/data/models/smol}
 steps=${3:-3000}
-out=$work/dflash-scale
+out=$work/${RUN:-dflash-scale}
 from=(--drafter "$models/dflash-drafter")
 if [ -n "${FRESH:-}" ]; then  # a new drafter of the shipped shape, as eagle3_scale.sh's new head
   out=$work/dflash-fresh

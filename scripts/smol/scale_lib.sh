@@ -35,12 +35,18 @@ part_seed() {
   echo $((10#$n))
 }
 
-# more_parts WORK BASE: every finished part of WORK/answers but BASE, comma-separated for
-# --more-data; nothing when there is none.
+# more_parts WORK BASE: every finished part of WORK/answers but BASE, then (PREFILL=1) every
+# finished part of WORK/prefill (prefill.sh), comma-separated for --more-data; nothing when there
+# is none.
 more_parts() {
   local work=$1 base=$2 part more=()
   for part in "$work"/answers/part-*; do
     [ "$part" != "$base" ] && finished "$part" && more+=("$part")
   done
+  if [ -n "${PREFILL:-}" ]; then
+    for part in "$work"/prefill/part-*; do
+      [ -d "$part" ] && finished "$part" && more+=("$part")
+    done
+  fi
   (IFS=,; echo "${more[*]}")
 }
