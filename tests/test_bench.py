@@ -527,6 +527,10 @@ def test_drafters_of_two_kinds_in_one_run_each_draft_their_own_rows(tiny, tmp_pa
     both = run(models, PROMPTS[:2], variants(["dflash", "eagle3"], gammas=(3,)), settings)
     assert [r["label"] for r in both["rows"]] == ["ar", "dflash g=3", "eagle3 g=3"] and both["check"]["passed"]
     assert both["config"]["models"]["others"] == [models.others[0].source]
+    for row in both["rows"][1:]:  # each kind's calls logged: an EAGLE-3 head's extend / step / logits, never forward
+        assert row["time_s"]["draft"] > 0 and row["call_cost_s"]["drafter"] is not None and row["ideal"], row["label"]
+    assert both["rows"][2]["calls"]["drafter_per_iteration"] >= 3  # gamma 3: a head call for each draft token
+    assert not {"extend", "step", "logits"} & set(vars(models.others[0]))  # the timing wrappers removed
     alone, _ = load_models(target=str(tiny.gpt2), drafter=str(eagle3))
     head = run(alone, PROMPTS[:2], variants(["eagle3"], gammas=(3,)), settings)["rows"][1]
     assert head["tau"] == both["rows"][2]["tau"] and head["alpha"] == both["rows"][2]["alpha"]

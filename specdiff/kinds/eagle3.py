@@ -64,5 +64,5 @@ GRAPH = DrafterGraph(
 
 KIND = DrafterKind(
     "eagle3", "an EAGLE-3 drafter", detect=is_eagle3, load=load_eagle3_drafter, holds=is_eagle3_drafter,
-    check=check_eagle3, bind=bind_eagle3, graph=GRAPH,
+    check=check_eagle3, bind=bind_eagle3, graph=GRAPH, calls=("extend", "step", "logits"),  # never forward
     not_a_target="an EAGLE-3 draft head (config.json architectures LlamaForCausalLMEagle3)")

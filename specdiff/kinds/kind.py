@@ -88,4 +88,5 @@ class DrafterKind:
     not_a_target: str = ""  # what its config.json is, when named as a target (refused); "": loads as one
     slot: str = "drafter"  # the field of bench's Models it loads into
     converting: Converting | None = None  # None: `specdiff drafter convert` does not rewrite it
+    calls: tuple[str, ...] = ("forward",)  # its methods whose calls are drafter calls (bench's call log)
 

@@ -3,7 +3,9 @@
 
 CallLog hooks the top-level modules it is given (the target's causal LM, a drafter) and records,
 for every forward call: tokens fed, tokens already in the KV cache, and seconds (with a device
-sync on CUDA). A call on an empty cache is a prefill.
+sync on CUDA). A call on an empty cache is a prefill. A module whose calls are other methods
+than forward (an EAGLE-3 head's extend / step / logits: its kind's `calls`) has those methods
+timed instead, through wrappers on the instance that close() removes (no KV cache is read there).
 
 From the target's calls alone the acceptance of every verification follows, for any loop that
 keeps the cache invariant "the cache holds every committed token but the last" between calls
@@ -19,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
+from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
@@ -41,14 +44,21 @@ class Call:
 class CallLog:
     """Records every forward call of `modules` (role -> module) until closed; a context manager."""
 
-    def __init__(self, modules: dict[str, nn.Module], device: torch.device | str = "cpu"):
+    def __init__(self, modules: dict[str, nn.Module], device: torch.device | str = "cpu",
+                 methods: dict[str, tuple[str, ...]] | None = None):
+        """methods: role -> the names of the methods whose calls are that role's calls (default
+        forward, hooked)."""
         self.calls: dict[str, list[Call]] = {role: [] for role in modules}
         self._sync = torch.device(device).type == "cuda"
         self._open: dict[str, tuple[int, int | None, float]] = {}
-        self._handles = []
+        self._handles: list[Any] = []  # hooks' handles and the wrapped methods' removers
         for role, module in modules.items():
-            self._handles.append(module.register_forward_pre_hook(partial(self._pre, role), with_kwargs=True))
-            self._handles.append(module.register_forward_hook(partial(self._post, role), with_kwargs=True))
+            for name in (methods or {}).get(role, ("forward",)):
+                if name == "forward":
+                    self._handles.append(module.register_forward_pre_hook(partial(self._pre, role), with_kwargs=True))
+                    self._handles.append(module.register_forward_hook(partial(self._post, role), with_kwargs=True))
+                else:
+                    self._handles.append(self._wrap(role, module, name))
 
     def _now(self) -> float:
         if self._sync:
@@ -66,6 +76,22 @@ class CallLog:
               output: object) -> None:
         fed, cached, start = self._open.pop(role)
         self.calls[role].append(Call(fed, cached, self._now() - start))
+
+    def _wrap(self, role: str, module: nn.Module, name: str) -> Any:
+        """Time `module.name` as `role`'s calls (tokens fed: its first argument's second dimension)
+        by an instance attribute over the class's method; -> what removes it (`.remove()`)."""
+        method = getattr(module, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = self._now()
+            out = method(*args, **kwargs)
+            first = args[0] if args else None
+            fed = int(first.shape[1]) if isinstance(first, torch.Tensor) and first.dim() > 1 else 1
+            self.calls[role].append(Call(fed, None, self._now() - start))
+            return out
+
+        object.__setattr__(module, name, timed)  # not nn.Module's: a plain attribute, no submodule
+        return SimpleNamespace(remove=partial(object.__delattr__, module, name))
 
     def take(self) -> dict[str, list[Call]]:
         """The calls recorded since the last take(), by role; the log starts afresh."""

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import transformers
 
+from ...kinds import kind_of
 from ...metrics import Metrics
 from ...targets.block import BlockDiffusionTarget
 from ..callstats import CallLog
@@ -48,13 +49,15 @@ def _timed_pass(models: Models, v: Variant, one_pass: Pass, prompts: list[str],
     roles = {"target": models.target.model} if v.logged else {}
     if models.drafter_module(v.method) is not None and v.logged:
         roles["drafter"] = models.drafter_module(v.method)
+    kind = kind_of(models.drafter_for(v.method))
+    methods = {"drafter": kind.calls} if kind else {}
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     target = one_pass.plan.target if one_pass.plan else models.target
     assert not isinstance(target, BlockDiffusionTarget)  # timed by bench_block
     target.kv_peak_bytes = 0
-    with CallLog(roles, device) as log:
+    with CallLog(roles, device, methods) as log:
         for tokens, seconds, metrics in one_pass(prompts, encoded):
             r.tokens.append(tokens)
             r.seconds.append(seconds)
