@@ -14,7 +14,8 @@
 # of the shipped shape (2 layers, the 8,192 most frequent answer tokens as its head) in
 # WORK/dflash-fresh instead, the same data and steps as eagle3_scale.sh's new head (issue 33's
 # same-budget comparison). PREFILL=1: the finished parts of the prefill corpus (prefill.sh) train
-# beside the answers. RUN=NAME: the run in WORK/NAME (an experiment beside the main run).
+# beside the answers. RUN=NAME: the run in WORK/NAME (an experiment beside the main run); LOSS:
+# distill's --loss (default ce+kl).
 # Checkpoints every 25 steps (about 3 minutes) and --resume: a rerun continues, with the parts
 # finished since (on a new machine, without WORK: from MODELS/dflash-drafter, the schedule anew).
 # `publish` writes the newest checkpoint (or the finished run, if no checkpoint is newer) to MODELS/dflash-drafter in fp16 with
@@ -53,5 +54,5 @@ extra=()
 specdiff distill --method dflash --target smollm2-135m-instruct --chat --prompts "$work/questions-large.txt" \
   --data "$base" "${extra[@]}" --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 \
   --teacher-temperature 0,0.7,1 --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed "$(part_seed "$base")" --threads 1 \
-  --gamma 7 --anchors 8 --batch-size 16 --lr "${LR:-5e-4}" --loss ce+kl --max-steps "$steps" --val-every 100 \
+  --gamma 7 --anchors 8 --batch-size 16 --lr "${LR:-5e-4}" --loss "${LOSS:-ce+kl}" --max-steps "$steps" --val-every 100 \
   --checkpoint-every 25 --eval-prompts 8 --eval-temperature 0.7 --out "$out" "${from[@]}" --resume >>"$out.log" 2>&1
