@@ -40,13 +40,8 @@ part_seed() {
 # is none.
 more_parts() {
   local work=$1 base=$2 part more=()
-  for part in "$work"/answers/part-*; do
+  for part in "$work"/answers/part-* ${PREFILL:+"$work"/prefill/part-*}; do  # part-NN.jsonl: never finished
     [ "$part" != "$base" ] && finished "$part" && more+=("$part")
   done
-  if [ -n "${PREFILL:-}" ]; then
-    for part in "$work"/prefill/part-*; do
-      [ -d "$part" ] && finished "$part" && more+=("$part")
-    done
-  fi
   (IFS=,; echo "${more[*]}")
 }
