@@ -47,10 +47,12 @@ def _timed_pass(models: Models, v: Variant, one_pass: Pass, prompts: list[str],
     """One pass with every forward call logged where calls can be (Variant.logged; elsewhere the
     loop's own metrics count them)."""
     roles = {"target": models.target.model} if v.logged else {}
-    if models.drafter_module(v.method) is not None and v.logged:
-        roles["drafter"] = models.drafter_module(v.method)
-    kind = kind_of(models.drafter_for(v.method))
-    methods = {"drafter": kind.calls} if kind else {}
+    methods: dict[str, tuple[str, ...]] = {}  # the drafter's calls: its kind's (an EAGLE-3 head's are no forward)
+    drafter = models.drafter_module(v.method) if v.logged else None
+    if drafter is not None:
+        roles["drafter"] = drafter
+        kind = kind_of(models.drafter_for(v.method))
+        methods["drafter"] = kind.calls if kind else ("forward",)
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
