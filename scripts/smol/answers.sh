@@ -12,6 +12,9 @@
 # part on one core. Resumable: a part's chunks are written as they are made and a finished part is
 # skipped; run it with nothing else timing on the machine. Two cores: a second run with another
 # FIRST (say PARTS / 2) makes other parts at the same time.
+# SET=breadth: the questions about third-party packages instead (questions.py --breadth:
+# WORK/questions-breadth.txt, with its packages' licences beside it) into WORK/answers/breadth-NN, the
+# same recipe; the scale runs train on them with the other parts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/smol/scale_lib.sh
@@ -19,12 +22,15 @@ work=${1:-build/smol}
 parts=${2:-16}
 first=${3:-0}
 target=smollm2-135m-instruct
+set=${SET:-large}
+case $set in large) name=part ;; breadth) name=breadth ;; *) echo "answers.sh: SET is large or breadth, not $set" >&2; exit 2 ;; esac
+questions=$work/questions-$set.txt
 mkdir -p "$work/answers"
-[ -f "$work/questions-large.txt" ] || python scripts/smol/questions.py --large "$work/questions-large.txt"
+[ -f "$questions" ] || python scripts/smol/questions.py "--$set" "$questions"
 for ((i = first; i < parts; i++)); do
-  part=$(printf '%s/answers/part-%02d' "$work" "$i")
+  part=$(printf '%s/answers/%s-%02d' "$work" "$name" "$i")
   finished "$part" && continue
-  specdiff distill --target "$target" --chat --prompts "$work/questions-large.txt" --data "$part" \
+  specdiff distill --target "$target" --chat --prompts "$questions" --data "$part" \
     --prompt-tokens 96 --num-prompts 2048 --continuation-tokens 128 --teacher-temperature 0,0.7,1 \
     --teacher-top-p 1,0.95,0.95 --soft-labels 32 --seed "$i" --threads 1 \
     --method dflash --target-layers 1,14,27 --layers 2 --heads 9 --gamma 7 --out "$work/answers/run" --data-only

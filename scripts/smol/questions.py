@@ -2,6 +2,7 @@
 
     python scripts/smol/questions.py            # the shipped training and held-out files
     python scripts/smol/questions.py --large OUT  # a broad training set for the teacher data at scale
+    python scripts/smol/questions.py --breadth OUT  # questions about installed third-party packages
 
 Questions about the standard library (each public function's or class's docstring: what it does,
 how to use it, its summary explained), about its modules, about the language reference's help
@@ -18,6 +19,12 @@ a stable shuffled order (distill holds out the file's last tenth): every importa
 module outside HELD_OUT_MODULES (sys.stdlib_module_names), every public function, class and method
 with a one-sentence docstring, each in all LARGE_TEMPLATES, every help topic outside HELD_OUT_TOPICS
 in four phrasings, the FAQ; no question names a held-out module.
+
+`--breadth` writes the same templates over the public objects of widely used third-party packages
+(BREADTH_MODULES: numpy, pandas, scipy, torch, requests, ...) that are installed, for answers about
+code no standard-library question names (the drafter accepts its first slot far more often on modules
+its training saw than on the held-out ones), and OUT.sources.json: each package's version and licence.
+Deterministic for given installed versions; no question names a held-out module.
 """
 
 from __future__ import annotations
@@ -84,6 +91,16 @@ LARGE_TEMPLATES = (
     "What is a common mistake when using `{name}`?",
     "Summarise in one paragraph: {text}",
 )
+BREADTH_MODULES = {  # module: the distribution it comes from (its licence goes in the sources file)
+    "numpy": "numpy", "numpy.linalg": "numpy", "numpy.random": "numpy", "numpy.fft": "numpy",
+    "pandas": "pandas", "scipy.stats": "scipy", "scipy.optimize": "scipy", "scipy.linalg": "scipy",
+    "scipy.signal": "scipy", "scipy.integrate": "scipy", "scipy.interpolate": "scipy", "sympy": "sympy",
+    "networkx": "networkx", "requests": "requests", "click": "click", "jinja2": "Jinja2", "yaml": "PyYAML",
+    "attr": "attrs", "rich.console": "rich", "rich.table": "rich", "pydantic": "pydantic",
+    "pygments": "pygments", "packaging.version": "packaging", "tqdm": "tqdm", "matplotlib.pyplot": "matplotlib",
+    "PIL.Image": "pillow", "torch": "torch", "torch.nn": "torch", "torch.nn.functional": "torch",
+    "torch.optim": "torch", "pytest": "pytest", "urllib3": "urllib3", "jsonschema": "jsonschema",
+}
 LARGE_TOPICS = ("Explain {word} in Python, with an example.", "What should a beginner know about {word} in Python?",
                 "Give me three short examples of {word} in Python.", "What goes wrong most often with {word} in Python?")
 
@@ -104,13 +121,10 @@ def public_objects(module: str, mod: object) -> list[tuple[str, object]]:
     return out
 
 
-def large_questions() -> list[str]:
-    """The broad training set (see the module docstring)."""
-    import pydoc_data.topics
-
+def modules_questions(modules: list[str]) -> list[str]:
+    """LARGE_TEMPLATES over each importable module and its public objects with a one-sentence docstring."""
     out: list[str] = []
-    skip = {*HELD_OUT_MODULES, "this", "antigravity"}  # the last two print or open a browser on import
-    for module in sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in skip):
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except Exception:  # modules of other platforms, or with side effects on import
@@ -120,12 +134,46 @@ def large_questions() -> list[str]:
             text = summary(obj)
             if text:
                 out += [t.format(name=name, text=text) for t in LARGE_TEMPLATES]
+    return out
+
+
+def shuffled_training(questions: list[str]) -> list[str]:
+    """The questions once each, none naming a held-out module, in a stable shuffled order (distill
+    holds out the file's last tenth: a random share)."""
+    held = re.compile(r"\b(" + "|".join(HELD_OUT_MODULES) + r")\b")
+    kept = [q for q in dict.fromkeys(questions) if not held.search(q)]
+    return sorted(kept, key=lambda q: pick(q, 1 << 30))
+
+
+def large_questions() -> list[str]:
+    """The broad training set (see the module docstring)."""
+    import pydoc_data.topics
+
+    skip = {*HELD_OUT_MODULES, "this", "antigravity"}  # the last two print or open a browser on import
+    out = modules_questions(sorted(m for m in sys.stdlib_module_names if not m.startswith("_") and m not in skip))
     for topic in sorted(set(pydoc_data.topics.topics) - set(HELD_OUT_TOPICS)):
         out += [t.format(word=topic.replace("-", " ")) for t in LARGE_TOPICS]
     out += [line for line in FAQ.read_text(encoding="utf-8").splitlines() if line.strip()]
-    held = re.compile(r"\b(" + "|".join(HELD_OUT_MODULES) + r")\b")
-    kept = [q for q in dict.fromkeys(out) if not held.search(q)]
-    return sorted(kept, key=lambda q: pick(q, 1 << 30))  # the held-out tail of the file: a random share
+    return shuffled_training(out)
+
+
+def breadth_questions() -> tuple[list[str], dict[str, dict[str, str]]]:
+    """Questions about BREADTH_MODULES (installed third-party packages), and {distribution: {version,
+    licence}} of the packages they came from, for the card."""
+    from importlib import metadata
+
+    sources: dict[str, dict[str, str]] = {}
+    for dist in sorted(set(BREADTH_MODULES.values())):
+        try:
+            meta = metadata.metadata(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        licence = meta.get("License-Expression") or next(
+            (c.split(" :: ")[-1] for c in meta.get_all("Classifier") or [] if c.startswith("License ::")),
+            (meta.get("License") or "unknown").splitlines()[0])
+        sources[dist] = {"version": meta["Version"], "licence": licence}
+    modules = [m for m, dist in BREADTH_MODULES.items() if dist in sources]
+    return shuffled_training(modules_questions(modules)), sources
 
 
 def module_questions(module: str) -> list[str]:
@@ -160,6 +208,13 @@ def main() -> None:
         questions = large_questions()
         Path(sys.argv[2]).write_text("".join(q + "\n" for q in questions), encoding="utf-8")
         print(f"{len(questions)} training questions -> {sys.argv[2]}")
+        return
+    if sys.argv[1:2] == ["--breadth"]:
+        questions, sources = breadth_questions()
+        out = Path(sys.argv[2])
+        out.write_text("".join(q + "\n" for q in questions), encoding="utf-8")
+        out.with_suffix(".sources.json").write_text(json.dumps(sources, indent=1) + "\n", encoding="utf-8")
+        print(f"{len(questions)} training questions from {len(sources)} packages -> {out}")
         return
     train: list[str] = []
     held: list[dict] = []

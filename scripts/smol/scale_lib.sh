@@ -35,12 +35,12 @@ part_seed() {
   echo $((10#$n))
 }
 
-# more_parts WORK BASE: every finished part of WORK/answers but BASE, then (PREFILL=1) every
-# finished part of WORK/prefill (prefill.sh), comma-separated for --more-data; nothing when there
-# is none.
+# more_parts WORK BASE: every finished part of WORK/answers but BASE (the breadth parts too), then
+# (PREFILL=1) every finished part of WORK/prefill (prefill.sh), comma-separated for --more-data;
+# nothing when there is none.
 more_parts() {
   local work=$1 base=$2 part more=()
-  for part in "$work"/answers/part-* ${PREFILL:+"$work"/prefill/part-*}; do  # part-NN.jsonl: never finished
+  for part in "$work"/answers/{part,breadth}-* ${PREFILL:+"$work"/prefill/part-*}; do  # part-NN.jsonl: never finished
     [ "$part" != "$base" ] && finished "$part" && more+=("$part")
   done
   (IFS=,; echo "${more[*]}")
