@@ -26,19 +26,25 @@ def _graphs(runtime: str, exports: Sequence[str], models: Models, device: str, t
     """The first export's drafter on `runtime` and each later export's drafter (`others`: those of
     --also-drafter, in order), all drafting over one target graph: the first export's that outputs
     hidden states (a DFlash drafter or an EAGLE-3 head reads them; a diffusion drafter reads none,
-    so the pair's own export may not have them), else the first's; their sessions opened with the
-    bench's threads; refused unless exported from the bench's own target and drafters (graphs of
-    another model with the same tokenizer were timed against it, and their speed-up reported)."""
+    so the pair's own export may not have them), else the first's, the only target graph opened;
+    their sessions opened with the bench's threads; refused unless exported from the bench's own
+    target and drafters (graphs of another model with the same tokenizer were timed against it,
+    and their speed-up reported)."""
+    from specdiff.artifacts import open_artifacts
     from specdiff.runtimes import load_models
     from specdiff.generation import torch_threads
 
+    arts = [open_artifacts(path) for path in exports]
+    with_features = [i for i, art in enumerate(arts)
+                     if art.component("target") is not None and art.record("target")["model"].get("feature_layers")]
+    reader = (with_features or [0])[0]
     loaded = []
     with torch_threads(threads):
-        for path, drafter in zip(exports, [models.drafter, *models.others]):
+        for i, (art, drafter) in enumerate(zip(arts, [models.drafter, *models.others])):
             sources = {"target": models.target.name, "drafter": getattr(drafter, "source", None)}
-            loaded.append(load_models(runtime, path, device, sources=sources))
-    target = next((g["target"] for g in loaded if getattr(g["target"], "feature_layers", ())), loaded[0]["target"])
-    return {**loaded[0], "target": target, "others": [graphs["drafter"] for graphs in loaded[1:]]}
+            kinds = ("target", "drafter") if i == reader else ("drafter",)
+            loaded.append(load_models(runtime, art, device, sources=sources, kinds=kinds))
+    return {**loaded[0], "target": loaded[reader]["target"], "others": [graphs["drafter"] for graphs in loaded[1:]]}
 
 
 def _list(kind: Callable[[str], T], what: str = "", choices: Sequence[T] = (), setting: str = "") -> Callable[

@@ -192,9 +192,16 @@ def test_bench_drafts_a_dflash_also_drafter_over_a_target_graph_with_features(ti
     """`bench --drafter DDIT --also-drafter DFLASH --runtime onnxruntime` (the default job's rows): the
     pair's export (a diffusion drafter: no hidden states) comes first, yet the rows run over the
     export whose target outputs the features the DFlash drafter reads: greedy checked against ar
-    on each row, dflash's tau as eager's. Without that choice dflash is refused after exporting."""
+    on each row, dflash's tau as eager's. Without that choice dflash is refused after exporting.
+    Only that target graph is opened (each is the whole target's weights)."""
     from tiny import make_dflash
 
+    from specdiff.runtimes import onnxruntime as ort_backend
+
+    opened: list[str] = []
+    open_graph = ort_backend.open_graph
+    monkeypatch.setattr(ort_backend, "open_graph", lambda art, kind, device: (
+        opened.append(kind), open_graph(art, kind, device))[1])
     monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
     dflash = make_dflash(tmp_path / "dflash", tiny.gpt2, target_layer_ids=(0, 1, 1), scale=10)
     result = CliRunner().invoke(cli, [
@@ -207,3 +214,4 @@ def test_bench_drafts_a_dflash_also_drafter_over_a_target_graph_with_features(ti
     assert rows["dflash g=3 onnxruntime"]["tau"] == rows["dflash g=3"]["tau"]
     assert all(r["matches_ar"] for r in rows.values() if r["method"] != "ar")
     assert {r["runtime"] for r in rows.values() if r["method"] == "specdiff"} == {"torch", "onnxruntime"}
+    assert sorted(opened) == ["drafter", "drafter", "target"]

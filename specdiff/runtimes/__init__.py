@@ -38,9 +38,10 @@ __all__ = ["CHOICES", "RUNTIMES", "Runtime", "load_models", "runtime_models"]
 
 
 def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, device: str = "cpu",
-                sources: dict[str, str | None] | None = None) -> dict[str, Loaded]:
-    """{"target": ..., "drafter": ...} for the components an export directory (a path or an
-    opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`.
+                sources: dict[str, str | None] | None = None,
+                kinds: tuple[str, ...] = ("target", "drafter")) -> dict[str, Loaded]:
+    """{"target": ..., "drafter": ...} for the components of `kinds` an export directory (a path
+    or an opened Artifacts) holds, run by `runtime` ("onnxruntime" | "tensorrt") on `device`.
     sources: {"target" | "drafter": model name} the graphs stand in for (bench times them beside
     those models): a component exported from another model (config or weights differ) is refused."""
     from specdiff.artifacts import Artifacts, check_exported_from, open_artifacts
@@ -59,7 +60,7 @@ def load_models(runtime: str, artifacts: str | os.PathLike[str] | Artifacts, dev
             check_exported_from(art, kind, name)
     return {kind: GRAPHS[graph_kind(kind, art.record(kind)["model"])].from_artifacts(
                 art, backend.open_graph(art, kind, device), device)
-            for kind in ("target", "drafter") if art.component(kind) is not None}
+            for kind in kinds if art.component(kind) is not None}
 
 
 def _check_device(device: object) -> None:
