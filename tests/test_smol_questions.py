@@ -29,6 +29,6 @@ def test_breadth_questions_come_from_the_installed_package_and_name_its_licence(
     monkeypatch.setattr(questions, "BREADTH_MODULES", {"click": "click", "no_such_module": "no-such-dist"})
     asked, sources = questions.breadth_questions()
     assert list(sources) == ["click"] and sources["click"]["version"] == metadata.version("click")
-    assert sources["click"]["licence"] != "unknown"
+    assert "BSD" in sources["click"]["licence"]
     assert "What does `click.echo` do in Python?" in asked
     assert all("click" in q for q in asked if not q.startswith("Summarise"))  # the summary names no object

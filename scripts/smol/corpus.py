@@ -56,7 +56,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from questions import (HELD_OUT_MODULES, HELD_OUT_TOPICS, LARGE_PER_MODULE, LARGE_TEMPLATES,  # noqa: E402
-                       LARGE_TOPICS, pick, public_objects)
+                       LARGE_TOPICS, licence, pick, public_objects)
 
 CHUNK_CHARS = 400
 L = 128  # answer tokens a prefill row keeps (prefill.sh)
@@ -139,14 +139,6 @@ def topic_rows() -> list[dict[str, str]]:
     return out
 
 
-def licence(package: str) -> str:
-    """The licence an installed distribution's metadata names ('' if none)."""
-    meta = importlib.metadata.metadata(DISTRIBUTIONS.get(package, package))
-    named = meta.get("License-Expression") or meta.get("License") or ""
-    classifiers = [c.split(" :: ")[-1] for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
-    return " / ".join([named.splitlines()[0] if named else "", *classifiers]).strip(" /")
-
-
 def submodules(name: str) -> list[str]:
     """A package and its modules, recursively, leaving out private and test ones (nothing imported
     but the packages walked)."""
@@ -169,7 +161,7 @@ def package_rows() -> tuple[list[dict[str, str]], list[str]]:
     notes = []
     for package, (expected, roots) in PACKAGES.items():
         try:
-            found = licence(package)
+            found = licence(DISTRIBUTIONS.get(package, package))
         except importlib.metadata.PackageNotFoundError:
             notes.append(f"{package}: not installed")
             continue

@@ -157,6 +157,16 @@ def large_questions() -> list[str]:
     return shuffled_training(out)
 
 
+def licence(distribution: str) -> str:
+    """The licence an installed distribution's metadata names ('' if none)."""
+    from importlib import metadata
+
+    meta = metadata.metadata(distribution)
+    named = meta.get("License-Expression") or meta.get("License") or ""
+    classifiers = [c.split(" :: ")[-1] for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
+    return " / ".join([named.splitlines()[0] if named else "", *classifiers]).strip(" /")
+
+
 def breadth_questions() -> tuple[list[str], dict[str, dict[str, str]]]:
     """Questions about BREADTH_MODULES (installed third-party packages), and {distribution: {version,
     licence}} of the packages they came from, for the card."""
@@ -165,13 +175,9 @@ def breadth_questions() -> tuple[list[str], dict[str, dict[str, str]]]:
     sources: dict[str, dict[str, str]] = {}
     for dist in sorted(set(BREADTH_MODULES.values())):
         try:
-            meta = metadata.metadata(dist)
+            sources[dist] = {"version": metadata.version(dist), "licence": licence(dist)}
         except metadata.PackageNotFoundError:
             continue
-        licence = meta.get("License-Expression") or next(
-            (c.split(" :: ")[-1] for c in meta.get_all("Classifier") or [] if c.startswith("License ::")),
-            (meta.get("License") or "unknown").splitlines()[0])
-        sources[dist] = {"version": meta["Version"], "licence": licence}
     modules = [m for m, dist in BREADTH_MODULES.items() if dist in sources]
     return shuffled_training(modules_questions(modules)), sources
 
