@@ -15,11 +15,18 @@ is imported by no other module; what several test modules share lives beside the
 - fixture modules: this one (conftest.py), for every test module; exported.py, a plugin module
   that a test module loads with `pytest_plugins = ["exported"]`: the tiny models' ONNX exports.
 A fixture returns what it builds and adds nothing to another's result (`tiny` is the same
-whichever fixture ran first)."""
+whichever fixture ran first).
+
+The default suite's time: tests/durations.json lists the default cases that took longer than
+scripts/test_durations.py's limit when it last measured them (seconds, the id pytest prints); this
+module marks each `long`, which the default run skips (pyproject addopts) and .ci/run runs as a
+step of its own, so `python -m pytest` stays within a few minutes."""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -32,6 +39,15 @@ torch.set_num_threads(1)
 os.environ["SPECDIFF_PAIR"] = "demo"  # the suite's default pair, whether or not smol's target is installed
 hf_logging.disable_progress_bar()
 hf_logging.set_verbosity_error()
+LONG = set(json.loads((Path(__file__).parent / "durations.json").read_text(encoding="utf-8")))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `long` the cases tests/durations.json lists (see the module docstring)."""
+    for item in items:
+        if item.nodeid in LONG:
+            item.add_marker(pytest.mark.long)
 
 
 @pytest.fixture(scope="session")
