@@ -35,9 +35,8 @@ def _graphs(runtime: str, exports: Sequence[str], models: Models, device: str, t
     from specdiff.generation import torch_threads
 
     arts = [open_artifacts(path) for path in exports]
-    with_features = [i for i, art in enumerate(arts)
-                     if art.component("target") is not None and art.record("target")["model"].get("feature_layers")]
-    reader = (with_features or [0])[0]
+    reader = next((i for i, art in enumerate(arts)
+                   if art.component("target") is not None and art.record("target")["model"].get("feature_layers")), 0)
     loaded = []
     with torch_threads(threads):
         for i, (art, drafter) in enumerate(zip(arts, [models.drafter, *models.others])):

@@ -200,8 +200,12 @@ def test_bench_drafts_a_dflash_also_drafter_over_a_target_graph_with_features(ti
 
     opened: list[str] = []
     open_graph = ort_backend.open_graph
-    monkeypatch.setattr(ort_backend, "open_graph", lambda art, kind, device: (
-        opened.append(kind), open_graph(art, kind, device))[1])
+
+    def counted(art, kind, device):
+        opened.append(kind)
+        return open_graph(art, kind, device)
+
+    monkeypatch.setattr(ort_backend, "open_graph", counted)
     monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
     dflash = make_dflash(tmp_path / "dflash", tiny.gpt2, target_layer_ids=(0, 1, 1), scale=10)
     result = CliRunner().invoke(cli, [

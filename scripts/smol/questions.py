@@ -36,6 +36,7 @@ import json
 import re
 import sys
 import warnings
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,8 +160,6 @@ def large_questions() -> list[str]:
 
 def licence(distribution: str) -> str:
     """The licence an installed distribution's metadata names ('' if none)."""
-    from importlib import metadata
-
     meta = metadata.metadata(distribution)
     named = meta.get("License-Expression") or meta.get("License") or ""
     classifiers = [c.split(" :: ")[-1] for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
@@ -170,8 +169,6 @@ def licence(distribution: str) -> str:
 def breadth_questions() -> tuple[list[str], dict[str, dict[str, str]]]:
     """Questions about BREADTH_MODULES (installed third-party packages), and {distribution: {version,
     licence}} of the packages they came from, for the card."""
-    from importlib import metadata
-
     sources: dict[str, dict[str, str]] = {}
     for dist in sorted(set(BREADTH_MODULES.values())):
         try:

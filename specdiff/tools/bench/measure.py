@@ -52,7 +52,8 @@ def _timed_pass(models: Models, v: Variant, one_pass: Pass, prompts: list[str],
     if drafter is not None:
         roles["drafter"] = drafter
         kind = kind_of(models.drafter_for(v.method))
-        methods["drafter"] = kind.calls if kind else ("forward",)
+        if kind:  # else CallLog's default, forward
+            methods["drafter"] = kind.calls
     device, r = models.target.device, Repeat([], [], [])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
