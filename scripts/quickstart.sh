@@ -36,14 +36,24 @@ else
   trap 'rm -rf "$out"' EXIT
 fi
 # gamma: the pair's; dflash: the drafter of a pair with the same target whose method is dflash
-# (nothing when none is, as for demo), then missing: what the pair and that drafter still need
-IFS=$'\t' read -r gamma dflash missing < <(python -c "from specdiff.registry import load_registry
-registry = load_registry()
-pair = registry.pair('$pair')
+# (nothing when none is, as for demo), then missing: what the pair and that drafter still need.
+# The pair's name is an argument of the Python, never part of its source: an unknown one (or one
+# with a quote in it) is one line and exit 2.
+fields=$(python -c "import sys
+from specdiff.errors import SpecdiffError
+from specdiff.registry import load_registry
+try:
+    registry = load_registry()
+    pair = registry.pair(sys.argv[1])
+except SpecdiffError as e:
+    print(f'quickstart: SPECDIFF_PAIR: {e}', file=sys.stderr)
+    sys.exit(e.exit_code)
 dflash = next((p for p in map(registry.pair, registry.names('pair'))
                if p.target == pair.target and p.defaults.get('method') == 'dflash'), None)
-missing = dict.fromkeys(registry.missing('$pair') + (registry.missing(dflash.name) if dflash else []))
-print(pair.defaults.get('gamma', 4), dflash.drafter if dflash else '-', '; '.join(missing) or '-', sep='\t')")
+missing = dict.fromkeys(registry.missing(pair.name) + (registry.missing(dflash.name) if dflash else []))
+print(pair.defaults.get('gamma', 4), dflash.drafter if dflash else '-', '; '.join(missing) or '-', sep='\t')" "$pair") ||
+  exit $?
+IFS=$'\t' read -r gamma dflash missing <<< "$fields"
 if [ "$missing" != - ]; then
   say "the $pair pair needs: $missing"
   exit 1

@@ -156,6 +156,19 @@ def test_quickstart_prints_answers_the_table_and_a_last_line_and_removes_its_tem
     assert list(tmp.iterdir()) == []  # the temporary directory is gone
 
 
+@pytest.mark.parametrize("pair", ["no-such-pair", "de'mo", 'de"mo'])
+def test_quickstart_refuses_an_unknown_pair_in_one_line(tmp_path, pair):
+    """SPECDIFF_PAIR was pasted into Python source: a wrong name was a traceback, a quote a
+    SyntaxError. Now: one line and exit 2, before anything is timed."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+           "SPECDIFF_SET_UP": "1", "SPECDIFF_PAIR": pair}
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 2 and run.stdout == "", run.stderr
+    assert run.stderr.startswith(f"quickstart: SPECDIFF_PAIR: unknown pair '{pair}' (known: ")
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
 @pytest.mark.parametrize("path", [".venv/", "bench-out/", "out.txt", "out.jsonl", "demo-onnx/", "neo-trt/",
                                   "smol-dflash-onnx/", "drafters/try/", "my-drafter/"])
 def test_what_the_docs_commands_write_in_a_checkout_is_ignored(path):
