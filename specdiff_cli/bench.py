@@ -102,6 +102,9 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "[default: every one the models allow]. ar always runs: it is the reference.")
 @click.option("--prompt-file", metavar="PATH", help="Prompts, one per line or JSONL [default: the pair's held-out prompts, else the 32 held-out "
               "demo prompts shipped in the package].")
+@click.option("--prompt-set", metavar="NAME", help="A held-out set shipped in the package instead: smol-general (what "
+              "people ask a chat model: the smol pairs' default), smol-heldout (Python standard-library questions), "
+              "heldout (the demo pair's).")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)
 @click.option("--num-prompts", type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")
@@ -157,7 +160,8 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
               help="Put each prompt through the target's chat template [default: the pair's, else no].")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots [without matplotlib: skipped, with a note].")
 def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter: str | None, others: tuple[str, ...],
-          methods: tuple[str, ...] | None, prompt_file: str | None, input_format: str, num_prompts: int | None,
+          methods: tuple[str, ...] | None, prompt_file: str | None, prompt_set: str | None, input_format: str,
+          num_prompts: int | None,
           max_new_tokens: int | None, repeats: int, warmup: int, gammas: tuple[int | str, ...] | None,
           steps: tuple[int, ...] | None, schedules: tuple[str, ...] | None, drafts: tuple[int, ...] | None,
           trees: tuple[int | str, ...] | None, draft_temperature: float | None, rules: tuple[str, ...] | None,
@@ -193,7 +197,10 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
         raise UsageError("--also-drafter with --artifacts: an export holds one drafter; use --runtime onnxruntime "
                          "without --artifacts (each drafter exported with the target into the user cache)")
     plots = not no_plots and _can_plot(require_matplotlib)  # said before the long run, not after it
-    records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target)), sys.stdin.buffer, input_format)
+    if prompt_file and prompt_set:
+        raise UsageError("give --prompt-file or --prompt-set, not both")
+    records = read_prompts((), prompt_file or str(lib.default_prompts(pair, target, prompt_set=prompt_set)),
+                           sys.stdin.buffer, input_format)
     prompts = [r.prompt for r in records][:num_prompts]
     models, defaults = lib.load_models(pair=pair, target=target, drafter=drafter, ar_drafter=ar_drafter, others=others,
                                        methods=methods or (), device=device, dtype=dtype)

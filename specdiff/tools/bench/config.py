@@ -125,8 +125,22 @@ class Settings:
     gamma_cap: int | None = None  # the most a `gamma` auto row drafts (None: the drafter's, else 8)
 
 
-def default_prompts(pair: str | None, target: Any, registry: Registry | None = None) -> Path:
-    """The prompt file bench uses when given none: the pair's `prompts:`, else DEFAULT_PROMPTS."""
+def prompt_sets() -> dict[str, Path]:
+    """The held-out prompt sets shipped in the package, by name (each file's stem under
+    data/prompts: smol-general, what people ask a chat model; smol-heldout, questions about Python's
+    standard library; heldout, the demo pair's)."""
+    return {p.stem: p for p in sorted(data_path("prompts").glob("*.jsonl"))}
+
+
+def default_prompts(pair: str | None, target: Any, registry: Registry | None = None, prompt_set: str | None = None
+                    ) -> Path:
+    """The prompt file bench uses when given none: the named shipped set, else the pair's
+    `prompts:`, else DEFAULT_PROMPTS."""
+    if prompt_set is not None:
+        sets = prompt_sets()
+        if prompt_set not in sets:
+            raise UsageError(f"--prompt-set {prompt_set}: no such shipped set (one of {', '.join(sets)})")
+        return sets[prompt_set]
     entry = (registry or load_registry()).chosen_pair(pair, target)
     return entry.prompts if entry is not None and entry.prompts is not None else DEFAULT_PROMPTS
 
