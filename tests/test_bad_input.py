@@ -147,7 +147,6 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "unknown device": ("--device nonsense", "unknown device 'nonsense'"),
     "drafts past free memory": ("--drafter {drafter} --drafts 100000000", "--batch-size 8, --drafts 100000000, "
                                 "--gamma 8: one decoding step needs about", "GB free on cpu; lower them"),
-    "batch size past free memory": ("--batch-size 100000000000", "--batch-size 100000000000: one decoding step"),
     "repetition penalty past float32": ("--repetition-penalty 1e-300",  # accepted, then blamed on the weights
                                         "--repetition-penalty must be a finite number from 1e-30 to 1e+30", "1e-300"),
     "threshold on ar": ("--threshold 0.5", "method 'ar' does not use --threshold; it reads none of the draft"),
@@ -161,6 +160,8 @@ USAGE = {  # the request itself is wrong: options, names, combinations
     "gamma on ar": ("--method ar --gamma 4", "method 'ar' does not use --gamma"),
     "gamma past the context window": ("--drafter {drafter} --gamma 100000",
                                       "--gamma 100000 does not fit the target's context window (128 tokens)"),
+    "tree past the context window": ("--drafter {drafter} --steps 1 --gamma 4 --tree 1000000000",
+                                     "--tree 1000000000 does not fit the target's context window (128 tokens)"),
 }
 
 
@@ -173,6 +174,14 @@ def test_usage_errors_exit_2(tmp_path, models, case):
     stderr = fail(tmp_path, [*target, *expand(args, models), "--prompt", "Hello"], 2, *fragments)
     flags = {flag for param in cli.commands["generate"].params for flag in param.opts}
     assert set(re.findall(r"(?<!')--[a-z][a-z-]*", stderr)) <= flags, stderr
+
+
+def test_the_memory_check_sizes_the_rows_the_prompts_fill_not_the_batch_size(models):
+    """5 prompts at --batch-size 100000000000 are 5 rows: they were refused as a step of 1e11 rows."""
+    args = ["generate", "--target", models["gpt2"], "--drafter", models["drafter"], "--max-new-tokens", "2"]
+    result = invoke([*args, "--batch-size", "100000000000"], input="a\nb\nc\nd\ne\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("\n") == 5
 
 
 RUNTIME = {  # the request is fine, the files it names are not

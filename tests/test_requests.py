@@ -118,8 +118,9 @@ def test_stream_refuses_settings_beside_a_plan(tiny):
 
 
 def test_a_step_larger_than_free_memory_is_refused_before_decoding(tiny, monkeypatch):
-    """`drafts` 100000 once grew to 23 GB and woke the OOM killer: plan() checks a step of
-    `batch_size` rows, stream() the rows and cache lengths its prompts need, before the first token."""
+    """`drafts` 100000 once grew to 23 GB and woke the OOM killer: plan() checks a step of one
+    row (the fewest a run has), stream() the rows and cache lengths its prompts need, before the
+    first token."""
     from specdiff import budget
 
     p = plan(target=tiny.gpt2, drafter=tiny.drafter, batch_size=2)

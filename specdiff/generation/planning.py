@@ -113,7 +113,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         if uses:
             _warn_untrained(drafter)
             _warn_width_dependent(target, sampling)
-        decoder.check_sizes(opts["batch_size"], opts["batch_size"], opts["max_new_tokens"], 0)
+        # one row, the fewest a run has: each stream checks the rows its prompts fill (streaming.py)
+        decoder.check_sizes(1, opts["batch_size"], opts["max_new_tokens"], 0)
     return Plan(target, drafter if uses else None, chosen, sampling, decoder, opts["max_new_tokens"], seed,
                 text_options(target, opts["chat"], system, stop), sources(settings, chosen, drafter),
                 opts["batch_size"], compile)

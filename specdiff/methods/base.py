@@ -72,19 +72,21 @@ class Method:
 
 
 def check_sizes(target: Target, *, gamma: int | None, copies: int, batch_size: int, max_new_tokens: int,
-                rows: int, context: int) -> None:
-    """Refuse sizes that cannot serve: a draft (gamma tokens; None: no draft) longer than the
-    target's context window, or a decoding step (`rows` rows decoded together, each verifying
-    `copies` candidate drafts of up to gamma + 1 tokens, caches of `context` tokens) larger than
-    the free memory (budget.py)."""
-    if gamma is not None and gamma >= target.max_length:
-        raise UsageError(f"`gamma` {gamma} does not fit the target's context window ({target.max_length} "
-                         "tokens) after a prompt")
+                rows: int, context: int, tree: int = 0) -> None:
+    """Refuse sizes that cannot serve: a draft (gamma tokens, or a tree of `tree` nodes; gamma
+    None: no draft) longer than the target's context window, or a decoding step (`rows` rows
+    decoded together, each verifying `copies` candidate drafts of up to gamma + 1 tokens, or the
+    tree's nodes + 1, caches of `context` tokens) larger than the free memory (budget.py)."""
+    drafted = {"gamma": gamma, "tree": tree} if gamma is not None else {}
+    for name, size in drafted.items():
+        if size >= target.max_length:
+            raise UsageError(f"`{name}` {size} does not fit the target's context window ({target.max_length} "
+                             "tokens) after a prompt")
     if target.max_rows:  # the loop decodes no more rows together than the target takes
         rows = min(rows, max(1, target.max_rows // copies))
     sizes = {"batch_size": batch_size, **({"drafts": copies} if copies > 1 else {}),
-             **({"gamma": gamma} if gamma is not None else {})}
-    tokens = min(gamma + 1, max_new_tokens) if gamma is not None else 1
+             **{name: size for name, size in drafted.items() if size}}
+    tokens = min(max(gamma, tree) + 1, max_new_tokens) if gamma is not None else 1
     check_step(target, rows=rows * copies, tokens=tokens, context=context, sizes=sizes)
 
 

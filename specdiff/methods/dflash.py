@@ -261,9 +261,9 @@ class DFlashDecoder:
 
     def check_sizes(self, rows: int, batch_size: int, max_new_tokens: int, context: int) -> None:
         """As speculative methods, the captured hidden states counted in the cache (budget.py)."""
-        check_capturing_sizes(self.target, self.drafts.layers, gamma=max(self.settings.gamma, self.drafts.tree),
+        check_capturing_sizes(self.target, self.drafts.layers, gamma=self.settings.gamma, tree=self.drafts.tree,
                               copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                              rows=rows, context=context)  # a tree: N + 1 verified
+                              rows=rows, context=context)
 
     def ran(self) -> dict[str, Any]:
         return {**{k: getattr(self.settings, k) for k in self.reads}, "acceptance": self.rule}

@@ -143,9 +143,9 @@ class SpeculativeDecoder:
                 length)
 
     def check_sizes(self, rows: int, batch_size: int, max_new_tokens: int, context: int) -> None:
-        nodes = self.trees.nodes if self.trees else 0  # a tree: N + 1 verified
-        check_sizes(self.target, gamma=max(self.settings.gamma, nodes), copies=self.settings.drafts,
-                    batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows, context=context)
+        check_sizes(self.target, gamma=self.settings.gamma, tree=self.trees.nodes if self.trees else 0,
+                    copies=self.settings.drafts, batch_size=batch_size, max_new_tokens=max_new_tokens, rows=rows,
+                    context=context)
 
     def ran(self) -> dict[str, Any]:
         """The settings its method reads, steps as run (at most one step per draft slot), the rule."""
