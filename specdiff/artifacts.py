@@ -176,13 +176,15 @@ class Artifacts:
 
 
 def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
-    """Read and check an export directory: manifest, tokenizer, then every file's sha256."""
+    """Read and check an export directory: manifest, every listed file there, tokenizer, then every
+    file's sha256."""
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
         raise UsageError(f"`artifacts` must be the path of a `specdiff export` directory, got {directory!r:.40}")
     root = Path(directory)
     manifest = read_manifest(root)
+    _check_present(root, manifest["files"])
     tokenizer = _check_tokenizer(root, manifest)
-    _check_files(root, manifest["files"])
+    _check_hashes(root, manifest["files"])
     return Artifacts(root, manifest, tokenizer)
 
 
@@ -369,10 +371,13 @@ def _check_tokenizer(root: Path, manifest: dict[str, Any]) -> Any:
     return tokenizer
 
 
-def _check_files(root: Path, expected: dict[str, str]) -> None:
+def _check_present(root: Path, expected: dict[str, str]) -> None:
     missing = [rel for rel in expected if not (root / rel).is_file()]
     if missing:
         raise LoadError(f"{root}: {len(missing)} file(s) listed in {MANIFEST} are missing: {', '.join(missing[:3])}")
+
+
+def _check_hashes(root: Path, expected: dict[str, str]) -> None:
     corrupt = [rel for rel, digest in expected.items() if sha256_file(root / rel) != digest]
     if corrupt:
         raise LoadError(f"{root}: sha256 of {', '.join(corrupt[:3])} does not match {MANIFEST} "

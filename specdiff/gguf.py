@@ -108,19 +108,21 @@ def gguf_directory(source: GGUFSource) -> Path:
     remove_stale(out.parent)
     if entry_damage(out, digest) is None:  # the common case takes no lock
         return out
-    with _turns(out.parent):
+    with take_turns(out.parent):
         damage = entry_damage(out, digest)
         if damage is None:
             return out
         if damage != ABSENT:
+            discard_entry(out, damage)
             print(f"specdiff: {path.name}'s conversion in specdiff's cache ({out}) is not usable: {damage}; "
                   "converting it again", file=sys.stderr, flush=True)
-            _discard(out, damage)
         _rebuild(path, out, digest)
     return out
 
 
-def _discard(out: Path, damage: str) -> None:
+def discard_entry(out: Path, damage: str) -> None:
+    """Remove the cache entry `out`, which is not usable for `damage`; a LoadError naming the cache
+    and the fix where it cannot be removed (a read-only cache)."""
     try:
         remove(out)
     except FileNotFoundError:
@@ -148,7 +150,7 @@ def _rebuild(path: Path, out: Path, digest: str) -> None:
 
 
 @contextmanager
-def _turns(folder: Path) -> Iterator[None]:
+def take_turns(folder: Path) -> Iterator[None]:
     """Processes that convert or repair an entry in `folder` take turns: an flock on the folder,
     released when the process ends, even by kill -9 (a sound entry is read without it). Where
     there is no lock (a read-only cache, a file system without locks) a process goes on alone."""

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 from huggingface_hub import constants as hub_constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub import get_session
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # public, in a lazy __all__
 
 from .errors import LoadError
 
@@ -19,8 +21,12 @@ HUB_PROBE_TIMEOUT_S = 3.0  # one request to the hub's endpoint before transforme
 
 
 def hub_call(what: str, source: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a from_pretrained call, turning its many failure types into one LoadError line."""
+    """Run a from_pretrained call, turning its many failure types into one LoadError line. A source
+    that is no local path and cannot be a hub id either (an absolute path that does not exist) is
+    refused first: the hub library's checks of it raised HFValidationError."""
     if not Path(source).exists():
+        if not _is_repo_id(source):
+            raise LoadError(f"cannot load {what} from '{source}': no such directory (and not a hub id)")
         check_hub(source)
     try:
         return fn(source, *args, **kwargs)
@@ -45,6 +51,14 @@ def check_hub(repo_id: str) -> None:
         raise LoadError(f"'{repo_id}' is not in the local Hugging Face cache and the hub ({hub_constants.ENDPOINT}) "
                         f"does not answer ({failure}); name a local directory, or set HF_HUB_OFFLINE=1 to use "
                         "cached models only")
+
+
+def _is_repo_id(name: str) -> bool:
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _cached(repo_id: str) -> bool:

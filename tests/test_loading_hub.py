@@ -15,6 +15,7 @@ from click.testing import CliRunner
 import specdiff.hub as hub_access
 from specdiff import loading
 from specdiff.errors import LoadError
+from specdiff.sources import load_tokenizer
 from specdiff_cli.main import cli
 
 CLOSED_PORT = "http://127.0.0.1:9"  # discard: nothing listens there
@@ -86,3 +87,15 @@ def test_offline_names_the_missing_model_not_the_hubs_setting(load, monkeypatch,
     assert str(e.value) == ("'nobody/not-cached' is not a local directory and not in the local Hugging Face cache "
                             "(HF_HUB_OFFLINE is set: cached models only); name a local directory, or download it "
                             "once with network access")
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_path_that_does_not_exist_is_one_line(hub, offline, monkeypatch, tmp_path):
+    """An absolute tokenizer path that does not exist (a cached export's tokenizer folder gone) was a
+    three-deep HFValidationError traceback from the hub library's check of it as a repo id."""
+    hub(CLOSED_PORT)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    with pytest.raises(LoadError) as e:
+        load_tokenizer(str(tmp_path / "gone" / "tokenizer"))
+    assert str(e.value) == f"cannot load tokenizer from '{tmp_path / 'gone' / 'tokenizer'}': no such directory " \
+                           "(and not a hub id)"

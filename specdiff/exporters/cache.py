@@ -7,22 +7,27 @@ specdiff's user cache and reuses that export afterwards.
          and weights, draft vocabulary included), the dtype, the opset and the export format version
 
 An entry is written as `specdiff export` writes a directory (beside its final name, renamed into
-place once validated: complete or absent; two processes exporting the same models keep the one
-that finished first) and opened with open_artifacts, which checks every file against the
-manifest's sha256. An entry that does not open is exported again, once, saying so in one line.
+place once validated: complete or absent; a killed export leaves a hidden directory that the next
+run removes, atomic.remove_stale) and opened with open_artifacts, which checks every file against
+the manifest's sha256. An entry that does not open (no manifest.json, a missing or changed file,
+a file where the directory should be) is removed and exported again, once, saying so in one line;
+where it cannot be removed or written (a read-only or full cache), one LoadError names the cache
+and the fix. Processes that export or repair entries take turns, as the GGUF cache's do
+(gguf.take_turns), so two exporting the same models keep the one that finished first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
+import os
 import sys
 from pathlib import Path
 
 from specdiff.artifacts import FORMAT_VERSION, identity_of, open_artifacts
-from specdiff.errors import LoadError, UsageError
-from specdiff.gguf import cache_root
+from specdiff.atomic import remove_stale
+from specdiff.errors import LoadError, UsageError, WriteError
+from specdiff.gguf import ABSENT, cache_root, discard_entry, take_turns
 from specdiff.kinds import get_kind
 from specdiff.methods import get_method
 from specdiff.registry import Registry
@@ -61,23 +66,50 @@ def export_for(pair: str | None, target: str | None, drafter: str | None, method
 
 def cached_export(target: str, drafter: str | None, registry: Registry) -> Path:
     """The cached export of `target` (and `drafter`, named as load_target / load_drafter name them),
-    made now if there is none or the one there does not open."""
+    made now if there is none, or made again if the one there does not open (see the module
+    docstring)."""
     out = cache_root() / "onnx" / export_key(target, drafter, registry)[:16]
-    if (out / "manifest.json").is_file():
-        try:
-            open_artifacts(out)
+    remove_stale(out.parent)
+    if entry_damage(out) is None:  # the common case takes no lock
+        return out
+    with take_turns(out.parent):
+        damage = entry_damage(out)
+        if damage is None:  # exported meanwhile by another process
             return out
-        except LoadError as e:
-            _say(f"the cached export {out} does not open ({e}); exporting it again")
-            shutil.rmtree(out, ignore_errors=True)
+        if damage != ABSENT:
+            discard_entry(out, damage)
+            _say(f"the cached export {out} does not open ({damage}); exporting it again")
+        _export(out, target, drafter, registry)
+    return out
+
+
+def entry_damage(out: Path) -> str | None:
+    """None if the cache entry `out` opens (open_artifacts: its manifest, tokenizer and every file's
+    sha256), else why not: ABSENT where there is none."""
+    if not os.path.lexists(out):
+        return ABSENT
+    try:
+        open_artifacts(out)
+    except LoadError as e:
+        return str(e)
+    return None
+
+
+def _export(out: Path, target: str, drafter: str | None, registry: Registry) -> None:
+    """Export into the cache entry `out`; a LoadError naming the cache and the fix where it cannot
+    be written."""
     what = f"'{target}'" + (f" and '{drafter}'" if drafter else "")
     _say(f"exporting {what} for onnxruntime into {out} (once; later runs reuse it)")
     try:
         export(out, target=target, drafter=drafter, dtype=EXPORT_DTYPE, opset=EXPORT_OPSET, registry=registry)
-    except (OSError, UsageError):
-        if not (out / "manifest.json").is_file():  # not another process that exported the same models first
+    except (OSError, WriteError, UsageError) as e:
+        if entry_damage(out) is None:
+            return  # exported meanwhile by a process that could not take turns (no lock)
+        if isinstance(e, UsageError):
             raise
-    return out
+        why = getattr(e.__cause__ if isinstance(e, WriteError) else e, "strerror", None) or e
+        raise LoadError(f"cannot write the export of {what} to specdiff's cache ({out}: {why}): make room "
+                        "there, or set SPECDIFF_CACHE to another directory") from e
 
 
 def _say(message: str) -> None:
