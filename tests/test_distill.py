@@ -408,3 +408,31 @@ def test_from_target_shares_the_targets_embedding_and_head_and_does_not_store_th
         pair_models(wide, load_drafter(str(out)))
     with pytest.raises(UsageError, match="the target's hidden size 32"):
         distill(DistillConfig(**{**cfg.__dict__, "out": str(tmp_path / "b"), "dim": 64, "resume": False}))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+DAMAGED_DATA = {"meta.json": ("meta.json", lambda p: p.write_text("{", encoding="utf-8"),
+                              "meta.json: damaged: Expecting property name enclosed in double quotes; the settings "
+                              "the teacher data in {data} was made with are unknown: delete {data} and make it again"),
+                "no meta.json": ("meta.json", Path.unlink, "meta.json: No such file or directory; the settings"),
+                "truncated chunk": ("train-00000.safetensors", truncate,
+                                    "train-00000.safetensors: damaged teacher data (")}
+
+
+@pytest.mark.parametrize("flag", ["--data", "--more-data"])
+@pytest.mark.parametrize("damage", sorted(DAMAGED_DATA))
+def test_damaged_teacher_data_is_one_line_naming_the_file(tiny, prompts, trained, tmp_path, damage, flag):
+    """A bad meta.json or a truncated chunk was a traceback (JSONDecodeError, SafetensorError) on every run."""
+    data = tmp_path / "data"
+    shutil.copytree(trained[0] / "data", data)
+    name, spoil, fragment = DAMAGED_DATA[damage]
+    spoil(data / name)
+    where = ["--data", str(data)] if flag == "--data" else ["--data", str(trained[0] / "data"), "--more-data", str(data)]
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out",
+                                      str(tmp_path / "d"), *SMALL, "--max-steps", "1", *where])
+    assert result.exit_code in (1, 2) and result.stderr.count("\n") == 1, result.stderr
+    assert str(data / fragment.format(data=data)) in result.stderr
+    assert (flag == "--more-data") == result.stderr.startswith(f"specdiff: error: --more-data {data}: not a complete")

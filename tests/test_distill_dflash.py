@@ -259,3 +259,17 @@ def test_target_layers_belong_to_dflash(tiny, prompts, tmp_path):
             "--target-layers", "1"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code != 0 and "--target-layers is for --method dflash" in result.stderr
+
+
+def test_a_truncated_features_file_is_one_line_naming_it(tiny, prompts, trained, tmp_path):
+    """A truncated features file was a SafetensorError traceback on every run."""
+    data = tmp_path / "data"
+    shutil.copytree(trained[0] / "data", data)
+    [features] = data.glob("features-*/train-00000.safetensors")
+    features.write_bytes(features.read_bytes()[:1000])
+    result = _run(tiny, prompts, tmp_path / "d", "--data", str(data), "--max-steps", "1")
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"specdiff: error: {features}: damaged target features (")
+    assert result.stderr.endswith("; delete it, and the next run computes it again\n")
+    features.unlink()
+    assert _run(tiny, prompts, tmp_path / "d", "--data", str(data), "--max-steps", "1").exit_code == 0

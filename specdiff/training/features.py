@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from ..atomic import new_file
+from ..errors import LoadError
 from ..nets.checkpoint import save_tensors
 from ..nets.dflash import context_features
 from .sequences import Sequences
@@ -67,11 +68,7 @@ class MappedFeatures:
 
     def __init__(self, paths: Sequence[Path]):
         self.paths = list(paths)
-        sizes = []
-        for path in self.paths:
-            with safe_open(str(path), framework="pt") as f:
-                sizes.append(f.get_slice("features").get_shape()[0])
-        self.starts = torch.tensor([0, *itertools.accumulate(sizes)])
+        self.starts = torch.tensor([0, *itertools.accumulate(map(_rows, self.paths))])
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -91,6 +88,17 @@ class MappedFeatures:
 
     def __add__(self, other: MappedFeatures) -> MappedFeatures:
         return MappedFeatures(self.paths + other.paths)
+
+
+def _rows(path: Path) -> int:
+    """The rows of a cache file; a LoadError naming it, and what to do, where it cannot be read."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return int(f.get_slice("features").get_shape()[0])
+    except (OSError, SafetensorError) as e:  # missing, truncated, no features
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise LoadError(f"{path}: damaged target features ({why}); delete it, and the next run computes it "
+                        "again") from e
 
 
 def cached_features(data: Path, model: Any, train: Sequences, val: Sequences, pad_id: int | None,

@@ -33,19 +33,22 @@ file's rows in order, its last rows held out (prefill_split).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tqdm import tqdm
 
 from ..atomic import new_file
-from ..errors import UsageError
+from ..errors import LoadError, UsageError
 from ..hf_cache import returned_cache, with_cache
 from ..nets.checkpoint import save_tensors
+from ..reading import read_small_text
 from ..sampling import Sampling
 from ..targets.block import BlockDiffusionTarget
 from ..targets.causal import CausalLMTarget
@@ -223,17 +226,36 @@ def _prefill(target: Teacher, prompts: tuple[torch.Tensor, torch.Tensor | None],
 
 
 def _check_meta(data: Path, spec: DataSpec) -> None:
-    meta = data / "meta.json"
-    if meta.is_file():
-        cached = {"prefill": False, **json.loads(meta.read_text(encoding="utf-8"))}  # older caches: generated
+    """Refuse a cache made with other settings, or whose settings are unknown (meta.json damaged, or
+    missing beside cached files)."""
+    if os.path.lexists(data / "meta.json") or any(f.is_file() for f in _files(data, spec).values()):
+        cached = {"prefill": False, **_read_meta(data)}  # older caches: generated
         differ = [k for k, v in asdict(spec).items() if cached.get(k) != v]
         if differ:
             raise UsageError(f"{data} was made with other settings ({', '.join(differ)}); use a new `out`")
 
 
+def _read_meta(data: Path) -> dict[str, Any]:
+    """meta.json's settings; a LoadError naming it, and what to do, where they cannot be read."""
+    meta = data / "meta.json"
+    try:
+        settings = json.loads(read_small_text(meta))
+        if not isinstance(settings, dict):
+            raise ValueError("not a JSON object")
+    except OSError as e:
+        why = e.strerror or str(e)
+    except ValueError as e:  # not UTF-8, not JSON
+        why = f"damaged: {str(e).split(':')[0]}"
+    else:
+        return settings
+    raise LoadError(f"{meta}: {why}; the settings the teacher data in {data} was made with are unknown: delete "
+                    f"{data} and make it again")
+
+
 def _write_meta(data: Path, spec: DataSpec) -> None:
     data.mkdir(parents=True, exist_ok=True)
-    (data / "meta.json").write_text(json.dumps(asdict(spec), indent=2) + "\n", encoding="utf-8")
+    with new_file(data / "meta.json") as tmp:
+        tmp.write_text(json.dumps(asdict(spec), indent=2) + "\n", encoding="utf-8")
 
 
 def _save(path: Path, seqs: Sequences) -> None:
@@ -242,7 +264,13 @@ def _save(path: Path, seqs: Sequences) -> None:
 
 
 def _load(path: Path) -> Sequences:
-    return Sequences(**load_file(str(path)))
+    """A cache file's sequences; a LoadError naming it, and what to do, where it cannot be read."""
+    try:
+        return Sequences(**load_file(str(path)))
+    except (OSError, SafetensorError, TypeError) as e:  # missing, truncated, other tensors
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise LoadError(f"{path}: damaged teacher data ({why}); delete it, and a run with this `data` makes it "
+                        "again") from e
 
 
 def _files(data: Path, spec: DataSpec) -> dict[int, Path]:
@@ -252,8 +280,15 @@ def _files(data: Path, spec: DataSpec) -> dict[int, Path]:
 
 
 def read_sequences(data: Path) -> tuple[Sequences, Sequences, DataSpec]:
-    """A complete cache -> (train (num_prompts * S, P + L), val (val_prompts * S, P + L), its settings)."""
-    spec = DataSpec(**json.loads((data / "meta.json").read_text(encoding="utf-8")))
+    """A complete cache -> (train (num_prompts * S, P + L), val (val_prompts * S, P + L), its settings);
+    a LoadError naming a file that cannot be read."""
+    if not data.is_dir():
+        raise LoadError(f"{data}: no such directory")
+    meta = _read_meta(data)
+    try:
+        spec = DataSpec(**meta)
+    except TypeError as e:  # keys of another version
+        raise LoadError(f"{data / 'meta.json'}: not the settings of teacher data ({e})") from e
     files = _files(data, spec)
     train = Sequences.cat([_load(files[k]) for k in sorted(files) if k])
     return train, _load(files[0]), spec
@@ -269,7 +304,7 @@ def more_sequences(dirs: Sequence[str], spec: DataSpec) -> list[tuple[Path, Sequ
         data = Path(name)
         try:
             train, val, other = read_sequences(data)
-        except (OSError, ValueError, TypeError) as e:
+        except (LoadError, TypeError) as e:
             raise UsageError(f"`more_data` {name}: not a complete teacher data cache ({e})") from e
         differ = [k for k in SHARED if getattr(other, k) != getattr(spec, k)]
         if differ:
