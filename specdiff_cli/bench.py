@@ -12,7 +12,7 @@ import click
 
 from specdiff import names
 
-from .flags import DEFAULT_PAIR, check_pair, check_setting, gamma, to_flags
+from .flags import DEFAULT_PAIR, check_pair, check_setting, flag_names, gamma, to_flags
 from .prompts import read_prompts
 from .threads import default_threads, threads_option
 
@@ -301,7 +301,7 @@ def _warn_unreliable(report: dict[str, Any]) -> None:
             click.echo(f"specdiff: warning: {row['label']}: speed-up {row['speedup']:.2f}x is unreliable: "
                        f"{'; '.join(row['unreliable'])}", err=True)
     if report["reliability"]["advice"]:
-        click.echo(f"specdiff: warning: {to_flags(report['reliability']['advice'])}", err=True)
+        click.echo(f"specdiff: warning: {to_flags(report['reliability']['advice'], flag_names(bench))}", err=True)
 
 
 BUSY = 0.25  # CPU cores other processes may keep busy before bench says its speeds are off

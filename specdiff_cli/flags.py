@@ -7,16 +7,32 @@ transformers (seconds)."""
 from __future__ import annotations
 
 import re
+from typing import Mapping
 
 import click
 
 PARAMETER = re.compile(r"`([a-z][a-z0-9_]*)`")
-RENAMED = {"fmt": "format"}  # parameters whose flag is not their name (export's --format)
 
 
-def to_flags(message: str) -> str:
-    """'use `truncate_prompt` to keep its end' -> 'use --truncate-prompt to keep its end'."""
-    return PARAMETER.sub(lambda m: "--" + RENAMED.get(m.group(1), m.group(1)).replace("_", "-"), message)
+def flag_names(command: click.Command) -> dict[str, str]:
+    """What to_flags renames, read from the options themselves: each option's parameter name and
+    its flag's own (export's `fmt` and `format`, bench's `others` and `also_drafter`) -> its flag
+    (--format, --also-drafter), over `command` and, for a group, every command in it."""
+    names: dict[str, str] = {}
+    for sub in command.commands.values() if isinstance(command, click.Group) else ():
+        names.update(flag_names(sub))
+    for param in command.params:
+        flag = next((opt for opt in param.opts if opt.startswith("--")), None)
+        if isinstance(param, click.Option) and flag is not None and param.name:
+            names[param.name] = names[flag[2:].replace("-", "_")] = flag
+    return names
+
+
+def to_flags(message: str, flags: Mapping[str, str]) -> str:
+    """'use `truncate_prompt` to keep its end' -> 'use --truncate-prompt to keep its end', for
+    the parameters that `flags` (flag_names) knows; any other name is left as written: torch's
+    `weights_only` is torch's parameter, and no --weights-only flag exists to pass."""
+    return PARAMETER.sub(lambda m: flags.get(m.group(1), m.group(0)), message)
 
 
 def gamma(text: str) -> int | str:

@@ -15,7 +15,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Iterator, NoReturn, Sequence
+from typing import Any, Iterator, Mapping, NoReturn, Sequence
 
 import click
 
@@ -25,9 +25,10 @@ from .bench import bench
 from .distill import distill
 from .drafter import drafter
 from .export import export
-from .flags import to_flags
+from .flags import flag_names, to_flags
 from .generate import generate
 from .models import models
+from .tune import tune
 from .output import guarded_stdout
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -49,9 +50,9 @@ def _quiet_libraries() -> None:
 
 
 @contextmanager
-def _warnings_as_lines() -> Iterator[None]:
-    """Every SpecdiffWarning is one stderr line, each time the library warns; other warnings are
-    shown as Python shows them."""
+def _warnings_as_lines(flags: Mapping[str, str]) -> Iterator[None]:
+    """Every SpecdiffWarning is one stderr line, each time the library warns, its parameters shown
+    as `flags` (flag_names); other warnings are shown as Python shows them."""
     from specdiff.errors import SpecdiffWarning
 
     with warnings.catch_warnings():
@@ -60,7 +61,7 @@ def _warnings_as_lines() -> Iterator[None]:
         def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
             if not issubclass(category, SpecdiffWarning):
                 return shown(message, category, *args, **kwargs)
-            _say(f"specdiff: warning: {to_flags(str(message))}".replace("\n", " "))
+            _say(f"specdiff: warning: {to_flags(str(message), flags)}".replace("\n", " "))
 
         warnings.showwarning = show
         warnings.simplefilter("always", SpecdiffWarning)
@@ -146,7 +147,7 @@ class SpecdiffGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with guarded_stdout(), _warnings_as_lines():
+            with guarded_stdout(), _warnings_as_lines(flag_names(self)):
                 return super().invoke(ctx)
         except BrokenPipeError:  # click's main() would exit 1 on it
             _end_quietly(ctx)
@@ -164,7 +165,7 @@ class SpecdiffGroup(click.Group):
         except click.Abort:
             _fail("aborted", 130)
         except SpecdiffError as e:
-            _fail(to_flags(str(e)).replace("\n", " "), e.exit_code)
+            _fail(to_flags(str(e), flag_names(self)).replace("\n", " "), e.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except Terminated as e:
@@ -189,7 +190,7 @@ def cli() -> None:
     """
 
 
-for command in (generate, drafter, export, bench, distill):
+for command in (generate, drafter, export, bench, distill, tune):
     cli.add_command(_quiet_when_run(command))
 cli.add_command(models)  # reads models.yaml only: loads no model, imports no transformers
 

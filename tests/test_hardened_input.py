@@ -311,10 +311,21 @@ def test_library_errors_name_parameters_not_flags():
 
 
 def test_the_cli_shows_parameters_as_the_flags_that_set_them():
-    from specdiff_cli.flags import to_flags
+    from specdiff_cli.flags import flag_names, to_flags
 
-    assert to_flags("`max_batch` must be >= 1; export again with `fmt` tensorrt") == \
+    flags = flag_names(cli)
+    assert to_flags("`max_batch` must be >= 1; export again with `fmt` tensorrt", flags) == \
         "--max-batch must be >= 1; export again with --format tensorrt"
+    assert to_flags("`others` '' is empty", flags) == "--also-drafter '' is empty"
+
+
+def test_the_cli_renames_only_its_own_parameters_not_torchs():
+    """torch's weights-only refusal names its own `weights_only` and advises setting it False: shown
+    as a --weights-only flag, that was advice to pass a flag that does not exist (and to run code)."""
+    from specdiff_cli.flags import flag_names, to_flags
+
+    torchs = "Re-running `torch.load` with `weights_only` set to `False` will likely succeed"
+    assert to_flags(torchs, flag_names(cli)) == torchs
 
 
 # 13. endless or huge prompt input: one line, before the input is read whole or any model loads
