@@ -255,3 +255,30 @@ def test_sigterm_during_distill_leaves_no_temporary_file(tiny, tmp_path, monkeyp
                      "--gamma", "4", "--num-prompts", "16", "--continuation-tokens", "8", "--threads", "1"])
     assert_terminated(result, tmp_path)
     assert json.loads((tmp_path / "d" / "data" / "meta.json").read_text(encoding="utf-8"))  # the resumable cache
+
+
+@pytest.mark.slow  # 10-15 s: a real process under a file-size limit
+def test_a_full_disk_while_distill_writes_a_checkpoint_is_one_line(tiny, tmp_path):
+    """torch.save raised RuntimeError, not OSError, on a failed write: a traceback. The limit lets
+    the checkpoint's weights through and stops its optimizer state (state.pt, twice their size)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The sea was calm and the sky was grey. " * 200, encoding="utf-8")
+    args = ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--data", str(tmp_path / "data"),
+            "--layers", "1", "--dim", "32", "--heads", "2", "--context", "16", "--gamma", "4", "--num-prompts", "16",
+            "--continuation-tokens", "8", "--threads", "1", "--max-steps", "1", "--checkpoint-every", "1",
+            "--eval-prompts", "1"]
+    assert invoke([*args, "--out", str(tmp_path / "whole")]).exit_code == 0
+    step = tmp_path / "whole" / "checkpoints" / "step-0000001"
+    weights, state = ((step / name).stat().st_size for name in ("model.safetensors", "state.pt"))
+    assert weights < state
+    out = tmp_path / "full"
+
+    def fills_up() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ((weights + state) // 2, resource.RLIM_INFINITY))
+
+    run = specdiff([*args, "--out", str(out)], preexec_fn=fills_up)
+    progress, error = run.stderr.split("\n", 1)  # the step's progress line (stderr is no terminal), the error
+    assert progress.startswith("distill: step 1/1, loss")
+    one_line_error(error, 1, run.returncode, f"cannot write {out / 'checkpoints' / 'step-0000001'}: File too large")
+    assert list((out / "checkpoints").iterdir()) == []  # nothing half-written

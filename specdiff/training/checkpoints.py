@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 import torch
 from torch import nn
 
-from ..atomic import new_directory, temp_directory
+from ..atomic import new_directory, remove, temp_directory
 from ..drafters.diffusion import DiffusionDrafter
 from ..errors import DivergedError, LoadError
 from ..nets.checkpoint import load_own, read_json, save_own
@@ -133,9 +133,22 @@ def save_checkpoint(root: Path, task: Task, opt: torch.optim.Optimizer, state: T
     check_weights(task.module, state.step)
     with new_directory(path) as tmp:
         task.save(tmp)
-        torch.save({"optimizer": opt.state_dict(), **asdict(state)}, tmp / "state.pt")
+        save_state({"optimizer": opt.state_dict(), **asdict(state)}, tmp / "state.pt")
     for old in sorted(root.glob("step-*"))[:-KEEP]:
-        shutil.rmtree(old)
+        remove(old)  # renamed first: a run killed halfway leaves no half checkpoint under its name
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """torch.save, whose failed writes (disk full, file too large) are OSErrors, as Python's own
+    writes': torch raises RuntimeError for them, writing to a path or closing its archive after a
+    write to a file failed."""
+    with open(path, "wb") as f:
+        try:
+            torch.save(state, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None  # the write that failed; torch's error only follows from it
+            raise
 
 
 def load_checkpoint(path: Path, target: Teacher) -> tuple[DiffusionDrafter, dict[str, Any], TrainState]:
