@@ -150,12 +150,13 @@ class Registry:
         return [how for module, how in dict(needs).items() if importlib.util.find_spec(module) is None]
 
     def resolve(self, pair: str | None, target: Any, drafter: Any) -> tuple[Any, Any, dict[str, Any]]:
-        """-> (target, drafter, the pair's defaults): a target or drafter given wins over the
-        pair's (see chosen_pair)."""
+        """-> (target, drafter, the pair's defaults): a target or drafter given (not None; '' is
+        given, and refused where it is loaded) wins over the pair's (see chosen_pair)."""
         entry = self.chosen_pair(pair, target)
         if entry is None:
             return target, drafter, {}
-        return target or entry.target, drafter or entry.drafter, dict(entry.defaults)
+        return (entry.target if target is None else target, entry.drafter if drafter is None else drafter,
+                dict(entry.defaults))
 
 
 class _KeyNotText(yaml.constructor.ConstructorError):

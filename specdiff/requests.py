@@ -131,6 +131,13 @@ def check_flags(**flags: object) -> None:
             raise UsageError(f"`{key}` must be True or False, got {_short(value)}")
 
 
+def check_named(name: object, role: str) -> None:
+    """A model given by name: '' names none (as a path it is the current directory, "no model
+    here"; beside a pair it was taken for the pair's model)."""
+    if name == "":
+        raise UsageError(f"`{role}` is empty: give a models.yaml name, a directory or a hub id")
+
+
 def check_model(model: object, role: str) -> None:
     """A model as plan() takes it: None, a name or a path, or a loaded object (which plan checks
     once loaded); a number, bytes or a container names nothing."""

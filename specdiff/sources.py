@@ -24,7 +24,7 @@ from .hub import fetch, hub_call
 from .nets.checkpoint import read_json
 from .nets.sdar import INDEX
 from .registry import ModelEntry, Registry
-from .requests import check_device_name, check_names
+from .requests import check_device_name, check_named, check_names
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -87,6 +87,7 @@ def resolve(name: str | os.PathLike[str], kinds: tuple[str, ...], registry: Regi
     if not isinstance(name, (str, os.PathLike)):
         raise UsageError(f"`{kinds[0]}` must be a models.yaml name, a directory or a hub id (a string or a path), "
                          f"got {type(name).__name__}")
+    check_named(name, kinds[0])
     name = os.fspath(name)
     entry = registry.entries.get(name)
     if entry is not None:

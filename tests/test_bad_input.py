@@ -184,6 +184,13 @@ def test_the_memory_check_sizes_the_rows_the_prompts_fill_not_the_batch_size(mod
     assert result.stdout.count("\n") == 5
 
 
+@pytest.mark.parametrize("given, flag", [(["--target", ""], "--target"), (["--pair", "demo", "--drafter", ""], "--drafter")])
+def test_an_empty_model_name_is_refused_not_read_as_here_or_as_the_pairs(tmp_path, given, flag):
+    """--target '' was read as the current directory ("." : no model here); --drafter '' beside a pair
+    was taken for the pair's drafter, and ran."""
+    fail(tmp_path, [*given, "--prompt", "Hello"], 2, f"{flag} is empty: give a models.yaml name, a directory or a hub id")
+
+
 RUNTIME = {  # the request is fine, the files it names are not
     "directory without a model": ("--target {empty}", "no model here (config.json not found)"),
     "drafter directory without a model": ("--drafter {empty}", "no model here"),

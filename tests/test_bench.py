@@ -540,6 +540,17 @@ def test_drafters_of_two_kinds_in_one_run_each_draft_their_own_rows(tiny, tmp_pa
             load_models(target=str(tiny.gpt2), drafter=str(dflash), others=[str(other)])
 
 
+def test_an_empty_also_drafter_is_refused_before_any_model_loads(tiny, tmp_path, monkeypatch):
+    """--also-drafter '' was read as the current directory ("." : no model here), after the target loaded."""
+    monkeypatch.setattr("specdiff.tools.bench.config.load_target", lambda *a, **k: pytest.fail("a model was loaded"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there\n")
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny.gpt2), "--also-drafter", "", "--prompt-file",
+                                      str(prompts), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.stdout == "" and result.stderr == \
+        "specdiff: error: --also-drafter is empty: give a models.yaml name, a directory or a hub id\n"
+
+
 def test_dflash_is_benched_with_a_dflash_drafter_and_refused_with_another(tiny, tmp_path):
     """One drafter slot: dflash runs where it holds a DFlash drafter (greedy, checked against ar),
     and a dflash row beside a diffusion drafter is one UsageError naming the kind it needs."""

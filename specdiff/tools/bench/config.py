@@ -21,6 +21,7 @@ from ...loading import load_drafter, load_target
 from ...methods import METHODS as REGISTRY
 from ...names import PEERS
 from ...registry import Registry, load_registry
+from ...requests import check_named
 from ...resources import data_path
 from ...targets.block import BlockDiffusionTarget
 from ...targets.causal import CausalLMTarget
@@ -152,6 +153,8 @@ def load_models(*, pair: str | None = None, target: Any = None, drafter: Any = N
     `demo` pair if models.yaml has one. When `methods` need an AR drafter and none is given, the
     pair's `ar_drafter:` is loaded. `others`: drafters of other kinds than the drafter's (an
     EAGLE-3 head beside a DFlash drafter), each drafting its own methods' rows."""
+    for name in others:  # before the target loads (a minute for a large one)
+        check_named(name, "others")
     registry = registry or load_registry()
     if ar_drafter is None and any(NEEDS.get(m) == "ar_drafter" for m in methods):
         ar_drafter = getattr(registry.chosen_pair(pair, target), "ar_drafter", None)
