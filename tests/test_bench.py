@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -278,6 +279,18 @@ def test_rows_carry_their_calls_over_the_measured_floor(self_drafted):
         assert r["roofline"]["width"] == pytest.approx(width, abs=0.01)
         assert r["roofline"]["x_floor"] == pytest.approx(r["call_cost_s"]["verify"] / floor(round(width)), rel=0.01)
     assert next(r for r in report["rows"] if r["label"] == "ar")["roofline"]["width"] == 1
+
+
+def test_a_small_models_floor_line_keeps_its_figures(self_drafted):
+    """The tiny target's floor was printed as "0 MB of weights ... 1 tokens 0.0 ms" and stored as
+    0.0 ms: its figures keep 3 significant digits, each in a unit that holds them."""
+    from specdiff.tools.bench_output import format_table
+
+    _, _, report = self_drafted
+    assert all(ms > 0 for ms in report["roofline"]["floor_ms"].values())
+    line = next(x for x in format_table(report).splitlines() if x.startswith("x floor:"))
+    assert re.search(r": [1-9][\d.]* kB of weights at [1-9][\d.]* [kMGT]?B/s, [1-9][\d.]* [MGT]?FLOP/s measured -> "
+                     r"1 tokens [1-9][\d.]* (ns|us|ms|s), 5 tokens", line), line
 
 
 class WidthDependent:

@@ -71,10 +71,25 @@ def _floor_lines(roofline: dict[str, Any] | None) -> list[str]:
     """What `x floor` divides by: the peaks measured in the run and the floors they give."""
     if roofline is None:
         return []
-    floors = ", ".join(f"{w} tokens {ms:.1f} ms" for w, ms in roofline["floor_ms"].items())
+    floors = ", ".join(f"{w} tokens {_scaled(ms / 1e3, SECONDS)}" for w, ms in roofline["floor_ms"].items())
     return [f"x floor: each row's verify call (ar: decode) over the least it can cost here: "
-            f"{roofline['weight_bytes'] / 1e6:.0f} MB of weights at {roofline['read_gb_s']:.1f} GB/s, "
-            f"{roofline['gflop_s']:.0f} GFLOP/s measured -> {floors}"]
+            f"{_scaled(roofline['weight_bytes'], BYTES)} of weights at "
+            f"{_scaled(roofline['read_gb_s'] * 1e9, BYTES, '/s')}, {_scaled(roofline['gflop_s'] * 1e9, FLOPS, '/s')} "
+            f"measured -> {floors}"]
+
+
+BYTES = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B"))
+FLOPS = ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP"), (1.0, "FLOP"))
+SECONDS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+
+
+def _scaled(value: float, units: tuple[tuple[float, str], ...], per: str = "") -> str:
+    """`value` in the largest of `units` (scale, name; largest first) it holds one of, to 3
+    significant digits, `per` after the unit: a small model's 354 kB and 21.4 us, where fixed
+    units printed 0 MB and 0.0 ms."""
+    rounded = float(f"{value:.3g}")  # 999.96 kB is 1 MB, not 1e+03 kB
+    scale, unit = next(((scale, unit) for scale, unit in units if rounded >= scale), units[-1])
+    return f"{rounded / scale:.3g} {unit}{per}"
 
 
 def summary(report: dict[str, Any], out_dir: Path | None = None) -> dict[str, Any]:

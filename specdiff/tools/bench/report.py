@@ -202,8 +202,9 @@ def roofline_summary(floor: Floor | None) -> dict[str, Any] | None:
     if floor is None:
         return None
     peaks, weights = floor
+    # floors to 3 significant digits: a small model's are microseconds, 2 decimals of a ms were 0.0
     return {**peaks.to_dict(), "params": weights.params, "weight_bytes": weights.bytes,
-            "floor_ms": {w: round(peaks.floor_s(weights, w) * 1e3, 2) for w in (1, 5, 9, 17)}}
+            "floor_ms": {w: float(f"{peaks.floor_s(weights, w) * 1e3:.3g}") for w in (1, 5, 9, 17)}}
 
 
 def make_report(out: list[tuple[Measured, list[Repeat]]], s: Settings, env: dict[str, Any],
