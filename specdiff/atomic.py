@@ -4,12 +4,12 @@ A failed write (disk full, file too large, read-only file system) becomes a Writ
 the output; whatever the block left half-written is removed, also when the block is interrupted
 by an exception such as KeyboardInterrupt.
 
-A temporary directory (new_directory, temp_directory) is hidden beside its target and named for
-the process that writes it, `.<target>.<host>-<pid>-<random>.tmp`, where <host> hashes the host
-name and pid namespace (a pid names a process only there). A process killed outright (kill -9,
-power loss) cannot remove its own; the next temp_directory in the same folder, or remove_stale,
-removes each one of this host whose process no longer runs. Nothing else is ever removed: not
-other names, not a running process's directory, not another host's.
+A temporary file or directory (new_file, create_beside, new_directory, temp_directory) is hidden
+beside its target and named for the process that writes it, `.<target>.<host>-<pid>-<random>.tmp`,
+where <host> hashes the host name and pid namespace (a pid names a process only there). A process
+killed outright (kill -9, power loss) cannot remove its own; the next one made in the same folder,
+or remove_stale, removes each one of this host whose process no longer runs. Nothing else is ever
+removed: not other names, not a running process's file or directory, not another host's.
 Imports: errors.
 """
 
@@ -49,8 +49,10 @@ def check_new_directory(out: Path) -> None:
 
 
 def create_beside(path: Path) -> tuple[int, Path]:
-    """A new, hidden file beside `path`, mode 0o666 less the umask as open() makes it: (fd, its path)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    """A new, hidden file beside `path`, named for this process (temp_path), made after removing
+    those of processes that are gone; mode 0o666 less the umask as open() makes it: (fd, its path)."""
+    remove_stale(path.parent)
+    tmp = temp_path(path)
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
 
 

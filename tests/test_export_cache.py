@@ -8,6 +8,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,4 +121,19 @@ def test_an_entry_without_manifest_is_exported_again_for_real(tiny, tmp_path, mo
     again = CliRunner().invoke(cli, [*args, "--runtime", "onnxruntime"])
     assert [r.exit_code for r in (want, first, again)] == [0, 0, 0], again.stderr
     assert first.stdout == again.stdout == want.stdout and "does not open" in again.stderr
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]
+
+
+def test_a_killed_export_into_the_cache_is_removed_by_the_next_run(entry, tiny):
+    """Killed (kill -9) while exporting into the cache: its hidden directory goes at the next run."""
+    code = ("import time\nfrom pathlib import Path\nfrom specdiff.atomic import new_directory\n"
+            f"with new_directory(Path({str(entry.parent / '0123456789abcdef')!r})) as tmp:\n"
+            "    (tmp / 'target.onnx').write_bytes(bytes(1000))\n    print(tmp, flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    left = Path(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert left.is_dir() and left.parent == entry.parent
+    assert cached(tiny) == entry
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]
