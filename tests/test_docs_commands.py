@@ -190,3 +190,29 @@ def test_a_bad_command_fails(tmp_path, monkeypatch):
         with pytest.raises(click.ClickException):
             parse(args)
     assert parse(["drafter", "convert", "mdlm-owt", "--out", "d"]).params["src"] == "mdlm-owt"
+
+
+def _entry(text: str, method: str) -> str:
+    """The parenthesis after `method` in docs/cli.md's list of methods, nested ones included."""
+    start = text.index(f"`{method}` (") + len(method) + 4
+    depth, end = 1, start
+    while depth:
+        depth += {"(": 1, ")": -1}.get(text[end], 0)
+        end += 1
+    return text[start:end - 1]
+
+
+def test_the_cli_doc_says_where_each_exported_drafter_runs():
+    """docs/cli.md said EAGLE-3 ran on "the eager torch target only"; a method whose drafter kind
+    declares a graph runs exported on ONNX Runtime too, and where its entry names the torch
+    target it names that runtime beside it."""
+    from specdiff.kinds import get_kind
+    from specdiff.methods import METHODS
+
+    text = " ".join((ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split())
+    exported = [m.name for m in METHODS.values() if m.needs is not None and get_kind(m.needs).graph is not None]
+    assert {"dflash", "eagle3"} <= set(exported)
+    for method in exported:
+        entry = _entry(text, method)
+        assert "torch target only" not in entry and ("torch target" not in entry or "--runtime onnxruntime" in entry), \
+            (method, entry)
