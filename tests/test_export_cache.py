@@ -1,7 +1,8 @@
 """The ONNX export cache (`--runtime onnxruntime` without `--artifacts`) repairs what it holds as
 the GGUF cache does: an entry that does not open (no manifest.json, its tokenizer folder gone, a
 file for the directory) is removed and exported again, once, with one stderr line; one that
-cannot be removed or written is one LoadError naming the cache and the fix."""
+cannot be removed or written is one LoadError naming the cache and the fix; what an export killed
+by kill -9 left is removed by the next run."""
 
 from __future__ import annotations
 
@@ -27,8 +28,6 @@ from specdiff.registry import as_registry
 from specdiff_cli.main import cli
 
 pytest.importorskip("onnxruntime")
-
-
 pytest_plugins = ["exported"]  # onnx_pair: tiny.gpt2 + tiny.drafter, exported once per session
 
 
