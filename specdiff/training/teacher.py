@@ -20,7 +20,9 @@ sampling at any temperature warps, see docs/lossless.md), top-k truncated: the k
                                         one per CHUNK prompts
     DIR/data/val.safetensors           the held-out sequences
 
-Chunks are written as they are generated, so an interrupted run resumes where it stopped.
+Chunks are written as they are generated, so an interrupted run resumes where it stopped. A file
+that cannot be read is one LoadError naming it: a chunk to delete (the next run makes it again),
+or a meta.json damaged or missing beside chunks, whose cache is to be made again.
 Batches shaped like drafting are drawn from these sequences by specdiff.training.batches.
 
 A prefill (`prefill`: prompts is a JSONL file of {"prompt": question, "answer": text}) writes
