@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import click
 
 from specdiff import names
+from specdiff.errors import SpecdiffWarning
 from specdiff.settings import help_text
 
 from .flags import DEFAULT_PAIR, Gamma, check_pair, check_setting
@@ -21,6 +23,7 @@ from .threads import set_threads, threads_option
 
 if TYPE_CHECKING:
     from specdiff.generation import Event, Output, Plan
+    from specdiff.generation.tuned import Tuned
     from specdiff.metrics import Metrics
     from specdiff.text import IncrementalText
 
@@ -75,9 +78,10 @@ PAIR, PAIR_DRAFTER = "the pair's, else ", "the pair's, else the drafter's, else 
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--dtype", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default="auto",
               show_default=True, help="auto: fp32 on CPU, fp16 on CUDA.")
-@click.option("--runtime", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch",
-              show_default=True, help="What runs the models. onnxruntime without --artifacts: the models exported "
-              "once into the user cache (a minute or two) and reused; tensorrt needs --artifacts.")
+@click.option("--runtime", type=click.Choice(["torch", "onnxruntime", "tensorrt"]),
+              help="What runs the models. onnxruntime without --artifacts: the models exported once into the user "
+              "cache (a minute or two) and reused; tensorrt needs --artifacts [default: tuned (`specdiff tune`), "
+              "else torch].")
 @click.option("--compile", is_flag=True,
               help="torch runtime: static KV cache and torch.compile'd steps: the same tokens, compiled "
                    "before the first prompt decodes (seconds to a minute, warmup_s in --stats). Pays at batch "
@@ -132,6 +136,9 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
     if pool[0] is not None:
         _ray(records, options, pool, threads, truncate_prompt, layout, output, stats)
         return
+    runtime_given = options["runtime"] is not None
+    tuned, threads = _tuned(options, threads)
+    options["runtime"] = options["runtime"] or "torch"
     set_threads(threads)
     if options["compile"] and options["runtime"] != "torch":
         raise click.UsageError("--compile is for the torch runtime; exported graphs are compiled by their runtime")
@@ -146,13 +153,38 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
         artifacts = str(export_for(options["pair"], options.pop("target"), options.pop("drafter"), options["method"],
                                    registry))
     options.update(runtime_models(runtime, artifacts, options))
-    p = plan(**options)
+    p = plan(**options, tuned=tuned)
+    where = {"runtime": {"value": runtime, "from": tuned.where if tuned else "option" if runtime_given else "default"}}
     if stream:
-        _stats(stats, p, _stream(records, p, truncate_prompt, layout))
+        _stats(stats, p, _stream(records, p, truncate_prompt, layout), where)
         return
     progress = len(records) > 1 and sys.stderr.isatty()
     outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
-    _stats(stats, p, _write_results(records, outputs, layout, output))
+    _stats(stats, p, _write_results(records, outputs, layout, output), where)
+
+
+UNTUNED = ("pair", "target", "drafter", "method", "gamma", "tree", "steps", "schedule", "drafts", "draft_temperature",
+           "acceptance", "runtime", "artifacts")  # any given: the user chose the configuration
+
+
+def _tuned(options: dict[str, Any], threads: int | None) -> tuple[Tuned | None, int | None]:
+    """Where no model, method, draft setting or runtime is given (nor --compile), the configuration
+    `specdiff tune` recorded for the default pair on this machine: its pair and runtime set here,
+    its method, gamma and tree in the plan (option > tuned > pair), its threads unless given.
+    A stale record is said in one line and not used. -> (the record or None, threads)."""
+    if options["compile"] or any(options.get(k) is not None for k in UNTUNED):
+        return None, threads
+    from specdiff.generation.tuned import read
+    from specdiff.registry import as_registry
+
+    registry = as_registry(None)
+    record, why = read(registry.default_pair(), registry)
+    if why:
+        warnings.warn(SpecdiffWarning(why), stacklevel=1)
+    if record is None:
+        return None, threads
+    options["pair"], options["runtime"] = record.config["pair"], record.config["runtime"]
+    return record, threads or record.config["threads"]
 
 
 def _ray(records: list[PromptRecord], options: dict[str, Any], pool: Pool, threads: int | None,
@@ -190,12 +222,12 @@ def _write_results(records: list[PromptRecord], outputs: Iterator[Output], layou
     return total
 
 
-def _stats(wanted: bool, p: Plan, total: Metrics | None) -> None:
+def _stats(wanted: bool, p: Plan, total: Metrics | None, runtime: dict[str, Any]) -> None:
     """--stats: the method, whether its output is its reference's (methods: `exact`), the settings
-    that ran and the aggregate metrics, one JSON line on stderr."""
+    that ran (the runtime among them) and the aggregate metrics, one JSON line on stderr."""
     if wanted and total is not None:
         warmup = {"warmup_s": round(p.warmup_s, 6)} if p.compiled else {}
-        click.echo(json.dumps({"method": p.method.name, "exact": p.method.exact, "settings": p.settings(),
+        click.echo(json.dumps({"method": p.method.name, "exact": p.method.exact, "settings": p.settings() | runtime,
                                **total.to_dict(), **warmup}), err=True)
 
 

@@ -119,7 +119,7 @@ def test_stats_say_which_settings_ran_and_where_each_came_from(tiny, recorded, t
         "acceptance": {"value": "standard", "from": "default"}, "temperature": {"value": 0.5, "from": "option"},
         "top_k": {"value": 0, "from": "default"}, "top_p": {"value": 1.0, "from": "default"},
         "repetition_penalty": {"value": 1.0, "from": "default"}, "max_new_tokens": {"value": 5, "from": "option"},
-        "batch_size": {"value": 8, "from": "default"}}
+        "batch_size": {"value": 8, "from": "default"}, "runtime": {"value": "torch", "from": "default"}}
 
 
 def test_bench_sweeps_the_recorded_settings_by_default(tiny, recorded, tmp_path):

@@ -1,6 +1,8 @@
-"""Where each setting of a run comes from, resolved once: an option given (not None) > the
-models.yaml pair's `defaults` > the settings the drafter records (what it was trained for, read
-only when the method drafts with it) > the default its declaration gives (specdiff.settings).
+"""Where each setting of a run comes from, resolved once: an option given (not None) > what
+`specdiff tune` measured fastest on this machine (generation.tuned: generate passes it where no
+model is named) > the models.yaml pair's `defaults` > the settings the drafter records (what it
+was trained for, read only when the method drafts with it) > the default its declaration gives
+(specdiff.settings).
 
 May import: specdiff.settings, methods (their families), drafters.diffusion (schedules), errors.
 """
@@ -19,8 +21,9 @@ from ..requests import check_settings
 from ..settings import AUTO, DEFAULTS, METHOD_SETTINGS, family_default
 
 DEFAULT_STEPS = DEFAULTS["steps"]
-SOURCES = ("option", "pair", "drafter", "default")  # where a setting comes from, first found wins
-WHERE = {"pair": "the pair's default in models.yaml", "drafter": "recorded by the drafter"}  # values no option gave
+SOURCES = ("option", "tuned", "pair", "drafter", "default")  # where a setting comes from, first found wins
+WHERE = {"tuned": "tuned on this machine by `specdiff tune`", "pair": "the pair's default in models.yaml",
+         "drafter": "recorded by the drafter"}  # values no option gave
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,14 @@ class Setting:
     source: str  # one of SOURCES
 
 
-def choose(options: dict[str, Any], pair: dict[str, Any] | None = None, drafter: Any = None) -> dict[str, Setting]:
+def choose(options: dict[str, Any], pair: dict[str, Any] | None = None, drafter: Any = None,
+           tuned: dict[str, Any] | None = None) -> dict[str, Setting]:
     """method, acceptance and every declared setting with where it came from, first found: an
-    option given (not None) > the models.yaml pair's `defaults` > the settings the drafter records
+    option given (not None) > the tuned configuration > the models.yaml pair's `defaults` > the
+    settings the drafter records
     (its `defaults`; None, a name or a drafter without them: none) > the declared default. A
     schedule with a fixed step count (oneshot) sets steps unless they are an option."""
-    layers = list(zip(SOURCES, (options, pair or {}, getattr(drafter, "defaults", None) or {})))
+    layers = list(zip(SOURCES, (options, tuned or {}, pair or {}, getattr(drafter, "defaults", None) or {})))
     chosen = {key: next((Setting(layer[key], source) for source, layer in layers if layer.get(key) is not None),
                         Setting(default, "default"))
               for key, default in {"method": None, "acceptance": None, **DEFAULTS}.items()}
@@ -47,17 +52,19 @@ def choose(options: dict[str, Any], pair: dict[str, Any] | None = None, drafter:
 
 def _gamma(layers: list[tuple[str, dict[str, Any]]]) -> tuple[Setting, Setting]:
     """(gamma, adaptive). gamma: the first integer gamma (`auto` is skipped: it sets no number);
-    adaptive: the first `adaptive` given, else False where the gamma option is an integer (a
-    fixed length, as before `auto` existed), else True where a layer says `auto`, else the default
-    (True). So a pair's or drafter's gamma is the cap of `auto` unless an option fixes it."""
+    adaptive: the first `adaptive` given, else False where an option (or the tuned configuration,
+    which is measured with it) sets an integer gamma (a fixed length, as before `auto` existed),
+    else True where a layer says `auto`, else the default (True). So a pair's or drafter's gamma is
+    the cap of `auto` unless an option fixes it."""
     gamma = next((Setting(layer["gamma"], source) for source, layer in layers
                   if layer.get("gamma") is not None and layer["gamma"] != AUTO), Setting(DEFAULTS["gamma"], "default"))
     adaptive = next((Setting(layer["adaptive"], source) for source, layer in layers
                      if layer.get("adaptive") is not None), None)
     if adaptive is None:
-        option = layers[0][1].get("gamma")
+        fixed = next(((source, layer["gamma"]) for source, layer in layers[:2] if layer.get("gamma") is not None),
+                     None)
         auto = next((source for source, layer in layers if layer.get("gamma") == AUTO), None)
-        adaptive = (Setting(False, "option") if option is not None and option != AUTO
+        adaptive = (Setting(False, fixed[0]) if fixed is not None and fixed[1] != AUTO
                     else Setting(True, auto) if auto else Setting(DEFAULTS["adaptive"], "default"))
     return gamma, adaptive
 
@@ -127,9 +134,10 @@ def said_where(chosen: dict[str, Setting]) -> Iterator[None]:
         raise type(e)(message) from e
 
 
-def sources(chosen: dict[str, Setting], method: Method, drafter: Any) -> dict[str, str]:
-    """Where each setting came from; a method set nowhere is the drafter's kind's (or ar)."""
-    where = {key: s.source for key, s in chosen.items()}
+def sources(chosen: dict[str, Setting], method: Method, drafter: Any, tuned: Any = None) -> dict[str, str]:
+    """Where each setting came from; a method set nowhere is the drafter's kind's (or ar); one the
+    tuned record set names its date (generation.tuned.Tuned.where)."""
+    where = {key: tuned.where if s.source == "tuned" and tuned else s.source for key, s in chosen.items()}
     if chosen["method"].value is None:
         where["method"] = "drafter" if method.accepts(drafter) else "default"
     return where

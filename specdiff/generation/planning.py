@@ -24,6 +24,7 @@ from ..targets.static import StaticTarget
 from .choosing import check_used, choose, family_settings, named_method, said_where, sources, values
 from .loaded import check_free, placement
 from .prompts import TextOptions, text_options
+from .tuned import Tuned
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,14 @@ class Plan:
 def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, method: str | None = None,
          device: str | None = None, dtype: str | None = None, seed: int = 0, acceptance: str | None = None,
          chat: bool | None = None, system: str | None = None, stop: Iterable[str] | str | None = None,
-         registry: Registry | None = None, compile: bool = False, **options: Any) -> Plan:
+         registry: Registry | None = None, compile: bool = False, tuned: Tuned | None = None, **options: Any) -> Plan:
     """Load models (names, paths or loaded objects), resolve the settings not given (choosing.choose:
     option > pair > drafter > declared default), prepare the method's decoder. With neither pair
     nor target: the default pair. compile: run through specdiff.compiled (static cache, torch.compile).
     device / dtype (None: a loaded model's, else cpu and auto): what models given by name load with;
-    one that a model given loaded does not hold is refused (loaded.placement)."""
+    one that a model given loaded does not hold is refused (loaded.placement). tuned: the
+    configuration `specdiff tune` measured fastest here (generation.tuned), between the options
+    and the pair's defaults; each setting it gives says so in Plan.sources."""
     if not isinstance(compile, bool):
         raise UsageError(f"`compile` must be True or False, got {type(compile).__name__}")
     if "threads" in options:
@@ -87,7 +90,8 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     registry = as_registry(registry)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
-    named = named_method(choose(given, defaults))  # every option and pair default, before anything loads
+    layer = {k: v for k, v in tuned.config.items() if k in ("method", "gamma", "tree")} if tuned else None
+    named = named_method(choose(given, defaults, tuned=layer))  # every option and pair default, before anything loads
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype, registry=registry)
     if isinstance(drafter, str) and not (named and named.needs is None):
@@ -96,7 +100,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     check_free(target)  # plan() may touch the cache (dflash's capture): not while a stream holds it
     chosen = named or _default_method(drafter, target)
     uses = chosen.accepts(drafter)  # what a drafter it decodes without records is not this run's
-    settings = choose(given, defaults, drafter if uses else None)
+    settings = choose(given, defaults, drafter if uses else None, layer)
     chosen.check_target(target)
     if chosen.needs is not None:  # before compile: a drafter may take rows of the target's weights
         _check_drafter(chosen, drafter)
@@ -116,7 +120,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
         # one row, the fewest a run has: each stream checks the rows its prompts fill (streaming.py)
         decoder.check_sizes(1, opts["batch_size"], opts["max_new_tokens"], 0)
     return Plan(target, drafter if uses else None, chosen, sampling, decoder, opts["max_new_tokens"], seed,
-                text_options(target, opts["chat"], system, stop), sources(settings, chosen, drafter),
+                text_options(target, opts["chat"], system, stop), sources(settings, chosen, drafter, tuned),
                 opts["batch_size"], compile)
 
 
