@@ -101,8 +101,9 @@ def _text_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--data-only", is_flag=True, help="Build the teacher data cache (--data), then stop.")
 @click.option("--from-target", is_flag=True, help="New drafter: the target's width, reading and writing through the "
               "target's own token embedding and output head (frozen).")
-@click.option("--drafter", metavar="DIR", help="Start from this drafter, of the kind --method trains (else a new "
-              "one, see --layers); a DFlash drafter keeps its target layers, block and draft vocabulary.")
+@click.option("--drafter", metavar="NAME", help="Start from this drafter (models.yaml name, directory or hub id), of "
+              "the kind --method trains (else a new one, see --layers); a DFlash drafter keeps its target layers, "
+              "block and draft vocabulary.")
 @click.option("--layers", type=int, help="New drafter: DDiT blocks [default: 2].")
 @click.option("--dim", type=int, help="New drafter: hidden size [default: 128].")
 @click.option("--heads", type=int, help="New drafter: attention heads [default: 4].")

@@ -195,6 +195,25 @@ def test_bad_more_data_or_drafter_is_one_line(tiny, prompts, trained, tmp_path, 
         result.stderr
 
 
+def test_a_starting_drafter_is_named_as_generate_names_it(tiny, prompts, trained, tmp_path, monkeypatch):
+    """--drafter was read as a directory only (a models.yaml name: "demo-drafter/config.json:
+    unreadable config") and the messages about it named the --out folder as the drafter."""
+    from tiny import make_dflash
+
+    registry = tmp_path / "models.yaml"
+    registry.write_text(f"models:\n  - {{name: my-dflash, kind: drafter, path: {trained[0]}}}\n"
+                        f"  - {{name: my-diffusion, kind: drafter, path: {tiny.drafter}}}\n")
+    monkeypatch.setenv("SPECDIFF_MODELS", str(registry))
+    other = make_dflash(tmp_path / "for-ar", tiny.ar, block_size=4, target_layer_ids=(0,))  # a 1-layer target's
+    for drafter, fragment in (("my-dflash", "--gamma 3: my-dflash drafts blocks of 5"),
+                              ("my-diffusion", "--drafter my-diffusion is not a DFlash drafter, the drafter "
+                                               "--method dflash trains"),
+                              (str(other), f"DFlash drafter '{other}' was made for a target of 1 layers")):
+        result = _run(tiny, prompts, tmp_path / "x", "--data", str(trained[0] / "data"), "--drafter", drafter,
+                      "--gamma", "3", shape=False)
+        assert result.exit_code != 0 and result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+
+
 def test_resume_continues_exactly(tiny, prompts, tmp_path):
     """Steps 6..12 resumed from the step-6 checkpoint give bit for bit the weights of the
     uninterrupted run."""

@@ -43,6 +43,15 @@ def _run(tiny, prompts, out, *extra):
     return CliRunner().invoke(cli, args)
 
 
+def test_a_starting_head_named_in_models_yaml_resolves(tiny, prompts, tmp_path):
+    """--drafter demo-drafter (a models.yaml name) was read as a directory: "demo-drafter/config.json:
+    unreadable config"; it is loaded as generate loads it, and refused as the wrong kind."""
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tiny.gpt2), "--prompts", str(prompts), "--out",
+                                      str(tmp_path / "out"), "--method", "eagle3", "--drafter", "demo-drafter"])
+    assert result.exit_code == 2 and result.stderr == ("specdiff: error: --drafter demo-drafter is not an EAGLE-3 "
+                                                       "head, the drafter --method eagle3 trains\n"), result.stderr
+
+
 @pytest.fixture(scope="module")
 def trained(tiny, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("distill") / "eagle3"

@@ -41,6 +41,7 @@ from ..targets.causal import CausalLMTarget
 from ..vocab import load_draft_vocab
 from .checkpoints import TrainState, read_state
 from .config import DistillConfig
+from .drafter import given_drafter
 from .losses import per_slot_loss
 from .reading import Corpus, Reader, new_draft_vocab, restricted, validation_loss
 
@@ -194,13 +195,11 @@ def _first(cfg: DistillConfig, target: CausalLMTarget) -> DFlashDrafter:
     """The drafter training starts from: `drafter` (in fp32, its map kept), else a new one."""
     if cfg.drafter is None:
         return new_drafter(cfg, target)
-    if not (Path(cfg.drafter) / "config.json").is_file():
-        raise UsageError(f"`drafter` {cfg.drafter}: no DFlash drafter there (config.json missing)")
-    net, spec = load_dflash(Path(cfg.drafter))
-    if cfg.gamma is not None and spec.block_size != cfg.gamma + 1:
-        raise UsageError(f"`gamma` {cfg.gamma}: {cfg.drafter} drafts blocks of {spec.block_size} "
-                         f"(`gamma` {spec.block_size - 1})")
-    return DFlashDrafter(net.float().train(), spec, source=str(cfg.out), draft_vocab=load_draft_vocab(Path(cfg.drafter)))
+    given = given_drafter(cfg, DFlashDrafter, "a DFlash drafter")
+    if cfg.gamma is not None and given.block_size != cfg.gamma + 1:
+        raise UsageError(f"`gamma` {cfg.gamma}: {cfg.drafter} drafts blocks of {given.block_size} "
+                         f"(`gamma` {given.block_size - 1})")
+    return given.train()  # its map kept
 
 
 def _resumed(path: Path) -> tuple[DFlashDrafter, dict[str, Any], TrainState]:

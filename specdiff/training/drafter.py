@@ -5,18 +5,19 @@ tokenizer with one extra mask row (id = len(tokenizer)), or the tokenizer's own 
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 
 from ..drafters.diffusion import DiffusionDrafter
 from ..errors import UsageError
-from ..loading import load_diffusion_drafter, pair_models
+from ..loading import load_diffusion_drafter, load_drafter, pair_models
 from ..nets.dit import DDiT, DiTConfig
 from .config import DEFAULT_SHAPE, DistillConfig
 from .teacher import Teacher
 
 COND_DIM = 64
+D = TypeVar("D")
 
 
 def initial_drafter(cfg: DistillConfig, target: Teacher) -> DiffusionDrafter:
@@ -32,6 +33,16 @@ def initial_drafter(cfg: DistillConfig, target: Teacher) -> DiffusionDrafter:
     if cfg.mask_token is not None and _mask_id(target.tokenizer, cfg.mask_token) != drafter.mask_id:
         raise UsageError(f"`mask_token` {cfg.mask_token!r} is not the mask id of {cfg.drafter} ({drafter.mask_id})")
     drafter.tokenizer = target.tokenizer
+    return drafter
+
+
+def given_drafter(cfg: DistillConfig, kind: type[D], what: str) -> D:
+    """`drafter`, named as generate names one (a models.yaml name, a directory or a hub id), loaded
+    on the CPU in fp32 under its own name (messages name it, not `out`); a UsageError unless it is
+    `what`, the kind `method` trains (dflash, eagle3)."""
+    drafter = load_drafter(cast(str, cfg.drafter), dtype="fp32")
+    if not isinstance(drafter, kind):
+        raise UsageError(f"`drafter` {cfg.drafter} is not {what}, the drafter `method` {cfg.method} trains")
     return drafter
 
 

@@ -46,6 +46,7 @@ from ..targets.causal import CausalLMTarget
 from ..vocab import head_logits
 from .checkpoints import TrainState, read_state
 from .config import DistillConfig
+from .drafter import given_drafter
 from .losses import per_slot_loss
 from .reading import Corpus, Reader, new_draft_vocab, restricted, validation_loss
 
@@ -190,7 +191,8 @@ def _first(cfg: DistillConfig, target: CausalLMTarget) -> Eagle3Drafter:
     """The head training starts from: `drafter` (its map kept), else a new one."""
     if cfg.drafter is None:
         return new_head(cfg, target)
-    return _trainable(load_eagle3(Path(cfg.drafter)), str(cfg.out))
+    given = given_drafter(cfg, Eagle3Drafter, "an EAGLE-3 head")
+    return _trainable(given.net, given.source)
 
 
 def _resumed(path: Path) -> tuple[Eagle3Drafter, dict[str, Any], TrainState]:
