@@ -5,6 +5,7 @@ those of killed processes are removed by the next run (atomic.remove_stale)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from specdiff.atomic import host, new_directory, temp_directory, temp_path
+from specdiff.errors import LoadError
 from specdiff.loading import load_target
 from specdiff.training.checkpoints import publish
 
@@ -135,6 +137,21 @@ def test_an_entry_that_cannot_be_rebuilt_is_one_line_naming_the_cache(entry, lla
     assert "specdiff's cache" in run.stdout and "File too large" in run.stdout
     assert "SPECDIFF_CACHE" in run.stdout and "Traceback" not in run.stderr
     assert [p.name for p in entry.parent.iterdir()] == []  # the damaged entry went, no half entry came
+
+
+def test_a_damaged_entry_in_a_read_only_cache_is_one_line(entry, llama_gguf, monkeypatch, capsys):
+    """It said "converting it again" before the error that it could not even remove the entry."""
+    import specdiff.gguf
+
+    def read_only(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    (entry / "config.json").unlink()
+    monkeypatch.setattr(specdiff.gguf, "remove", read_only)
+    with pytest.raises(LoadError, match=f"specdiff's cache entry {entry} is not usable .* cannot be removed "
+                                        r"\(Read-only file system\): delete it, or set SPECDIFF_CACHE"):
+        load_target(str(llama_gguf[0]))
+    assert capsys.readouterr().err == ""
 
 
 def killed_in(out: Path) -> Path:
