@@ -150,6 +150,27 @@ def test_convert_reads_a_map_made_elsewhere(tiny, trained, tmp_path, form):
     assert vocab is not None and torch.equal(vocab.ids, ids)
 
 
+@pytest.mark.parametrize("holds_mask, other_target, message", [
+    (True, False, "the map holds id 4095, the drafter's mask id, which it never drafts"),
+    (False, True, "drafter vocabulary has 4096 tokens"),
+    (False, False, None),
+])
+def test_convert_refuses_a_map_every_run_would_refuse(tiny, tmp_path, holds_mask, other_target, message):
+    """--vocab-map wrote drafters that every later run refused: a map holding the demo drafter's
+    mask id (4095, a token of its tokenizer), a map counted on another target's tokenizer."""
+    hot = tmp_path / "hot.pt"
+    torch.save([*range(0, 200, 2), *([4095] if holds_mask else [])], hot)
+    cut = tmp_path / "cut"
+    result = CliRunner().invoke(cli, ["drafter", "convert", "demo-drafter", "--vocab-map", str(hot), "--out", str(cut),
+                                      *(["--target", str(tiny.gpt2)] if other_target else [])])
+    if message is None:
+        assert result.exit_code == 0, result.stderr
+        assert load_drafter(str(cut)).draft_vocab.size == 100
+        return
+    assert result.exit_code != 0 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert not cut.exists()
+
+
 def test_distill_refuses_to_start_from_a_diffusion_drafter_with_a_map(tiny, trained, tmp_path):
     import shutil
 

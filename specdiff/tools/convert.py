@@ -24,7 +24,7 @@ import torch
 from ..atomic import check_new_directory, new_directory
 from ..errors import LoadError, UsageError
 from ..kinds import Converting, kind_of
-from ..loading import load_diffusion_drafter, load_drafter, load_target
+from ..loading import check_pair, load_diffusion_drafter, load_drafter, load_target
 from ..registry import Registry, as_registry
 from ..vocab import DraftVocab, read_map
 from ..training.vocab import build_vocab
@@ -79,19 +79,27 @@ def _load(source: str, any_kind: bool, registry: Registry) -> tuple[Any, Convert
 
 def _vocab(drafter: Any, converting: Converting, n: int | None, frequencies: str | Path | None,
            vocab_map: str | Path | None, target: str | None, registry: Registry) -> DraftVocab:
-    """The map for `drafter`'s tokenizer, else the target's (a DFlash draft ships none)."""
+    """The map for `drafter`'s tokenizer, else the target's (a DFlash draft ships none); a target
+    named must be one the drafter drafts for (loading.check_pair), and the map must not hold the
+    id its kind reserves (a diffusion drafter's mask id): a map every later run would refuse is
+    refused here."""
     tokenizer = drafter.tokenizer
     if target is not None:
-        tokenizer = load_target(target, dtype="fp32", registry=registry).tokenizer
+        loaded = load_target(target, dtype="fp32", registry=registry)
+        check_pair(loaded, drafter)
+        tokenizer = loaded.tokenizer
     if tokenizer is None:
         raise UsageError(f"drafter '{drafter.source}' carries no tokenizer: name its `target` to count tokens with")
-    if vocab_map is not None:
-        try:
-            return read_map(Path(vocab_map), tokenizer, len(tokenizer))
-        except LoadError as e:
-            raise UsageError(str(e)) from e
-    assert n is not None and frequencies is not None  # convert_drafter: both, or vocab_map
     reserved = converting.reserved(drafter)
-    banned = reserved if reserved is not None and reserved < len(tokenizer) else None
-    return build_vocab(Path(frequencies), n, tokenizer, banned=banned)
-
+    if vocab_map is None:
+        assert n is not None and frequencies is not None  # convert_drafter: both, or vocab_map
+        return build_vocab(Path(frequencies), n, tokenizer, banned=reserved if reserved is not None and
+                           reserved < len(tokenizer) else None)
+    try:
+        vocab = read_map(Path(vocab_map), tokenizer, len(tokenizer))
+    except LoadError as e:
+        raise UsageError(str(e)) from e
+    if reserved is not None and bool(vocab.inside[reserved:reserved + 1].any()):
+        raise UsageError(f"{vocab_map}: the map holds id {reserved}, the drafter's mask id, which it never drafts; "
+                         "leave it out of the map")
+    return vocab
