@@ -46,6 +46,29 @@ def _graphs(runtime: str, exports: Sequence[str], models: Models, device: str, t
     return {**loaded[0], "target": loaded[reader]["target"], "others": [graphs["drafter"] for graphs in loaded[1:]]}
 
 
+def _check_one_target_graph(models: Models) -> None:
+    """Every drafter drafts over one exported target graph (_graphs), which outputs the hidden
+    states of one set of layers: drafters that read different ones (a DFlash drafter and an EAGLE-3
+    head made apart) are refused from the loaded drafters, before the exports (minutes each)."""
+    from specdiff.errors import UsageError
+    from specdiff.exporters.drafters import EXPORTERS
+    from specdiff.kinds import kind_of
+    from specdiff.loading import pair_models
+
+    read: dict[str, tuple[int, ...]] = {}
+    for drafter in [d for d in (models.drafter, *models.others) if d is not None]:
+        kind = kind_of(drafter)
+        if kind is None or kind.graph is None or not kind.graph.features:
+            continue
+        pair_models(models.target, drafter)  # an EAGLE-3 head naming no layers reads its target's default ones
+        read[getattr(drafter, "source", "")] = EXPORTERS[kind.graph.name].features(drafter)
+    if len(set(read.values())) > 1:
+        shown = ", ".join(f"'{name}' reads {list(layers)}" for name, layers in read.items())
+        raise UsageError(f"--runtime onnxruntime: the drafters draft over one exported target graph, which outputs "
+                         f"one set of the target's hidden states; {shown}: bench each of them in a run of its own "
+                         "with --runtime onnxruntime, or both without --runtime (torch)")
+
+
 def _list(kind: Callable[[str], T], what: str = "", choices: Sequence[T] = (), setting: str = "") -> Callable[
         [click.Context, click.Parameter, str | None], tuple[T, ...] | None]:
     """A click callback: 'a,b' -> (kind('a'), kind('b')); None stays None. what: the items, as
@@ -234,6 +257,7 @@ def bench(pair: str | None, target: str | None, drafter: str | None, ar_drafter:
     if runtime is not None and artifacts is None:
         if runtime != "onnxruntime":
             raise UsageError(f"--runtime {runtime} needs --artifacts (engines are built by `specdiff export`)")
+        _check_one_target_graph(models)
         from specdiff.exporters.cache import cached_export, export_for
         from specdiff.registry import as_registry
 

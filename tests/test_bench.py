@@ -564,6 +564,33 @@ def test_an_empty_also_drafter_is_refused_before_any_model_loads(tiny, tmp_path,
         "specdiff: error: --also-drafter is empty: give a models.yaml name, a directory or a hub id\n"
 
 
+@pytest.mark.parametrize("dflash_layers", [(0, 1), (0, 1, 1)])
+def test_drafters_reading_other_layers_are_refused_before_any_export(tiny, tmp_path, monkeypatch, dflash_layers):
+    """--runtime onnxruntime drafts every drafter over one target graph: a DFlash drafter and an
+    EAGLE-3 head reading other target layers were refused only after both exports (minutes each),
+    with the advice to export the target with each drafter, as bench had just done."""
+    from specdiff.exporters import cache
+    from tiny import make_dflash, make_eagle3
+
+    def exported(*args, **kwargs):
+        raise UsageError("an export began")
+
+    monkeypatch.setattr(cache, "export_for", exported)
+    dflash = make_dflash(tmp_path / "dflash", tiny.gpt2, target_layer_ids=dflash_layers)
+    eagle3 = make_eagle3(tmp_path / "eagle3", tiny.gpt2, layer_ids=(0, 1, 1))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there\n")
+    result = CliRunner().invoke(cli, ["bench", "--target", str(tiny.gpt2), "--drafter", str(dflash), "--also-drafter",
+                                      str(eagle3), "--methods", "ar,dflash,eagle3", "--runtime", "onnxruntime",
+                                      "--prompt-file", str(prompts), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    if dflash_layers == (0, 1, 1):  # the same layers: on to the exports
+        assert "an export began" in result.stderr
+        return
+    assert f"'{dflash}' reads [1, 2], '{eagle3}' reads [1, 2, 2]: bench each of them in a run of its own" \
+        in result.stderr
+
+
 def test_dflash_is_benched_with_a_dflash_drafter_and_refused_with_another(tiny, tmp_path):
     """One drafter slot: dflash runs where it holds a DFlash drafter (greedy, checked against ar),
     and a dflash row beside a diffusion drafter is one UsageError naming the kind it needs."""
