@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import click
 
 from specdiff import names
-from specdiff.errors import SpecdiffWarning
 from specdiff.settings import help_text
 
 from .flags import DEFAULT_PAIR, Gamma, check_pair, check_setting
@@ -163,24 +161,15 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
     _stats(stats, p, _write_results(records, outputs, layout, output), where)
 
 
-UNTUNED = ("pair", "target", "drafter", "method", "gamma", "tree", "steps", "schedule", "drafts", "draft_temperature",
-           "acceptance", "runtime", "artifacts")  # any given: the user chose the configuration
-
-
 def _tuned(options: dict[str, Any], threads: int | None) -> tuple[Tuned | None, int | None]:
     """Where no model, method, draft setting or runtime is given (nor --compile), the configuration
-    `specdiff tune` recorded for the default pair on this machine: its pair and runtime set here,
-    its method, gamma and tree in the plan (option > tuned > pair), its threads unless given.
-    A stale record is said in one line and not used. -> (the record or None, threads)."""
-    if options["compile"] or any(options.get(k) is not None for k in UNTUNED):
-        return None, threads
-    from specdiff.generation.tuned import read
+    `specdiff tune` recorded for the default pair on this machine (generation.tuned.lookup): its
+    pair and runtime set here, its method, gamma and tree in the plan (option > tuned > pair), its
+    threads unless given. -> (the record or None, threads)."""
+    from specdiff.generation.tuned import lookup
     from specdiff.registry import as_registry
 
-    registry = as_registry(None)
-    record, why = read(registry.default_pair(), registry)
-    if why:
-        warnings.warn(SpecdiffWarning(why), stacklevel=1)
+    record = lookup(options, as_registry(None))
     if record is None:
         return None, threads
     options["pair"], options["runtime"] = record.config["pair"], record.config["runtime"]

@@ -32,7 +32,8 @@ def _stats(result) -> dict:
 
 
 def test_generate_runs_the_tuned_configuration_and_says_where_it_came_from(tuned):
-    config = tuned["config"]
+    assert set(tuned["runtimes"]) == {"torch"}  # --runtime torch: no graph rows
+    config = tuned["runtimes"]["torch"]["config"]
     assert config["pair"] == "demo" and config["runtime"] == "torch" and config["threads"] == 1
     result = invoke(["generate", "--prompt", "To be, or not to be", "--max-new-tokens", "8", "--stats"])
     assert result.exit_code == 0, result.output
@@ -43,6 +44,16 @@ def test_generate_runs_the_tuned_configuration_and_says_where_it_came_from(tuned
                                                                                               "from": where}
     if config["method"] != "ar":
         assert stats["settings"]["gamma"] == {"value": config["gamma"], "from": where}
+
+
+def test_the_python_api_runs_the_fastest_torch_configuration_and_says_so(tuned):
+    import specdiff
+
+    config = tuned["runtimes"]["torch"]["config"]
+    result = specdiff.generate(["To be, or not to be"], max_new_tokens=6)
+    assert result.settings["method"] == {"value": config["method"], "from": f"tuned on this machine, {tuned['date']}"}
+    given = specdiff.generate(["To be, or not to be"], max_new_tokens=6, method="ar")
+    assert given.settings["method"] == {"value": "ar", "from": "option"}
 
 
 def test_a_setting_given_is_the_users_choice(tuned):

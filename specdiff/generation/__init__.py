@@ -29,12 +29,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ..registry import as_registry
 from ..requests import check_prompts
 from ..settings import DEFAULTS
 from .choosing import DEFAULT_STEPS, SOURCES, Setting, choose, values
 from .planning import Plan, plan
 from .prompts import TextOptions, encode_prompts, text_options
 from .streaming import Event, GenerationResult, Output, in_order, iter_generate, stream, torch_threads
+from .tuned import lookup
 
 __all__ = ["DEFAULTS", "DEFAULT_STEPS", "SOURCES", "Event", "GenerationResult", "Output", "Plan", "Setting",
            "TextOptions", "choose", "encode_prompts", "generate", "in_order", "iter_generate", "plan", "stream",
@@ -77,17 +79,26 @@ def generate(prompts: str | list[str], *, target: Any = None, drafter: Any = Non
     "auto": the size chosen each step from measured costs and the acceptance so far (tree_sizes).
     compile: the static KV cache and torch.compile'd steps (specdiff.compiled): the same tokens,
     compiled once per run before decoding.
+    Given no model, method or draft setting (nor compile), the configuration `specdiff tune` measured
+    fastest on torch on this machine for the default pair runs (generation.tuned; its threads unless
+    given), and result.settings says so ("from": "tuned on this machine, DATE").
     threads: torch's CPU threads for this call (set, then restored; None: as the process has
     them). torch takes one per core; where other processes share the cores (a 2-core machine)
     one thread is several times faster, which is what the CLI's --threads defaults to.
     Returns the continuations (`.texts`), per-prompt outputs and total `.metrics`.
     """
     prompts = check_prompts(prompts)
+    chosen = {"target": target, "drafter": drafter, "pair": pair, "method": method, "gamma": gamma, "tree": tree,
+              "adaptive": adaptive, "steps": steps, "schedule": schedule, "drafts": drafts, "compile": compile,
+              "draft_temperature": draft_temperature, "acceptance": acceptance}
+    tuned = lookup(chosen, as_registry(None), ("torch",))  # the torch models: the fastest tuned on torch
+    if tuned is not None:
+        pair, threads = tuned.config["pair"], threads if threads is not None else tuned.config["threads"]
     with torch_threads(threads):
-        p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype,
+        p = plan(target=target, drafter=drafter, pair=pair, method=method, device=device, dtype=dtype, tuned=tuned,
                  seed=seed, acceptance=acceptance, gamma=gamma, adaptive=adaptive, steps=steps, schedule=schedule, drafts=drafts,
                  draft_temperature=draft_temperature, tree=tree,
                  temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                  max_new_tokens=max_new_tokens, chat=chat, system=system, stop=stop, batch_size=batch_size,
                  remasking=remasking, threshold=threshold, compile=compile)
-        return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)))
+        return GenerationResult(list(iter_generate(prompts, p, truncate_prompt, progress)), p.settings())

@@ -45,6 +45,7 @@ class Event:
 @dataclass
 class GenerationResult:
     outputs: list[Output] = field(default_factory=list)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # Plan.settings(): what ran, from where
 
     @property
     def texts(self) -> list[str]:
