@@ -22,8 +22,11 @@ from .flags import check_pair
               help="Longest sequence, prompt + new tokens (TensorRT profile) [default: the context window "
                    "less one 64-token step].")
 @click.option("--device", default="cpu", show_default=True, help="Where the models run while exporting.")
+@click.option("--stored-blocks", is_flag=True,
+              help="A GGUF target's Q4_0/Q4_1 matrices as ONNX Runtime MatMulNBits over the file's own blocks "
+                   "(fp32 arithmetic; faster one-token steps, slower verifies: docs/export-onnx-tensorrt.md).")
 def export(target: str | None, drafter: str | None, pair: str | None, fmt: str, out: str, dtype: str, opset: int,
-           max_batch: int, max_seq: int | None, device: str) -> None:
+           max_batch: int, max_seq: int | None, device: str, stored_blocks: bool) -> None:
     """Export a target and/or a diffusion drafter to ONNX (and TensorRT), validated against PyTorch.
 
     \b
@@ -35,5 +38,5 @@ def export(target: str | None, drafter: str | None, pair: str | None, fmt: str, 
     from specdiff.exporters.export import export as run_export
 
     path = run_export(out, target=target, drafter=drafter, pair=pair, fmt=fmt, dtype=dtype, opset=opset,
-                      max_batch=max_batch, max_seq=max_seq, device=device)
+                      max_batch=max_batch, max_seq=max_seq, device=device, stored_blocks=stored_blocks)
     click.echo(str(path))

@@ -28,9 +28,17 @@ def q8_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)
 
 
-def write_gguf(model, tokenizer, path: Path, metadata: dict | None = None) -> dict[str, torch.Tensor]:
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's q / k rows -> HF's (permute undone)."""
+    rows, cols = w.shape
+    return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def write_gguf(model, tokenizer, path: Path, metadata: dict | None = None,
+               layers: str | None = None) -> dict[str, torch.Tensor]:
     """The model as a GGUF file -> the weights a reader must find (the embedding as Q8_0 restores it);
-    `metadata` {key: (value, GGUFValueType)} replaces fields of the header (malformed files)."""
+    `metadata` {key: (value, GGUFValueType)} replaces fields of the header (malformed files);
+    `layers`: the GGML type of the layers' matrices (e.g. "Q4_1"; default fp32)."""
     cfg, sd = model.config, {k: v.float().numpy() for k, v in model.state_dict().items()}
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(cfg.num_hidden_layers)
@@ -55,9 +63,18 @@ def write_gguf(model, tokenizer, path: Path, metadata: dict | None = None) -> di
     for i in range(cfg.num_hidden_layers):
         for hf, cpp in names.items():
             t = sd[f"model.layers.{i}.{hf}.weight"]
-            if cpp in ("attn_q", "attn_k"):
-                t = permute(t, cfg.num_attention_heads if cpp == "attn_q" else cfg.num_key_value_heads)
-            w.add_tensor(f"blk.{i}.{cpp}.weight", np.ascontiguousarray(t))
+            heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(cpp)
+            if heads:
+                t = permute(t, heads)
+            if layers is None or t.ndim == 1:
+                w.add_tensor(f"blk.{i}.{cpp}.weight", np.ascontiguousarray(t))
+                continue
+            kind = gguf.GGMLQuantizationType[layers]
+            q = gguf.quants.quantize(np.ascontiguousarray(t), kind)
+            w.add_tensor(f"blk.{i}.{cpp}.weight", q, raw_shape=q.shape, raw_dtype=kind)
+            restored = gguf.quants.dequantize(q, kind).reshape(t.shape)
+            restored = unpermute(restored, heads) if heads else restored
+            expected[f"model.layers.{i}.{hf}.weight"] = torch.from_numpy(np.ascontiguousarray(restored))
     for key, (value, kind) in (metadata or {}).items():
         w.add_key_value(key, value, kind)
     w.write_header_to_file()

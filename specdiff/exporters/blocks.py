@@ -9,9 +9,10 @@ its high one). `MatMulNBits` (com.microsoft) takes B (N, K/32, blob) with weight
 low nibble and 2i + 1 in its high one, scales (N * K/32) and codes relative to its default zero
 point 2^(bits-1). So Q4_0 is (codes, d) as they are; Q8_0 is (q + 128, d); Q4_1 is (codes, d) plus
 its minimum as a separate fp32 term: w = d (q - 8) + m' with m' = m + 8d (in fp32: exact while
-|m| and 8|d| are within 2^13 of each other, as a block's minimum and scale are), and for x (.., K) x . w = sum over blocks b of d_b (x_b . (q_b - 8)) + m'_b sum(x_b), the
-second sum a (.., K/32) @ (K/32, N) MatMul of the block sums of x. (Zero points 0 and m itself are
-as exact but cancel more: measured 2x the rounding error.) Every weight is then the one GGUF's own
+|m| and 8|d| are within a factor 2^12 of each other, as a block's minimum and scale are), and
+for x (.., K) x . w = sum over blocks b of d_b (x_b . (q_b - 8)) + m'_b sum(x_b), the second sum
+a (.., K/32) @ (K/32, N) MatMul of the block sums of x. (Zero points 0 and m itself are as exact
+but cancel more: measured 2x the rounding error.) Every weight is then the one GGUF's own
 dequantization gives; only the order of the fp32 sums differs from x @ W.T. Float zero points
 would send MatMulNBits down an unpacked slow path.
 

@@ -5,6 +5,7 @@ specdiff's user cache and reuses that export afterwards.
         onnx/<key[:16]>/   a `specdiff export` directory (manifest.json, graphs, tokenizer)
     key: sha256 of the target's and the drafter's identities (artifacts.identity_of: their config
          and weights, draft vocabulary included), the dtype, the opset and the export format version
+         (and, only for an export whose GGUF target reads its stored blocks, that layout's version)
 
 An entry is written as `specdiff export` writes a directory (beside its final name, renamed into
 place once validated: complete or absent; a killed export leaves a hidden directory that the next
@@ -36,13 +37,17 @@ from .export import export
 
 EXPORT_DTYPE = "fp32"  # the dtype whose graphs keep greedy decoding exact (docs/export-onnx-tensorrt.md)
 EXPORT_OPSET = 18
+STORED_BLOCKS_VERSION = 1  # specdiff.exporters.stored's graph layout, in the key of such exports
 
 
-def export_key(target: str, drafter: str | None, registry: Registry) -> str:
-    """One sha256 of what an export depends on (see the module docstring)."""
+def export_key(target: str, drafter: str | None, registry: Registry, stored_blocks: bool = False) -> str:
+    """One sha256 of what an export depends on (see the module docstring); an export whose target
+    reads its GGUF blocks (export's stored_blocks) has a key of its own, the others keep theirs."""
     parts = {"target": identity_of(target, ("target",), registry)[1],
              "drafter": identity_of(drafter, ("drafter", "target"), registry)[1] if drafter else None,
              "dtype": EXPORT_DTYPE, "opset": EXPORT_OPSET, "format_version": FORMAT_VERSION}
+    if stored_blocks:
+        parts["stored_blocks"] = STORED_BLOCKS_VERSION
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -64,11 +69,11 @@ def export_for(pair: str | None, target: str | None, drafter: str | None, method
     return cached_export(target, drafter if isinstance(drafter, str) else None, registry)
 
 
-def cached_export(target: str, drafter: str | None, registry: Registry) -> Path:
+def cached_export(target: str, drafter: str | None, registry: Registry, stored_blocks: bool = False) -> Path:
     """The cached export of `target` (and `drafter`, named as load_target / load_drafter name them),
     made now if there is none, or made again if the one there does not open (see the module
-    docstring)."""
-    out = cache_root() / "onnx" / export_key(target, drafter, registry)[:16]
+    docstring); stored_blocks: its GGUF target's blocks as such (export's option)."""
+    out = cache_root() / "onnx" / export_key(target, drafter, registry, stored_blocks)[:16]
     remove_stale(out.parent)
     if entry_damage(out) is None:  # the common case takes no lock
         return out
@@ -79,7 +84,7 @@ def cached_export(target: str, drafter: str | None, registry: Registry) -> Path:
         if damage != ABSENT:
             discard_entry(out, damage)
             _say(f"the cached export {out} does not open ({damage}); exporting it again")
-        _export(out, target, drafter, registry)
+        _export(out, target, drafter, registry, stored_blocks)
     return out
 
 
@@ -95,13 +100,14 @@ def entry_damage(out: Path) -> str | None:
     return None
 
 
-def _export(out: Path, target: str, drafter: str | None, registry: Registry) -> None:
+def _export(out: Path, target: str, drafter: str | None, registry: Registry, stored_blocks: bool) -> None:
     """Export into the cache entry `out`; a LoadError naming the cache and the fix where it cannot
     be written."""
     what = f"'{target}'" + (f" and '{drafter}'" if drafter else "")
     _say(f"exporting {what} for onnxruntime into {out} (once; later runs reuse it)")
     try:
-        export(out, target=target, drafter=drafter, dtype=EXPORT_DTYPE, opset=EXPORT_OPSET, registry=registry)
+        export(out, target=target, drafter=drafter, dtype=EXPORT_DTYPE, opset=EXPORT_OPSET, registry=registry,
+               stored_blocks=stored_blocks)
     except (OSError, WriteError, UsageError) as e:
         if entry_damage(out) is None:
             return  # exported meanwhile by a process that could not take turns (no lock)

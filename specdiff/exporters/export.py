@@ -2,7 +2,8 @@
 as the graph its kind declares (specdiff.kinds; drafters.EXPORTERS says how). A DFlash or an
 EAGLE-3 drafter is exported with its target only: the target's graph then also outputs the hidden
 states the drafter reads, and the drafter's graph holds the target's embedding and head (DFlash)
-or its embedding, its own or its target's (EAGLE-3).
+or its embedding, its own or its target's (EAGLE-3). With `stored_blocks` a GGUF target's 4-bit
+matrices are read as the file stores them (specdiff.exporters.stored).
 
     export("out", target="gpt2", drafter="./drafter", fmt="onnx", dtype="fp32")
 
@@ -20,10 +21,11 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Callable, TypeGuard
 
 from specdiff.extras import require
 from specdiff.artifacts import TOKENIZER_DIR, vocab_sha256, write_manifest
+from specdiff.reading import sha256_file
 from specdiff.graphs import TOLERANCE, GraphSpec, Limits
 from specdiff.atomic import check_new_directory, new_directory
 from specdiff.contracts import Drafter
@@ -39,6 +41,7 @@ from specdiff.vocab import DraftVocab, fingerprint
 from .manifest import source_record, tool_versions
 from .drafters import EXPORTERS, GraphExporter
 from .onnx import Graph, check_graph, export_graph, target_graph
+from .stored import ACCURACY_LEVEL, gguf_file, rewrite, stored_weights
 from .tensorrt import MAX_OPSET, build_engines
 from .validate import Sweep, validate
 
@@ -54,8 +57,11 @@ def log(message: str) -> None:
 
 def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: str | None = None, pair: str | None = None,
            fmt: str = "onnx", dtype: str = "fp32", opset: int = 18, max_batch: int = 1,
-           max_seq: int | None = None, device: str = "cpu", registry: Registry | None = None) -> Path:
-    """Export the named models (models.yaml names, directories or hub ids) to `out`; -> out."""
+           max_seq: int | None = None, device: str = "cpu", registry: Registry | None = None,
+           stored_blocks: bool = False) -> Path:
+    """Export the named models (models.yaml names, directories or hub ids) to `out`; -> out.
+    stored_blocks: a GGUF target's Q4_0 / Q4_1 matrices as MatMulNBits over the file's blocks
+    (specdiff.exporters.stored; fp32 ONNX only)."""
     if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
         raise UsageError(f"`out` must be the path of a new directory, got {out!r:.40}")
     registry = as_registry(registry)
@@ -65,11 +71,12 @@ def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: s
     check_device_name(device)
     _check_options(out, fmt, dtype, opset)
     _check_sizes(max_batch=max_batch, max_seq=max_seq)
+    gguf = _stored_source(target, fmt, dtype, registry) if stored_blocks else None
     engines = _tensorrt(device) if "tensorrt" in FORMATS[fmt] else None  # (tensorrt, GPU name)
     for module in ("onnx", "onnxscript", "onnxruntime"):
         require(module, "onnx")
     with new_directory(out) as tmp:
-        manifest = _export_onnx(tmp, target, drafter, dtype, opset, max_batch, max_seq, device, registry)
+        manifest = _export_onnx(tmp, target, drafter, dtype, opset, max_batch, max_seq, device, registry, gguf)
         if engines is not None:
             trt, gpu = engines
             log(f"building TensorRT engines on {gpu}")
@@ -79,6 +86,16 @@ def export(out: str | os.PathLike[str], *, target: str | None = None, drafter: s
             _drop_graphs(tmp, manifest)
         write_manifest(tmp, manifest)
     return out
+
+
+def _stored_source(target: str | None, fmt: str, dtype: str, registry: Registry) -> Path:
+    """The GGUF file whose blocks a `stored_blocks` export reads, or a UsageError."""
+    if target is None:
+        raise UsageError("`stored_blocks` writes a target's matrices: name a `target` (or a `pair`)")
+    if fmt != "onnx" or dtype != "fp32":
+        raise UsageError("`stored_blocks` writes ONNX Runtime's MatMulNBits into fp32 ONNX graphs "
+                         "(`fmt` onnx, `dtype` fp32); TensorRT does not read it")
+    return gguf_file(target, registry)
 
 
 def _names(target: str | None, drafter: str | None, pair: str | None,
@@ -168,7 +185,7 @@ def _exporter(drafter: Drafter, name: str | None) -> GraphExporter:
 
 
 def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str, opset: int, max_batch: int,
-                 max_seq: int | None, device: str, registry: Registry) -> dict[str, Any]:
+                 max_seq: int | None, device: str, registry: Registry, gguf: Path | None = None) -> dict[str, Any]:
     t, d, tokenizer = _load(target, drafter, device, dtype, registry)
     tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
     context = t.max_length if t is not None else DRAFTER_ONLY_CONTEXT
@@ -178,7 +195,8 @@ def _export_onnx(tmp: Path, target: str | None, drafter: str | None, dtype: str,
     if t is not None:
         assert target is not None  # what t was loaded from
         module, spec, record = target_graph(t, _exporter(d, drafter).features(d) if d is not None else ())
-        components["target"] = _component(tmp, "target", module, spec, record, dtype, opset)
+        store = _storing(gguf, t.model) if gguf is not None else None
+        components["target"] = _component(tmp, "target", module, spec, record, dtype, opset, store=store)
         components["target"]["source"] = source_record(target, ("target",), registry)
     if d is not None:
         assert drafter is not None  # what d was loaded from
@@ -202,14 +220,28 @@ def _fingerprinted(vocab: DraftVocab, tokenizer: Any) -> DraftVocab:
     return replace(vocab, fingerprint=fingerprint(tokenizer, vocab.ids, vocab.vocab_size))
 
 
+def _storing(gguf: Path, model: Any) -> Callable[[Path], dict[str, Any]]:
+    """graph path -> the manifest's `stored_blocks` record, once the graph reads `gguf`'s blocks."""
+    def store(path: Path) -> dict[str, Any]:
+        state = model.state_dict()
+        replaced = rewrite(path, stored_weights(gguf, state, model.config, log), state)
+        log(f"{path.name} reads {sum(replaced.values())} matrices of {gguf.name} as stored blocks")
+        return {"gguf": gguf.name, "gguf_sha256": sha256_file(gguf), "matrices": replaced,
+                "op": "com.microsoft.MatMulNBits", "accuracy_level": ACCURACY_LEVEL}
+    return store
+
+
 def _component(tmp: Path, kind: str, module: Graph, spec: GraphSpec, record: dict[str, Any], dtype: str, opset: int,
-               drafter: tuple[int | None, Sweep] | None = None) -> dict[str, Any]:
-    """Export, check against the spec, validate against PyTorch (a drafter graph: its mask id and
-    sweep); -> the manifest record."""
+               drafter: tuple[int | None, Sweep] | None = None,
+               store: Callable[[Path], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Export (a target whose blocks are `store`d: rewritten), check against the spec, validate
+    against PyTorch (a drafter graph: its mask id and sweep); -> the manifest record."""
     path = tmp / f"{kind}.onnx"
     log(f"exporting the {kind} graph {path.name} ({dtype}, opset {opset})")
     start = time.perf_counter()
     export_graph(module, spec, dtype, path, opset)
+    if store is not None:
+        record["stored_blocks"] = store(path)
     took = time.perf_counter() - start
     problems = check_graph(path, spec, dtype)
     if problems:
