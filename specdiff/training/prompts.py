@@ -31,7 +31,9 @@ _A = _RNG.integers(1, 1 << 31, HASHES, dtype=np.uint64)
 _B = _RNG.integers(0, 1 << 31, HASHES, dtype=np.uint64)
 WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
 REFUSAL = re.compile(r"\b(i'?m sorry|i cannot|i can't|as an ai|language model)\b", re.I)
-ENGLISH = frozenset("the a an to of and is are what how why i you my can in for do does with on be".split())
+ENGLISH = frozenset("""the a an to of and or is are was were be it this that what how why who when where which i
+you me my your we they can could should would will in for from at by on with if not do does calculate solve write
+list give explain tell name describe""".split())
 CATEGORY_WORDS: dict[str, str] = {  # first match wins: a keyword classifier, for measuring spread
     "code": r"\b(code|function|program|script|sql|query|javascript|java|python|c\+\+|html|css|bash|algorithm|api|array)\b",
     "reasoning": r"\b(calculate|solve|sum|how many|how much|equation|percent|average|\d+\s*[-+*/x]\s*\d+)\b",
