@@ -3,8 +3,9 @@
 Every linear layer of SmolLM2-135M-Instruct's GGUF file (30 layers of q, k, v, o, gate, up, down:
 Q4_1) as one ONNX graph, layer after layer (each layer's input normalised, so values stay those of
 a model), in two forms: fp32 `MatMul` over the dequantized weights, and `MatMulNBits` (4-bit,
-block 32, accuracy level 0) over the file's own codes and scales with Q4_1's minimum as an exact
-extra term (specdiff.exporters.blocks). The Q8_0 head (576 x 49,152) alone: fp32 `MatMul`,
+block 32, accuracy level 0 or 1) over the file's own codes and scales with Q4_1's minimum as an
+exact extra term (specdiff.exporters.blocks), and, to time that term, the same without it (not
+the file's weights). The Q8_0 head (576 x 49,152) alone: fp32 `MatMul`,
 8-bit `MatMulNBits` at accuracy levels 0 and 1, the 8-bit codes split exactly into two 4-bit
 `MatMulNBits` (blocks.split8), blocked `DequantizeLinear` (opset 21) + `MatMul` as written
 with ORT's QDQ transformers off (dql: ORT then folds it into an fp32 initializer at load) and as
@@ -33,6 +34,7 @@ import functools
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -226,6 +228,8 @@ def main() -> None:
     for name, form in heads.items():
         report["exactness"][f"head {name}"] = exactness(head, form, name == "dql_fused")
     runs = {f"layers {f}": session(layers_graph(blocks, f, args.layers)) for f in ("fp32", "nbits0", "nbits1")}
+    bare = {k: replace(b, minimum=None) for k, b in blocks.items()}  # Q4_1 without m: what the minimum term costs
+    runs["layers nbits0 without the minimum term (timing only)"] = session(layers_graph(bare, "nbits0", args.layers))
     for name, form in heads.items():
         if name == "nbits1":
             continue  # as slow as nbits0 (0.5 s a call): its exactness only
