@@ -1,5 +1,6 @@
 """The project's own drafter format, and what every format shares: config reading (read_json,
-sub_config: a kind's own object in config.json) and strict state-dict loading.
+sub_config: a kind's own object in config.json), weights reading (read_safetensors, read_pickled:
+tensors only, no code run) and strict state-dict loading.
 
 A drafter directory holds:
     config.json        {"specdiff_format": "ddit-drafter", "format_version": 1,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -85,6 +87,22 @@ def read_safetensors(path: Path) -> dict[str, Any]:
         return load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
+
+
+def read_pickled(path: Path) -> dict[str, torch.Tensor]:
+    """A pickled state dict of tensors (SEDD's, EAGLE's own releases), read with
+    torch.load(weights_only=True): no code runs. One LoadError if unreadable or not tensors only,
+    in one line: torch's warning on the pickle protocol is not shown, nor its terminal escapes."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Detected pickle protocol 4 in the checkpoint ..."
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError, RuntimeError, EOFError, OSError, ...
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip().splitlines()[0])
+        raise LoadError(f"{path}: cannot read weights ({first})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise LoadError(f"{path}: not a state dict of tensors")
+    return state
 
 
 def is_own_format(config: dict[str, Any]) -> bool:

@@ -60,7 +60,7 @@ except ImportError:  # an older huggingface_hub: configs raise TypeError / Value
     StrictDataclassError = ValueError  # type: ignore[misc, assignment]
 
 from ..errors import LoadError
-from .checkpoint import load_state_strict, read_json, read_safetensors, save_tensors, sub_config
+from .checkpoint import load_state_strict, read_json, read_pickled, read_safetensors, save_tensors, sub_config
 from .dflash import ContextCache
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # SpecForge / EAGLE's name, vLLM's
@@ -204,17 +204,6 @@ def load_eagle3(directory: Path) -> Eagle3Net:
     load_state_strict(net, {k: v if k in ("d2t", "t2d") else v.float() for k, v in state.items()}, str(weights),
                       optional=())
     return net.eval()
-
-
-def read_pickled(path: Path) -> dict[str, torch.Tensor]:
-    """A pickled state dict, tensors only (weights_only: no code runs); one LoadError if unreadable."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch's and pickle's own errors for corrupt or unsafe files
-        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise LoadError(f"{path}: not a state dict of tensors")
-    return state
 
 
 class Eagle3Attention(nn.Module):

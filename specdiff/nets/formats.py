@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from ..errors import LoadError
-from .checkpoint import OPTIONAL_KEYS, is_own_format, load_own, load_state_strict, read_json, read_safetensors
+from .checkpoint import OPTIONAL_KEYS, is_own_format, load_own, load_state_strict, read_json, read_pickled, \
+    read_safetensors
 from .dit import DDiT, DiTConfig
 from .parameterization import get_parameterization
 
@@ -89,17 +89,6 @@ def _hub_fields(vocab_rows: int, length: int, parameterization: str, where: Path
             "context_length": length - min(DRAFT_ROOM, length // 2), "parameterization": parameterization}
 
 
-def _read_pickle(path: Path) -> dict[str, Any]:
-    """A pickled state dict, with torch.load(weights_only=True): no code runs."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # UnpicklingError, RuntimeError, EOFError, OSError, ...
-        raise LoadError(f"{path}: cannot read weights ({str(e).strip().splitlines()[0]})") from e
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise LoadError(f"{path}: not a state dict of tensors")
-    return state
-
-
 def _is_sedd(config: dict[str, Any]) -> bool:
     return isinstance(config.get("model"), dict) and isinstance(config.get("graph"), dict)
 
@@ -115,7 +104,7 @@ def _read_sedd(directory: Path, config: dict[str, Any]) -> tuple[DDiT, dict[str,
     backbone = _backbone(where, vocab_size=rows, hidden_size=f["model.hidden_size"], n_heads=f["model.n_heads"],
                          n_blocks=f["model.n_blocks"], cond_dim=f["model.cond_dim"], time_conditioning=True)
     weights = directory / "pytorch_model.bin"
-    load_state_strict(backbone, _read_pickle(weights), str(weights))
+    load_state_strict(backbone, read_pickled(weights), str(weights))
     return backbone, _hub_fields(rows, f["model.length"], "sedd", where)
 
 
