@@ -101,6 +101,7 @@ def test_the_manifest_records_the_stored_blocks(exports):
     assert record["model"]["stored_blocks"]["accuracy_level"] == 0 and record["validation"]["passed"]
     ops = Counter(n.op_type for n in onnx.load(str(stored / "target.onnx"), load_external_data=False).graph.node)
     assert ops["MatMulNBits"] == 14
+    assert ops["ReduceSum"] == 8  # block sums once per input: q k v, o, gate up, down in 2 layers
 
 
 def logits(directory, steps: tuple[int, ...]) -> list[torch.Tensor]:

@@ -113,10 +113,24 @@ def split8(blocks: Blocks) -> tuple[Blocks, Blocks]:
             Blocks("Q4_1", pack(lo), blocks.scales, 8 * blocks.scales))
 
 
-def matmul_nodes(x: str, out: str, blocks: Blocks, prefix: str,
-                 accuracy_level: int = 0) -> tuple[list[Any], list[Any]]:
-    """ONNX nodes computing out (.., N) = x (.., K) @ W.T from the stored blocks, and their
-    initializers: MatMulNBits, plus for Q4_1 Add(block sums of x (.., K/32) @ m.T (K/32, N))."""
+def block_sums(x: str, k: int, prefix: str) -> tuple[list[Any], list[Any]]:
+    """Nodes computing `{prefix}.sums` (B, S, K/32), the sums of x (B, S, K)'s blocks of 32, and
+    their initializers."""
+    from onnx import helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([0, 0, k // BLOCK, BLOCK], dtype=np.int64), f"{prefix}.blocked"),
+             numpy_helper.from_array(np.array([-1], dtype=np.int64), f"{prefix}.last")]
+    nodes = [helper.make_node("Reshape", [x, f"{prefix}.blocked"], [f"{prefix}.x_blocks"], name=f"{prefix}.blocks"),
+             helper.make_node("ReduceSum", [f"{prefix}.x_blocks", f"{prefix}.last"], [f"{prefix}.sums"],
+                              name=f"{prefix}.sum", keepdims=0)]
+    return nodes, inits
+
+
+def matmul_nodes(x: str, out: str, blocks: Blocks, prefix: str, accuracy_level: int = 0,
+                 sums: str | None = None) -> tuple[list[Any], list[Any]]:
+    """ONNX nodes computing out (B, S, N) = x (B, S, K) @ W.T from the stored blocks, and their
+    initializers: MatMulNBits, plus for Q4_1 Add(block sums of x (B, S, K/32) @ m.T (K/32, N));
+    sums: the name of x's block sums where the graph computes them already (block_sums)."""
     from onnx import helper, numpy_helper
 
     if accuracy_level not in (0, 1):
@@ -130,13 +144,11 @@ def matmul_nodes(x: str, out: str, blocks: Blocks, prefix: str,
                               bits=blocks.bits, block_size=BLOCK, accuracy_level=accuracy_level)]
     if blocks.minimum is None:
         return nodes, inits
-    inits += [numpy_helper.from_array(np.array([0, 0, k // BLOCK, BLOCK], dtype=np.int64), f"{prefix}.blocked"),
-              numpy_helper.from_array(np.array([-1], dtype=np.int64), f"{prefix}.last"),
-              numpy_helper.from_array(np.ascontiguousarray(blocks.minimum.T), f"{prefix}.minimum")]
-    nodes += [helper.make_node("Reshape", [x, f"{prefix}.blocked"], [f"{prefix}.x_blocks"], name=f"{prefix}.blocks"),
-              helper.make_node("ReduceSum", [f"{prefix}.x_blocks", f"{prefix}.last"], [f"{prefix}.sums"],
-                               name=f"{prefix}.sum", keepdims=0),
-              helper.make_node("MatMul", [f"{prefix}.sums", f"{prefix}.minimum"], [f"{prefix}.offset"],
+    if sums is None:
+        more, constants = block_sums(x, k, prefix)
+        nodes, inits, sums = nodes + more, inits + constants, f"{prefix}.sums"
+    inits.append(numpy_helper.from_array(np.ascontiguousarray(blocks.minimum.T), f"{prefix}.minimum"))
+    nodes += [helper.make_node("MatMul", [sums, f"{prefix}.minimum"], [f"{prefix}.offset"],
                                name=f"{prefix}.minimum_term"),
               helper.make_node("Add", [product, f"{prefix}.offset"], [out], name=f"{prefix}.add")]
     return nodes, inits

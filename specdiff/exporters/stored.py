@@ -22,7 +22,7 @@ import numpy as np
 from specdiff.errors import UsageError
 from specdiff.registry import ModelEntry, Registry
 
-from .blocks import Blocks, from_gguf, matmul_nodes, rows
+from .blocks import Blocks, block_sums, from_gguf, matmul_nodes, rows
 
 STORED = ("Q4_0", "Q4_1")  # the types written as MatMulNBits (fp32 arithmetic: accuracy level 0)
 ACCURACY_LEVEL = 0
@@ -89,8 +89,9 @@ def _aligned(blocks: Blocks, weight: np.ndarray, heads: int | None) -> Blocks | 
 
 def rewrite(path: Path, blocks: dict[str, Blocks], state: dict[str, Any]) -> dict[str, int]:
     """Replace, in the ONNX graph at `path` (external data in path.data), each MatMul whose
-    initializer B (K, N) is W.T of a weight in `blocks` with its stored-block nodes; -> counts
-    {GGUF type: matrices replaced}."""
+    initializer B (K, N) is W.T of a weight in `blocks` with its stored-block nodes (the block
+    sums of an input that several Q4_1 matrices read computed once); -> counts {GGUF type:
+    matrices replaced}."""
     import onnx
     from onnx import numpy_helper
 
@@ -99,6 +100,7 @@ def rewrite(path: Path, blocks: dict[str, Blocks], state: dict[str, Any]) -> dic
     wanted = {_digest(state[name].float().numpy().T): name for name in blocks}
     weights = {i.name: i for i in graph.initializer if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
     nodes, used = [], set()
+    sums: dict[str, str] = {}  # {input: the prefix of its block sums}, computed once (q, k, v read one input)
     replaced: dict[str, int] = {}
     for node in graph.node:
         init = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -106,7 +108,14 @@ def rewrite(path: Path, blocks: dict[str, Blocks], state: dict[str, Any]) -> dic
         if name is None:
             nodes.append(node)
             continue
-        new, inits = matmul_nodes(node.input[0], node.output[0], blocks[name], f"stored.{name}", ACCURACY_LEVEL)
+        x, w = node.input[0], blocks[name]
+        if w.minimum is not None and x not in sums:
+            sums[x] = f"stored.input{len(sums)}"
+            new, inits = block_sums(x, w.shape[1], sums[x])
+            nodes += new
+            graph.initializer.extend(inits)
+        new, inits = matmul_nodes(x, node.output[0], w, f"stored.{name}", ACCURACY_LEVEL,
+                                  f"{sums[x]}.sums" if x in sums else None)
         nodes += new
         graph.initializer.extend(inits)
         used.add(node.input[1])
