@@ -206,8 +206,8 @@ class NaivePositions:
         return Broken(model, tokenizer)
 
 
-@pytest.mark.parametrize("kind,n", [("diffusion", 400), pytest.param("diffusion", 6000, marks=pytest.mark.slow),
-                                    pytest.param("ar", 6000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind,n", [("diffusion", 400), pytest.param("diffusion", 6000, marks=pytest.mark.power),
+                                    pytest.param("ar", 6000, marks=pytest.mark.power)])
 def test_batched_sampling_has_the_target_distribution_and_naive_positions_fail(kind, n):
     """The chi-square test of tests/test_sampling_exact.py through the batched loop, rows padded
     (n rows, few: each row is a prefill; the slow cases take more); the same loop over a target

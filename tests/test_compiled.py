@@ -129,7 +129,7 @@ class KeepsRejected(StaticTarget):
         pass
 
 
-@pytest.mark.parametrize("n", [300, pytest.param(4000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [300, pytest.param(4000, marks=pytest.mark.power)])
 def test_compiled_sampling_has_the_target_distribution_and_a_cache_that_keeps_rejected_tokens_fails(n):
     """The chi-square test of tests/test_sampling_exact.py through the batched loop on the
     compiled static cache (rows padded, batch 16); the same loop over a cache that does not roll

@@ -37,7 +37,7 @@ def _selfsel(drafters, schedule, steps, K, iid, draft_temperature=None):
     return SelfSelection(DiffusionProposer(drafters["diffusion"], schedule, steps), K, draft_temperature, iid)
 
 
-SLOW = pytest.mark.slow
+SLOW = pytest.mark.power  # the high-power cases: python -m pytest -m power
 CASES = [  # (schedule, steps, K, rule, sampling, draft_temperature)
     pytest.param("l2r", 2, 4, "select", "t1", None),
     pytest.param("oneshot", 1, 3, "select", "t0.7-top3", None),

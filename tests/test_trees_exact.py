@@ -24,7 +24,7 @@ from specdiff.trees import ancestry, multi, tree_probs, walk
 
 import exactness as exact
 
-SLOW = pytest.mark.slow
+SLOW = pytest.mark.power  # the high-power cases: python -m pytest -m power
 
 
 # --- the target's distribution -----------------------------------------------------------------
