@@ -176,8 +176,7 @@ class Artifacts:
 
 
 def open_artifacts(directory: str | os.PathLike[str]) -> Artifacts:
-    """Read and check an export directory: manifest, every listed file there, tokenizer, then every
-    file's sha256."""
+    """Read and check an export directory: manifest, each listed file there, tokenizer, sha256s."""
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
         raise UsageError(f"`artifacts` must be the path of a `specdiff export` directory, got {directory!r:.40}")
     root = Path(directory)
@@ -372,8 +371,7 @@ def _check_tokenizer(root: Path, manifest: dict[str, Any]) -> Any:
 
 
 def _check_present(root: Path, expected: dict[str, str]) -> None:
-    missing = [rel for rel in expected if not (root / rel).is_file()]
-    if missing:
+    if missing := [rel for rel in expected if not (root / rel).is_file()]:
         raise LoadError(f"{root}: {len(missing)} file(s) listed in {MANIFEST} are missing: {', '.join(missing[:3])}")
 
 

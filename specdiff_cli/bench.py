@@ -127,7 +127,7 @@ def _report_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
               "demo prompts shipped in the package].")
 @click.option("--prompt-set", metavar="NAME", help="A held-out set shipped in the package instead: smol-general (what "
               "people ask a chat model: the smol pairs' default), smol-heldout (Python standard-library questions), "
-              "heldout (the demo pair's).")
+              "heldout (prompts for the `demo` pair).")
 @click.option("--input-format", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)
 @click.option("--num-prompts", type=click.IntRange(min=1), help="Use only the first N prompts.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens per prompt [default: pair's, else 64].")
