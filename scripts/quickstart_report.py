@@ -96,7 +96,7 @@ def main(bench_json: str, table_txt: str) -> None:
         report = json.load(f)
     print("\n".join(answers(report["rows"], report["prompt_texts"])))
     with open(table_txt, encoding="utf-8") as f:
-        print("".join(f.readlines()[:-1]))  # the last line is bench's JSON summary
+        print("".join(line for line in f if not line.startswith("{")))  # not bench's JSON summary
     load = report["environment"].get("foreign_cpu_load")
     if isinstance(load, float) and load > 0.25:
         print(f"(Other processes kept {load:.2f} CPU cores busy during the timing: speeds are lower and "

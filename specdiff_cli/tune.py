@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from .bench import bench
+from .bench import _list, bench
+from .flags import gamma
 from .threads import default_threads, threads_option
 
 
@@ -24,6 +25,9 @@ from .threads import default_threads, threads_option
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=48, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Timed rounds, the configurations interleaved in each.")
+@click.option("--tree", "trees", callback=_list(gamma, "integers or auto", setting="tree"), metavar="LIST",
+              help="Draft tree sizes each drafter is timed with: 0 = a chain, auto = sized each step "
+                   "[default: 0,auto].")
 @click.option("--runtime", type=click.Choice(["torch", "onnxruntime"]),
               help="torch: time the torch models only; onnxruntime: their exported graphs too [default: onnxruntime "
                    "when installed, else torch].")
@@ -31,7 +35,7 @@ from .threads import default_threads, threads_option
 @threads_option
 @click.pass_context
 def tune(ctx: click.Context, pair: str | None, num_prompts: int, max_new_tokens: int, repeats: int,
-         runtime: str | None, out: str | None, threads: int | None) -> None:
+         trees: tuple[int | str, ...] | None, runtime: str | None, out: str | None, threads: int | None) -> None:
     """Find the fastest exact configuration for a pair's target on this machine and keep it.
 
     Times, in interleaved rounds after one untimed round, plain decoding and every drafter that a
@@ -58,7 +62,7 @@ def tune(ctx: click.Context, pair: str | None, num_prompts: int, max_new_tokens:
     try:
         ctx.invoke(bench, pair=pair, others=tuple(d for _, d, _ in candidates[1:]),
                    methods=("ar", *(m for _, _, m in candidates)), gammas=(_gamma(pair, registry),),
-                   trees=(0, "auto"), runtime=_graph_runtime(runtime),
+                   trees=trees or (0, "auto"), runtime=_graph_runtime(runtime),
                    num_prompts=num_prompts, max_new_tokens=max_new_tokens, repeats=repeats, warmup=1,
                    threads=threads, check=True, no_plots=True, out=str(keep))
         report = json.loads((keep / "bench.json").read_text(encoding="utf-8"))

@@ -42,6 +42,13 @@ hf_logging.set_verbosity_error()
 LONG = set(json.loads((Path(__file__).parent / "durations.json").read_text(encoding="utf-8")))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tuned_records(tmp_path_factory) -> None:
+    """`specdiff tune` records of the user's own (the user cache's tuned/) stay out of the suite's
+    runs, in-process and in the processes it starts."""
+    os.environ["SPECDIFF_TUNED"] = str(tmp_path_factory.mktemp("tuned"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks `long` the cases tests/durations.json lists (see the module docstring)."""

@@ -18,8 +18,8 @@ TUNE = ["tune", "--pair", "demo", "--runtime", "torch", "--num-prompts", "1", "-
 
 @pytest.fixture()
 def tuned(tmp_path, monkeypatch):
-    """The demo pair tuned on torch into a fresh user cache, the default pair demo -> the record."""
-    monkeypatch.setenv("SPECDIFF_CACHE", str(tmp_path / "cache"))
+    """The demo pair tuned on torch into a fresh folder of records, the default pair demo -> the record."""
+    monkeypatch.setenv("SPECDIFF_TUNED", str(tmp_path / "tuned"))
     monkeypatch.setenv("SPECDIFF_PAIR", "demo")
     result = invoke(TUNE)
     assert result.exit_code == 0, result.output

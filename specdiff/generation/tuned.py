@@ -3,6 +3,7 @@ read by generate (the CLI and the API) where no configuration is chosen: option 
 drafter > default.
 
     $SPECDIFF_CACHE/tuned/<pair>.json   {"pair", "date", "key", "runtimes": {runtime: {"config", "measured"}}}
+    ($SPECDIFF_TUNED/<pair>.json where that is set: the test suite keeps a user's records out)
 
 Per runtime, the fastest configuration identical to plain decoding measured on it: `pair` (the
 models.yaml pair with the same target whose drafter won; the tuned pair itself for plain
@@ -55,7 +56,8 @@ class Tuned:
 
 
 def record_path(pair: str) -> Path:
-    return cache_root() / "tuned" / f"{pair}.json"
+    folder = os.environ.get("SPECDIFF_TUNED")
+    return (Path(folder) if folder else cache_root() / "tuned") / f"{pair}.json"
 
 
 def candidate_pairs(pair: str, registry: Registry) -> list[str]:
