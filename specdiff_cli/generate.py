@@ -113,8 +113,7 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
       specdiff generate --prompt-file big.txt --ray local --workers 2 -o out.txt
       specdiff generate --pair gpt-neo-2.7B+mdlm-owt --prompt-file in.txt   # hub models: network
     """
-    from specdiff.runtimes import runtime_models
-    from specdiff.generation import iter_generate, plan
+    from specdiff.generation import iter_generate
 
     layout = _layout(jsonl, raw, separator, echo)
     pool, output_dir = cast(Pool, tuple(options.pop(name) for name in WORKER_OPTIONS)), options.pop("output_dir")
@@ -134,6 +133,22 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
     if pool[0] is not None:
         _ray(records, options, pool, threads, truncate_prompt, layout, output, stats)
         return
+    p, where = _planned(options, threads)
+    if stream:
+        _stats(stats, p, _stream(records, p, truncate_prompt, layout), where)
+        return
+    progress = len(records) > 1 and sys.stderr.isatty()
+    outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
+    _stats(stats, p, _write_results(records, outputs, layout, output), where)
+
+
+def _planned(options: dict[str, Any], threads: int | None) -> tuple[Plan, dict[str, Any]]:
+    """The local run's plan: the tuned configuration where nothing is chosen (_tuned), the threads
+    set, the models on their runtime (onnxruntime without --artifacts: exported once into the user
+    cache) -> (the plan, the runtime and where it came from, for --stats)."""
+    from specdiff.runtimes import runtime_models
+    from specdiff.generation import plan
+
     runtime_given = options["runtime"] is not None
     tuned, threads = _tuned(options, threads)
     options["runtime"] = options["runtime"] or "torch"
@@ -153,12 +168,7 @@ def generate(prompts: tuple[str, ...], prompt_file: str | None, input_format: st
     options.update(runtime_models(runtime, artifacts, options))
     p = plan(**options, tuned=tuned)
     where = {"runtime": {"value": runtime, "from": tuned.where if tuned else "option" if runtime_given else "default"}}
-    if stream:
-        _stats(stats, p, _stream(records, p, truncate_prompt, layout), where)
-        return
-    progress = len(records) > 1 and sys.stderr.isatty()
-    outputs = iter_generate([r.prompt for r in records], p, truncate_prompt, progress)
-    _stats(stats, p, _write_results(records, outputs, layout, output), where)
+    return p, where
 
 
 def _tuned(options: dict[str, Any], threads: int | None) -> tuple[Tuned | None, int | None]:
