@@ -56,6 +56,7 @@ def tune(ctx: click.Context, pair: str | None, num_prompts: int, max_new_tokens:
 
     registry = as_registry(None)
     pair = pair or registry.default_pair()
+    _check_causal(pair, registry)
     candidates = _candidates(pair, registry)
     keep = Path(out) if out else Path(tempfile.mkdtemp(prefix="specdiff-tune."))
     threads = threads or default_threads()
@@ -74,7 +75,19 @@ def tune(ctx: click.Context, pair: str | None, num_prompts: int, max_new_tokens:
     path = tuned.write(pair, best, registry)
     _, measured = max(best.values(), key=lambda e: float(e[1]["tokens_per_s"]))
     click.echo(f"tuned {pair}: {measured['label']}, {measured['speedup_over_torch_ar']:.2f}x plain decoding with "
-               f"torch ({measured['tokens_per_s']:.1f} tokens/s, {threads} threads); recorded in {path}")
+               f"torch ({measured['tokens_per_s']:.1f} tokens/s, {threads} thread{'s' * (threads > 1)}); "
+               f"recorded in {path}")
+
+
+def _check_causal(pair: str, registry: Any) -> None:
+    """tune times causal LM targets (their drafters, trees and runtimes): a block-diffusion pair
+    is refused in one line before anything loads."""
+    from specdiff.errors import UsageError
+    from specdiff.loading import is_block_checkpoint
+
+    if is_block_checkpoint(registry.pair(pair).target, ("target",), registry):
+        raise UsageError(f"specdiff tune times causal LM targets; '{pair}' is a block-diffusion pair: compare its "
+                         "methods with specdiff bench")
 
 
 def _entry(row: dict[str, Any], candidates: list[tuple[str, str, str]], pair: str,
@@ -82,7 +95,7 @@ def _entry(row: dict[str, Any], candidates: list[tuple[str, str, str]], pair: st
     """A bench row -> (the configuration generate runs, what was measured)."""
     owner = next((p for p, _, m in candidates if m == row["method"]), pair)  # ar: the tuned pair
     config = {"pair": owner, "method": row["method"], "gamma": row["gamma"], "tree": row["tree"] or 0,
-              "runtime": row["runtime"], "threads": threads}
+              "steps": row["steps"], "schedule": row["schedule"], "runtime": row["runtime"], "threads": threads}
     return config, {"tokens_per_s": row["tokens_per_s"]["median"], "speedup_over_torch_ar": row["speedup"],
                     "label": row["label"]}
 

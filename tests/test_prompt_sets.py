@@ -92,7 +92,8 @@ def test_smol_pairs_default_to_the_general_set_and_name_the_stdlib_one():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--prompt-set", "nope"], "--prompt-set nope: no such shipped set (one of "),
+    (["--prompt-set", "nope"], "--prompt-set 'nope': no such shipped set (one of "),
+    (["--prompt-set", ""], "--prompt-set '': no such shipped set (one of "),
     (["--prompt-set", "smol-general", "--prompt-file", "x.txt"], "give --prompt-file or --prompt-set, not both"),
 ])
 def test_bench_refuses_a_bad_prompt_set_in_one_line(args, fragment):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cli_checks import invoke
+from cli_checks import assert_one_line_error, invoke
 from specdiff.generation.tuned import record_path
 from specdiff_cli.tune import fastest
 
@@ -42,8 +42,15 @@ def test_generate_runs_the_tuned_configuration_and_says_where_it_came_from(tuned
     assert stats["method"] == config["method"]
     assert stats["settings"]["method"]["from"] == where and stats["settings"]["runtime"] == {"value": "torch",
                                                                                               "from": where}
-    if config["method"] != "ar":
+    if config["method"] != "ar":  # the drafting row as bench measured it: its gamma and T, not the pair's
         assert stats["settings"]["gamma"] == {"value": config["gamma"], "from": where}
+        assert stats["settings"]["steps"] == {"value": config["steps"], "from": where}
+
+
+def test_a_block_diffusion_pair_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDIFF_TUNED", str(tmp_path))
+    assert_one_line_error(invoke(["tune", "--pair", "demo-block"]), 2, "'demo-block' is a block-diffusion pair")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_python_api_runs_the_fastest_torch_configuration_and_says_so(tuned):

@@ -24,7 +24,7 @@ from ..targets.static import StaticTarget
 from .choosing import check_used, choose, family_settings, named_method, said_where, sources, values
 from .loaded import check_free, placement
 from .prompts import TextOptions, text_options
-from .tuned import Tuned
+from .tuned import SETTINGS as TUNED_SETTINGS, Tuned
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def plan(*, target: Any = None, drafter: Any = None, pair: str | None = None, me
     registry = as_registry(registry)
     target, drafter, defaults = registry.resolve(pair, target, drafter)
     given = {**options, "method": method, "acceptance": acceptance, "chat": chat}
-    layer = {k: v for k, v in tuned.config.items() if k in ("method", "gamma", "tree")} if tuned else None
+    layer = {k: tuned.config[k] for k in TUNED_SETTINGS} if tuned else None
     named = named_method(choose(given, defaults, tuned=layer))  # every option and pair default, before anything loads
     if isinstance(target, str):
         target = load_target(target, device=device, dtype=dtype, registry=registry)

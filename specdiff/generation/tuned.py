@@ -7,7 +7,8 @@ drafter > default.
 
 Per runtime, the fastest configuration identical to plain decoding measured on it: `pair` (the
 models.yaml pair with the same target whose drafter won; the tuned pair itself for plain
-decoding), `method`, `gamma`, `tree`, `runtime` and `threads`, and its tokens/s. A caller takes the
+decoding), `method`, `gamma`, `tree`, `steps` and `schedule` (a diffusion drafter's), `runtime`
+and `threads`, and its tokens/s. A caller takes the
 fastest among the runtimes it can run (the CLI: any; the API, which runs torch models: torch).
 key: what the measurement depends on, all of it: the machine (its CPU model and the CPUs this
 process may use), the versions of specdiff, torch, transformers and ONNX Runtime, and the files of
@@ -35,7 +36,8 @@ from ..gguf import cache_root
 from ..registry import Registry
 from ..sources import resolve
 
-CONFIG_KEYS = ("pair", "method", "gamma", "tree", "runtime", "threads")
+CONFIG_KEYS = ("pair", "method", "gamma", "tree", "steps", "schedule", "runtime", "threads")
+SETTINGS = ("method", "gamma", "tree", "steps", "schedule")  # what the plan takes from it (None: not set)
 CHOICES = ("pair", "target", "drafter", "artifacts", "method", "gamma", "adaptive", "tree", "steps", "schedule",
            "drafts", "draft_temperature", "acceptance", "runtime")  # any of these given: the caller chose
 VERSIONS = ("specdiff", "torch", "transformers", "onnxruntime")
