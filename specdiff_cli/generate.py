@@ -196,7 +196,7 @@ def _ray(records: list[PromptRecord], options: dict[str, Any], pool: Pool, threa
 
 
 def _ray_options(options: dict[str, Any]) -> dict[str, Any]:
-    if options.pop("runtime") != "torch" or options.pop("artifacts"):
+    if options.pop("runtime") not in (None, "torch") or options.pop("artifacts"):
         raise click.UsageError("--ray runs the torch runtime (each worker loads --target / --drafter)")
     return options
 
