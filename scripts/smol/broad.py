@@ -199,6 +199,8 @@ def cmd_select(args: argparse.Namespace) -> None:
     kept: list[dict[str, Any]] = []
     dropped: dict[str, int] = {}
     parts = sorted(OUT.glob("raw-*.jsonl.gz"))
+    if not parts:
+        sys.exit(f"broad.py select: no raw part in {OUT}: run `broad.py prompts` first")
     for path in tqdm(parts, desc="select", unit="part", file=sys.stderr):
         for r in read_part(path):
             text = r["text"].strip()
@@ -247,19 +249,21 @@ def answers_part(model: Any, tok: Any, eos: int, prompts: list[str], part: int, 
 
 
 def cmd_answers(args: argparse.Namespace) -> None:
+    if not (OUT / "prompts.jsonl.gz").is_file():
+        sys.exit(f"broad.py answers: {OUT / 'prompts.jsonl.gz'} is missing: run `broad.py select` first")
     prompts = [r["prompt"] for r in read_part(OUT / "prompts.jsonl.gz")]
     model, tok, eos = load_model()
     for part in range(args.first, min(args.parts, -(-len(prompts) // PER_PART))):
         path = OUT / f"answers-{part:02d}.jsonl.gz"
         if path.exists():
             continue
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         records = answers_part(model, tok, eos, prompts[part * PER_PART:(part + 1) * PER_PART], part, args.batch,
                                args.length)
         write_part(path, records)
-        tokens = sum(len(r["ids"]) for r in records)
-        print(f"{path.name}: {len(records)} answers, {tokens} tokens in {time.time() - t0:.0f} s "
-              f"({tokens / (time.time() - t0) * 3600 / 1e6:.2f}M tokens a core-hour)", file=sys.stderr)
+        tokens, cpu = sum(len(r["ids"]) for r in records), time.process_time() - c0
+        print(f"{path.name}: {len(records)} answers, {tokens} tokens in {time.time() - t0:.0f} s, {cpu:.0f} s of "
+              f"CPU ({tokens / cpu * 3600 / 1e6:.2f}M tokens a core-hour)", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
