@@ -147,7 +147,7 @@ def save_state(state: dict[str, Any], path: Path) -> None:
             torch.save(state, f)
         except RuntimeError as e:
             if isinstance(e.__context__, OSError):
-                raise e.__context__ from None  # the write that failed; torch's error only follows from it
+                raise e.__context__  # the write that failed; torch's error only follows from it
             raise
 
 

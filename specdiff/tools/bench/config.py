@@ -140,7 +140,7 @@ def default_prompts(pair: str | None, target: Any, registry: Registry | None = N
     if prompt_set is not None:
         sets = prompt_sets()
         if prompt_set not in sets:
-            raise UsageError(f"--prompt-set {prompt_set!r}: no such shipped set (one of {', '.join(sets)})")
+            raise UsageError(f"`prompt_set` {prompt_set!r}: no such shipped set (one of {', '.join(sets)})")
         return sets[prompt_set]
     entry = (registry or load_registry()).chosen_pair(pair, target)
     return entry.prompts if entry is not None and entry.prompts is not None else DEFAULT_PROMPTS
