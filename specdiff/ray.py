@@ -245,11 +245,11 @@ def generate(prompts: str | list[str], *, address: str | None = None, ray_init: 
     rows = sorted(_rows(done), key=lambda r: r["index"])
     outputs = [pickle.loads(r["output"]) for r in rows]
     batch_s = [float(s) for s in {int(r["batch"]): r["batch_s"] for r in rows}.values()]
-    return RayResult(outputs, {"init_s": round(init_s, 3), "wall_s": round(time.perf_counter() - start, 3),
-                               "workers": workers, "batches": len(batch_s),
-                               "batch_s": [round(s, 3) for s in batch_s],
-                               "decode_s": round(sum(o.metrics.wall_s for o in outputs), 3)},
-                     json.loads(rows[0]["settings"]))
+    return RayResult(outputs, ray={"init_s": round(init_s, 3), "wall_s": round(time.perf_counter() - start, 3),
+                                   "workers": workers, "batches": len(batch_s),
+                                   "batch_s": [round(s, 3) for s in batch_s],
+                                   "decode_s": round(sum(o.metrics.wall_s for o in outputs), 3)},
+                     settings=json.loads(rows[0]["settings"]))
 
 
 def iter_outputs(done: Any) -> Iterator[tuple[dict[str, Any], Any]]:

@@ -150,6 +150,8 @@ def test_onnxruntime_without_artifacts_or_pair_runs_the_default_pair_with_its_se
     assert torch_run.exit_code == ort_run.exit_code == 0, ort_run.stderr
     assert ort_run.stdout == torch_run.stdout
     settings = [json.loads(r.stderr.strip().splitlines()[-1])["settings"] for r in (torch_run, ort_run)]
+    runtimes = [s.pop("runtime") for s in settings]  # --stats names the runtime and where it came from
+    assert runtimes == [{"value": "torch", "from": "default"}, {"value": "onnxruntime", "from": "option"}]
     assert settings[0] == settings[1] and any(v["from"] == "pair" for v in settings[1].values())
 
 
