@@ -50,7 +50,6 @@ class Tuned:
     pair: str  # the pair tuned (the default pair generate runs)
     date: str  # ISO date of the measurement
     config: dict[str, Any]  # CONFIG_KEYS -> the fastest exact configuration measured
-    measured: dict[str, Any]  # its tokens/s and speed-up over plain decoding, for --stats
 
     @property
     def where(self) -> str:
@@ -110,7 +109,7 @@ def read(pair: str, registry: Registry, runtimes: tuple[str, ...] | None = None)
         return None, f"{path} was measured on other hardware, versions or weights: run `specdiff tune` again"
     if best is None:
         return None, None
-    return Tuned(pair, str(when), {k: best["config"].get(k) for k in CONFIG_KEYS}, best["measured"]), None
+    return Tuned(pair, str(when), {k: best["config"].get(k) for k in CONFIG_KEYS}), None
 
 
 def lookup(options: Mapping[str, Any], registry: Registry, runtimes: tuple[str, ...] | None = None) -> Tuned | None:
